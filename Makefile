@@ -1,0 +1,45 @@
+# spool: the two commands a new user needs are `make run` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: install run test unit integration bench lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/spool serve --listen 127.0.0.1:9092 --data-dir ./data $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(ARGS)
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit $(ARGS)
+
+integration: install
+	$(BIN)/python -m pytest -q tests/integration $(ARGS)
+
+bench: install
+	$(BIN)/python -m bench $(ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict protocol persister coordinator broker/share
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

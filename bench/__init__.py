@@ -1,0 +1,134 @@
+"""Benchmarks for spool, run by `make bench` (`python -m bench`).
+
+Each benchmark is a function taking a `BenchContext` (a running broker plus the run's
+parameters) and returning `Result` rows; `bench.__main__` keeps them in a registry,
+runs the selected ones against one broker and prints a table. Figures are printed,
+never asserted: tests do not time things.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    """A `python -m broker serve` process on a free port, logging to a file.
+
+    The integration tests have their own richer helper (tests/integration/conftest.py);
+    this one only starts and stops.
+    """
+
+    def __init__(self, data_dir: Path, settings: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / "broker.log"
+        self.settings = dict(settings or {})
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "broker", "serve", "--listen", self.bootstrap]
+        cmd += ["--data-dir", str(self.data_dir)]
+        for key, value in self.settings.items():
+            cmd += ["--set", f"{key}={value}"]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                cmd,
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.host, self.port), timeout=1.0),
+            ):
+                return
+            time.sleep(0.1)
+        self.process.kill()
+        self.process.wait(timeout=10)
+        raise RuntimeError(f"broker did not accept connections within {timeout}s")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills after `timeout`)."""
+        if self.process is None or self.process.poll() is not None:
+            return -1 if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no broker log)"
+
+
+@dataclass
+class BenchContext:
+    """What every benchmark gets: where the broker is and how much work to do."""
+
+    broker: BrokerProcess
+    records: int
+    sizes: tuple[int, ...]
+    partitions: int
+    time_limit_s: float
+    # Benchmarks may leave things for later ones (e.g. produced topics to fetch).
+    produced: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    """One row of the table. `records` is what completed within the time limit."""
+
+    case: str
+    records: int
+    seconds: float
+    payload_bytes: int
+    notes: str = ""
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def format_table(results: list[Result]) -> str:
+    header = f"{'case':<34} {'records':>10} {'seconds':>8} {'records/s':>11} {'MB/s':>8}  notes"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(
+            f"{r.case:<34} {r.records:>10} {r.seconds:>8.2f} {r.records_per_s:>11.0f} "
+            f"{r.mb_per_s:>8.2f}  {r.notes}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""`python -m bench`: start a broker, run the benchmarks, print records/s and MB/s.
+
+    python -m bench                      # defaults finish in about a minute
+    python -m bench --records 500000     # or SPOOL_BENCH_RECORDS=500000
+    python -m bench --only produce_fetch --sizes 100,1024 --set log.flush.interval.messages=1
+
+MB/s counts record value bytes (1 MB = 10^6 bytes). To add a benchmark (share
+consumption, acknowledgement latency, ...), write `def bench_x(ctx) -> list[Result]`
+and add it to `BENCHMARKS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench import BenchContext, BrokerProcess, Result, format_table
+
+DEFAULT_RECORDS = 100_000
+DEFAULT_SIZES = (100, 1024)
+
+
+def _client_config(ctx: BenchContext) -> dict[str, object]:
+    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
+
+
+def _create_topic(ctx: BenchContext, topic: str) -> None:
+    admin = AdminClient(_client_config(ctx))
+    futures = admin.create_topics([NewTopic(topic, ctx.partitions, 1)], request_timeout=30)
+    futures[topic].result(timeout=30)
+
+
+def _produce(ctx: BenchContext, topic: str, size: int) -> Result:
+    producer = Producer(
+        {**_client_config(ctx), "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000}
+    )
+    value = os.urandom(size)
+    delivered = 0
+    failed = 0
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        nonlocal delivered, failed
+        if err is None:
+            delivered += 1
+        else:
+            failed += 1
+
+    start = time.perf_counter()
+    deadline = start + ctx.time_limit_s
+    sent = 0
+    while sent < ctx.records and time.perf_counter() < deadline:
+        try:
+            producer.produce(topic, value=value, on_delivery=on_delivery)
+            sent += 1
+        except BufferError:
+            producer.poll(0.01)
+            continue
+        if sent % 1000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(max(1.0, deadline - time.perf_counter()) + 30)
+    seconds = time.perf_counter() - start
+    ctx.produced[topic] = delivered
+    notes = []
+    if failed or remaining:
+        notes.append(f"{failed} failed, {remaining} unflushed")
+    if sent < ctx.records:
+        notes.append(f"time limit hit after {sent} sent")
+    return Result(
+        f"produce {size} B acks=all linger=5ms",
+        delivered,
+        seconds,
+        delivered * size,
+        "; ".join(notes),
+    )
+
+
+def _fetch(ctx: BenchContext, topic: str, size: int) -> Result:
+    expected = ctx.produced.get(topic, 0)
+    consumer = Consumer(
+        {
+            **_client_config(ctx),
+            "group.id": "spool-bench",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, -2) for p in range(ctx.partitions)])
+    received = 0
+    payload = 0
+    errors = 0
+    start = time.perf_counter()
+    deadline = start + ctx.time_limit_s
+    while received < expected and time.perf_counter() < deadline:
+        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+            if msg.error() is not None:
+                errors += 1
+                continue
+            received += 1
+            payload += len(msg.value() or b"")
+    seconds = time.perf_counter() - start
+    consumer.close()
+    notes = []
+    if errors:
+        notes.append(f"{errors} consumer errors")
+    if received < expected:
+        notes.append(f"time limit hit: {received} of {expected}")
+    return Result(
+        f"fetch {size} B (assign, from start)", received, seconds, payload, "; ".join(notes)
+    )
+
+
+def bench_produce_fetch(ctx: BenchContext) -> list[Result]:
+    """Produce throughput (acks=all, linger 5 ms), then fetch the same records back."""
+    results = []
+    for size in ctx.sizes:
+        topic = f"bench-{size}"
+        _create_topic(ctx, topic)
+        results.append(_produce(ctx, topic, size))
+        results.append(_fetch(ctx, topic, size))
+    return results
+
+
+BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
+    "produce_fetch": bench_produce_fetch,
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--records",
+        type=int,
+        default=int(os.environ.get("SPOOL_BENCH_RECORDS", DEFAULT_RECORDS)),
+        help="records per case (env SPOOL_BENCH_RECORDS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        help="record value sizes in bytes, comma separated (default %(default)s)",
+    )
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds per case before it stops early"
+    )
+    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS))
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.set)
+    with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", settings)
+        try:
+            broker.start()
+        except RuntimeError as e:
+            print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+        ctx = BenchContext(
+            broker=broker,
+            records=args.records,
+            sizes=tuple(int(s) for s in args.sizes.split(",")),
+            partitions=args.partitions,
+            time_limit_s=args.time_limit,
+        )
+        print(
+            f"spool bench: broker {broker.bootstrap}, {ctx.records} records per case, "
+            f"{ctx.partitions} partitions",
+            flush=True,
+        )
+        results: list[Result] = []
+        try:
+            for name in args.only or list(BENCHMARKS):
+                results += BENCHMARKS[name](ctx)
+        finally:
+            code = broker.stop()
+        print(format_table(results))
+        if code != 0:
+            print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""The broker: owns the stores and managers, the API table and request dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from broker.cluster import MetadataStore
+from broker.config import BrokerConfig
+from broker.logs import LogManager
+from broker.server import RequestContext, Server, error_frame
+from persister.commit import GroupCommit
+from protocol import api
+from protocol.errors import ErrorCode
+
+log = structlog.get_logger("spool.broker")
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+
+class Broker:
+    """One spool node: listener, cluster metadata, partition logs, handlers."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        data_dir: Path,
+        listen: Endpoint,
+        advertise: Endpoint | None = None,
+    ) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.listen = listen
+        self._advertise = advertise
+        self.node_id: int = config.get("node.id")
+        self.table = api.ApiTable()
+        self.commit = GroupCommit()
+        self.metadata: MetadataStore
+        self.logs: LogManager
+        self.server: Server | None = None
+        self.cluster_id = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        # Called with (topic name, topic id) when a topic is deleted (share groups use it).
+        self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
+        self.topic_changed_hooks: list[Callable[[str], None]] = []
+        from broker.handlers import register_all
+
+        register_all(self)
+
+    @property
+    def advertised(self) -> Endpoint:
+        if self._advertise is not None:
+            return self._advertise
+        host = self.listen.host
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1"
+        port = self.server.port if self.server is not None else self.listen.port
+        return Endpoint(host, port)
+
+    def broker_entry(self) -> dict[str, Any]:
+        ep = self.advertised
+        return {
+            "node_id": self.node_id,
+            "broker_id": self.node_id,
+            "host": ep.host,
+            "port": ep.port,
+            "rack": self.config.get("broker.rack"),
+        }
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.commit.start()
+        self.metadata = MetadataStore(self.data_dir / "meta", self.commit)
+        self.cluster_id = await self.metadata.ensure_cluster_id()
+        from broker.handlers.configs import apply_dynamic_broker_config
+
+        self.logs = LogManager(self.data_dir / "topics", self.config, self.commit)
+        live = set(self.metadata.state.topics)
+        self.logs.cleanup_stale(live)
+        for topic in self.metadata.state.topics.values():
+            self.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
+        apply_dynamic_broker_config(self)
+        self.server = Server(
+            self.listen.host,
+            self.listen.port,
+            self.dispatch,
+            max_request_bytes=self.config.get("socket.request.max.bytes"),
+        )
+        await self.server.start()
+        self._tasks.append(asyncio.create_task(self._retention_loop()))
+        log.info(
+            "broker_started",
+            node_id=self.node_id,
+            cluster_id=self.cluster_id,
+            data_dir=str(self.data_dir),
+            advertised=f"{self.advertised.host}:{self.advertised.port}",
+            topics=len(self.metadata.state.topics),
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, flush everything, close files."""
+        if self.server is not None:
+            await self.server.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.logs.flush_all()
+        self.logs.close()
+        self.metadata.close()
+        await self.commit.stop()
+        log.info("broker_stopped")
+
+    async def _retention_loop(self) -> None:
+        interval = self.config.get("log.retention.check.interval.ms") / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                deleted = self.logs.enforce_retention()
+                if deleted:
+                    log.info("retention_deleted_segments", segments=deleted)
+            except Exception:
+                log.exception("retention_failed")
+
+    # -- dispatch ---------------------------------------------------------------
+
+    async def dispatch(self, ctx: RequestContext, frame: bytes, body_offset: int) -> bytes | None:
+        h = ctx.header
+        entry = self.table.lookup(h.api_key, h.api_version)
+        if entry is None:
+            return self._unsupported(ctx)
+        try:
+            request = api.decode_request(h.api_key, h.api_version, frame, body_offset)
+        except Exception as exc:
+            log.warning(
+                "malformed_request",
+                api=api.api_name(h.api_key),
+                api_version=h.api_version,
+                client_id=h.client_id,
+                error=str(exc),
+                size=len(frame),
+                head=bytes(frame[:96]).hex(),
+            )
+            return error_frame(ctx, ErrorCode.invalid_request, f"malformed request: {exc}")
+        result = await entry.handler(ctx, request)
+        if result is None:
+            return None
+        body = result if not isinstance(result, dict) else api.build_response(
+            h.api_key, h.api_version, result
+        )
+        return api.encode_response(h.api_key, h.api_version, h.correlation_id, body)
+
+    def _unsupported(self, ctx: RequestContext) -> bytes:
+        h = ctx.header
+        log.warning(
+            "unsupported_request",
+            api=api.api_name(h.api_key),
+            api_key=h.api_key,
+            api_version=h.api_version,
+            client_id=h.client_id,
+        )
+        if h.api_key == api.API_VERSIONS_KEY:
+            # KIP-511: answer an unknown ApiVersions version in v0 with our ranges so
+            # the client can retry with a version both sides know.
+            body = api.build_response(h.api_key, 0, {
+                "error_code": ErrorCode.unsupported_version,
+                "api_keys": self.api_version_entries(),
+            })
+            return api.encode_response(h.api_key, 0, h.correlation_id, body)
+        entry = self.table.lookup(h.api_key, self.table_range(h.api_key)[1]) if self.table.supports(
+            h.api_key) else None
+        message = (
+            f"{api.api_name(h.api_key)} v{h.api_version} is not supported"
+            + (f"; supported versions are {entry.min_version}-{entry.max_version}" if entry else "")
+        )
+        return error_frame(ctx, ErrorCode.unsupported_version, message)
+
+    def table_range(self, api_key: int) -> tuple[int, int]:
+        for e in self.table.entries():
+            if e.api_key == api_key:
+                return e.min_version, e.max_version
+        return (-1, -1)
+
+    def api_version_entries(self) -> list[dict[str, int]]:
+        return [
+            {"api_key": e.api_key, "min_version": e.min_version, "max_version": e.max_version}
+            for e in self.table.entries()
+        ]

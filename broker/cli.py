@@ -1,0 +1,89 @@
+"""The `spool` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from broker import logging as spool_logging
+from broker.config import BrokerConfig, load_static
+from protocol.errors import KafkaError
+
+log = structlog.get_logger("spool.cli")
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spool", description="A Kafka broker for queues.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a broker")
+    serve.add_argument("--listen", type=_endpoint, default=("127.0.0.1", 9092),
+                       metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
+    serve.add_argument("--advertise", type=_endpoint, default=None, metavar="HOST:PORT",
+                       help="address given to clients in metadata (default: the listen address)")
+    serve.add_argument("--data-dir", type=Path, default=Path("data"),
+                       help="where logs and state live (default ./data)")
+    serve.add_argument("--config", type=Path, default=None, metavar="FILE",
+                       help="TOML file of Kafka-style config keys")
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a config key, e.g. --set num.partitions=3 (repeatable, wins over all)")
+    serve.add_argument("--log-format", choices=["console", "json"], default="console")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    spool_logging.configure(args.log_format, args.log_level)
+    if args.command == "serve":
+        return serve(args)
+    return 2
+
+
+def serve(args: argparse.Namespace) -> int:
+    from broker.broker import Broker, Endpoint
+
+    try:
+        config = BrokerConfig(load_static(args.config, args.set))
+    except (KafkaError, OSError, ValueError) as exc:
+        print(f"spool: {exc}", file=sys.stderr)
+        return 2
+    listen = Endpoint(*args.listen)
+    advertise = Endpoint(*args.advertise) if args.advertise else None
+    broker = Broker(config, args.data_dir, listen, advertise)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await broker.start()
+        await stop.wait()
+        log.info("shutdown_requested")
+        await broker.stop()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except OSError as exc:
+        log.error("startup_failed", error=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Broker and topic configuration, with Kafka's keys, types and defaults.
+
+Precedence, lowest first: embedded defaults, the TOML file (`--config`), environment
+variables `SPOOL_<KEY>` (dots as underscores, e.g. SPOOL_NUM_PARTITIONS), then
+`--set key=value`. Topic configs fall back to the broker key Kafka derives them from
+(`retention.ms` <- `log.retention.ms`, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import ErrorCode, KafkaError
+
+# DescribeConfigs ConfigType values (KIP-569).
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str
+    type: int
+    default: Any
+    doc: str
+    validator: Callable[[Any], str | None] | None = None
+    # Broker key a topic config inherits its default from.
+    broker_synonym: str | None = None
+    read_only: bool = False
+
+
+def _at_least(n: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be at least {n}"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+
+BROKER_KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in [
+        ConfigKey("node.id", INT, 1, "This broker's node id.", _at_least(0), read_only=True),
+        ConfigKey("broker.rack", STRING, None, "Rack of this broker.", read_only=True),
+        ConfigKey("num.partitions", INT, 1, "Default partition count of auto-created topics.",
+                  _at_least(1)),
+        ConfigKey("default.replication.factor", SHORT, 1,
+                  "Replication factor of auto-created topics (spool is one node).", _at_least(1)),
+        ConfigKey("auto.create.topics.enable", BOOLEAN, True,
+                  "Create a topic when a client asks for metadata of or produces to it."),
+        ConfigKey("delete.topic.enable", BOOLEAN, True, "Allow DeleteTopics."),
+        ConfigKey("socket.request.max.bytes", INT, 104857600,
+                  "Largest request the broker reads; larger ones close the connection.",
+                  _at_least(1)),
+        ConfigKey("message.max.bytes", INT, 1048588, "Largest record batch accepted.",
+                  _at_least(0)),
+        ConfigKey("log.segment.bytes", INT, 1073741824, "Segment file size before a roll.",
+                  _at_least(14)),
+        ConfigKey("log.roll.ms", LONG, 604800000, "Segment age before a roll.", _at_least(1)),
+        ConfigKey("log.retention.ms", LONG, 604800000,
+                  "Age after which segments are deleted (-1: forever).", _at_least(-1)),
+        ConfigKey("log.retention.bytes", LONG, -1,
+                  "Partition size above which old segments are deleted (-1: no limit).",
+                  _at_least(-1)),
+        ConfigKey("log.retention.check.interval.ms", LONG, 300000,
+                  "How often retention is enforced.", _at_least(1)),
+        ConfigKey("log.index.interval.bytes", INT, 4096,
+                  "Bytes between offset-index entries.", _at_least(0)),
+        ConfigKey("log.flush.interval.messages", LONG, 1,
+                  "Records appended before an fsync. spool's default 1 fsyncs (group commit) "
+                  "before acknowledging acks=all and before data is visible to consumers; "
+                  f"{LONG_MAX} leaves flushing to the OS, as Kafka does.", _at_least(1)),
+        ConfigKey("log.message.timestamp.type", STRING, "CreateTime",
+                  "CreateTime or LogAppendTime.", _one_of("CreateTime", "LogAppendTime")),
+        ConfigKey("compression.type", STRING, "producer", "Topic compression default.",
+                  _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+        ConfigKey("log.cleanup.policy", LIST, "delete", "delete or compact.",
+                  _one_of("delete", "compact", "compact,delete", "delete,compact")),
+        ConfigKey("min.insync.replicas", INT, 1, "Kept for clients; spool is one node.",
+                  _at_least(1)),
+        ConfigKey("transactional.id.expiration.ms", INT, 604800000,
+                  "Expiry of idle transactional ids.", _at_least(1)),
+        ConfigKey("producer.id.expiration.ms", INT, 86400000,
+                  "Expiry of idle idempotent producer state.", _at_least(1)),
+    ]
+}
+
+TOPIC_KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in [
+        ConfigKey("cleanup.policy", LIST, "delete", "delete or compact.",
+                  _one_of("delete", "compact", "compact,delete", "delete,compact"),
+                  "log.cleanup.policy"),
+        ConfigKey("retention.ms", LONG, 604800000, "Age after which segments are deleted.",
+                  _at_least(-1), "log.retention.ms"),
+        ConfigKey("retention.bytes", LONG, -1, "Size above which old segments are deleted.",
+                  _at_least(-1), "log.retention.bytes"),
+        ConfigKey("segment.bytes", INT, 1073741824, "Segment size before a roll.",
+                  _at_least(14), "log.segment.bytes"),
+        ConfigKey("segment.ms", LONG, 604800000, "Segment age before a roll.", _at_least(1),
+                  "log.roll.ms"),
+        ConfigKey("max.message.bytes", INT, 1048588, "Largest record batch accepted.",
+                  _at_least(0), "message.max.bytes"),
+        ConfigKey("index.interval.bytes", INT, 4096, "Bytes between offset-index entries.",
+                  _at_least(0), "log.index.interval.bytes"),
+        ConfigKey("flush.messages", LONG, 1, "Records appended before an fsync.",
+                  _at_least(1), "log.flush.interval.messages"),
+        ConfigKey("message.timestamp.type", STRING, "CreateTime", "CreateTime or LogAppendTime.",
+                  _one_of("CreateTime", "LogAppendTime"), "log.message.timestamp.type"),
+        ConfigKey("compression.type", STRING, "producer", "Compression of stored batches.",
+                  _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+                  "compression.type"),
+        ConfigKey("min.insync.replicas", INT, 1, "Kept for clients; spool is one node.",
+                  _at_least(1), "min.insync.replicas"),
+    ]
+}
+
+
+def parse_value(key: ConfigKey, raw: Any, *, resource: str) -> Any:
+    """Parse and validate a config value; KafkaError(INVALID_CONFIG) says which and why."""
+    try:
+        if key.type == BOOLEAN:
+            if isinstance(raw, bool):
+                value: Any = raw
+            elif str(raw).strip().lower() in ("true", "false"):
+                value = str(raw).strip().lower() == "true"
+            else:
+                raise ValueError("expected true or false")
+        elif key.type in (INT, SHORT, LONG):
+            if isinstance(raw, bool):
+                raise ValueError("expected a whole number")
+            value = int(str(raw).strip())
+            limit = {INT: INT_MAX, SHORT: 2**15 - 1, LONG: LONG_MAX}[key.type]
+            if not -limit - 1 <= value <= limit:
+                raise ValueError("out of range")
+        elif key.type == DOUBLE:
+            value = float(raw)
+        else:
+            value = None if raw is None else str(raw).strip()
+    except ValueError as exc:
+        raise KafkaError(
+            ErrorCode.invalid_config,
+            f"Invalid value {raw!r} for {resource} config {key.name}: {exc}",
+        ) from None
+    if key.validator is not None and value is not None:
+        problem = key.validator(value)
+        if problem:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"Invalid value {raw!r} for {resource} config {key.name}: {problem}",
+            )
+    return value
+
+
+def format_value(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# Where a broker config value came from (DescribeConfigs ConfigSource).
+SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+
+
+class BrokerConfig:
+    """The broker's effective configuration: static values plus dynamic overrides."""
+
+    def __init__(self, static: Mapping[str, Any]) -> None:
+        self.static: dict[str, Any] = {}
+        for name, raw in static.items():
+            key = BROKER_KEYS.get(name)
+            if key is None:
+                raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config {name!r}")
+            self.static[name] = parse_value(key, raw, resource="broker")
+        self.dynamic: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        if name in self.dynamic:
+            return self.dynamic[name]
+        if name in self.static:
+            return self.static[name]
+        return BROKER_KEYS[name].default
+
+    def source(self, name: str) -> int:
+        if name in self.dynamic:
+            return SOURCE_DYNAMIC_BROKER
+        if name in self.static:
+            return SOURCE_STATIC_BROKER
+        return SOURCE_DEFAULT
+
+    def topic_default(self, name: str) -> Any:
+        key = TOPIC_KEYS[name]
+        return self.get(key.broker_synonym) if key.broker_synonym else key.default
+
+    def topic_config(self, overrides: Mapping[str, Any], name: str) -> Any:
+        return overrides[name] if name in overrides else self.topic_default(name)
+
+
+def load_static(
+    config_file: Path | None, sets: list[str], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Merge the file, the environment and `--set` pairs, in that order of precedence."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        with open(config_file, "rb") as fh:
+            merged.update(_flatten(tomllib.load(fh)))
+    env = os.environ if environ is None else environ
+    for name in BROKER_KEYS:
+        var = "SPOOL_" + name.upper().replace(".", "_")
+        if var in env:
+            merged[name] = env[var]
+    for pair in sets:
+        if "=" not in pair:
+            raise KafkaError(ErrorCode.invalid_config, f"--set expects key=value, got {pair!r}")
+        name, _, value = pair.partition("=")
+        merged[name.strip()] = value
+    return merged
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML tables become dotted keys: [log] segment.bytes = 1 -> log.segment.bytes."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out

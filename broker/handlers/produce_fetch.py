@@ -1,0 +1,256 @@
+"""Produce, Fetch (with long poll), ListOffsets, DeleteRecords."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.logs import Partition, validate_produce_data
+from broker.server import RequestContext
+from protocol.errors import ErrorCode, KafkaError
+from protocol.records import decode_records, iter_batches
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+log = structlog.get_logger("spool.data")
+
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+READ_COMMITTED = 1
+
+
+def _topic_name(broker: Broker, entry: Any) -> tuple[str | None, Any]:
+    """Name and id of a request topic that carries either (newer versions use ids)."""
+    topic_id = getattr(entry, "topic_id", None)
+    name = getattr(entry, "name", None) or getattr(entry, "topic", None)
+    if name is None and topic_id is not None:
+        topic = broker.metadata.state.topics_by_id.get(topic_id)
+        return (topic.name if topic else None), topic_id
+    if topic_id is None and name is not None:
+        topic = broker.metadata.state.topics.get(name)
+        topic_id = topic.topic_id if topic else None
+    return name, topic_id
+
+
+def _unknown_topic_error(name: str | None) -> ErrorCode:
+    return ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+
+
+def register(broker: Broker) -> None:
+    async def produce(ctx: RequestContext, req: Any) -> dict[str, Any] | None:
+        acks = req.acks
+        timeout_s = max(req.timeout.total_seconds(), 0.001)
+        responses = []
+        waits: list[tuple[dict[str, Any], Partition, int]] = []
+        for t in req.topic_data:
+            name, topic_id = _topic_name(broker, t)
+            parts = []
+            for p in t.partition_data:
+                entry: dict[str, Any] = {"index": p.index, "error_code": ErrorCode.none,
+                                         "base_offset": -1, "log_append_time": -1,
+                                         "log_start_offset": -1}
+                try:
+                    if acks not in (-1, 0, 1):
+                        raise KafkaError(ErrorCode.invalid_required_acks,
+                                         f"acks must be -1, 0 or 1, got {acks}")
+                    if req.transactional_id is not None:
+                        raise KafkaError(ErrorCode.transactional_id_authorization_failed,
+                                         "Transactions are not supported by this broker yet")
+                    part = broker.logs.get(name, p.index) if name else None
+                    if part is None:
+                        raise KafkaError(_unknown_topic_error(name),
+                                         f"This server does not host {name}-{p.index}")
+                    data, batches = validate_produce_data(p.records or b"")
+                    outcome = part.append(data, batches)
+                    entry.update(base_offset=outcome.base_offset,
+                                 log_append_time=outcome.log_append_time,
+                                 log_start_offset=outcome.log_start_offset)
+                    if acks == -1:
+                        waits.append((entry, part, outcome.last_offset))
+                except KafkaError as exc:
+                    if exc.code == ErrorCode.corrupt_message:
+                        log.warning("corrupt_batch", topic=name, partition=p.index,
+                                    client_id=ctx.header.client_id, error=exc.message)
+                    entry.update(error_code=exc.code, error_message=exc.message)
+                parts.append(entry)
+            responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
+        if waits:
+            results = await asyncio.gather(
+                *(part.wait_durable(last, timeout_s) for _, part, last in waits),
+                return_exceptions=True,
+            )
+            for (entry, _, _), result in zip(waits, results, strict=True):
+                if isinstance(result, KafkaError):
+                    entry.update(error_code=result.code, error_message=result.message)
+                elif isinstance(result, BaseException):
+                    raise result
+        if acks == 0:
+            return None
+        return {"responses": responses, "throttle_time": 0}
+
+    async def fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        committed_only = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+        session_id = getattr(req, "session_id", 0)
+        session_epoch = getattr(req, "session_epoch", -1)
+        if session_id != 0 or session_epoch > 0:
+            # spool answers every fetch in full and never creates a fetch session
+            # (KIP-227 allows session id 0); a client asking for one it was never
+            # given gets Kafka's error and falls back to full fetches.
+            return {"error_code": ErrorCode.fetch_session_id_not_found, "session_id": 0,
+                    "responses": []}
+        wanted: list[tuple[str | None, Any, Any]] = []
+        for t in req.topics:
+            name, topic_id = _topic_name(broker, t)
+            for p in t.partitions:
+                wanted.append((name, topic_id, p))
+        while True:
+            responses, total, errors = _fetch_once(broker, req, wanted, committed_only)
+            remaining = deadline - time.monotonic()
+            if total >= req.min_bytes or errors or remaining <= 0 or not wanted:
+                break
+            await _wait_for_data(broker, wanted, remaining)
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
+                "responses": responses}
+
+    async def list_offsets(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        committed_only = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                entry: dict[str, Any] = {"partition_index": p.partition_index,
+                                         "error_code": ErrorCode.none,
+                                         "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                part = broker.logs.get(t.name, p.partition_index)
+                if part is None:
+                    entry.update(error_code=ErrorCode.unknown_topic_or_partition)
+                else:
+                    offset, ts = _offset_for(part, p.timestamp, committed_only)
+                    entry.update(offset=offset, timestamp=ts)
+                parts.append(entry)
+            topics.append({"name": t.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def delete_records(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                entry: dict[str, Any] = {"partition_index": p.partition_index,
+                                         "low_watermark": -1, "error_code": ErrorCode.none}
+                part = broker.logs.get(t.name, p.partition_index)
+                try:
+                    if part is None:
+                        raise KafkaError(ErrorCode.unknown_topic_or_partition)
+                    entry["low_watermark"] = part.delete_records_before(p.offset)
+                    log.info("records_deleted", topic=t.name, partition=p.partition_index,
+                             log_start_offset=entry["low_watermark"])
+                except KafkaError as exc:
+                    entry["error_code"] = exc.code
+                parts.append(entry)
+            topics.append({"name": t.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    broker.table.register(0, 3, 13, produce)
+    broker.table.register(1, 4, 18, fetch)
+    broker.table.register(2, 1, 11, list_offsets)
+    broker.table.register(21, 0, 2, delete_records)
+
+
+def _fetch_once(
+    broker: Broker, req: Any, wanted: list[tuple[str | None, Any, Any]], committed_only: bool
+) -> tuple[list[dict[str, Any]], int, bool]:
+    budget = req.max_bytes
+    total = 0
+    errors = False
+    by_topic: dict[tuple[str | None, Any], list[dict[str, Any]]] = {}
+    for name, topic_id, p in wanted:
+        entry: dict[str, Any] = {"partition_index": p.partition, "error_code": ErrorCode.none,
+                                 "high_watermark": -1, "last_stable_offset": -1,
+                                 "log_start_offset": -1, "aborted_transactions": None,
+                                 "preferred_read_replica": -1, "records": b""}
+        part = broker.logs.get(name, p.partition) if name else None
+        if part is None:
+            entry["error_code"] = _unknown_topic_error(name)
+            errors = True
+        else:
+            entry.update(high_watermark=part.high_watermark,
+                         last_stable_offset=part.last_stable_offset,
+                         log_start_offset=part.log_start_offset,
+                         aborted_transactions=[] if committed_only else None)
+            limit = min(p.partition_max_bytes, budget)
+            try:
+                # The first partition may exceed max_bytes by one batch (KIP-74).
+                data = part.read(p.fetch_offset, max(limit, 1) if total == 0 else limit,
+                                 committed_only=committed_only) if limit > 0 or total == 0 else b""
+            except KafkaError as exc:
+                entry["error_code"] = exc.code
+                errors = True
+                data = b""
+            entry["records"] = data
+            total += len(data)
+            budget = max(budget - len(data), 0)
+        by_topic.setdefault((name, topic_id), []).append(entry)
+    responses = [
+        {"topic": name, "topic_id": topic_id, "partitions": parts}
+        for (name, topic_id), parts in by_topic.items()
+    ]
+    return responses, total, errors
+
+
+async def _wait_for_data(
+    broker: Broker, wanted: list[tuple[str | None, Any, Any]], timeout_s: float
+) -> None:
+    """Park until any fetched partition's high watermark moves, or the timeout."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    parts = [broker.logs.get(name, p.partition) for name, _, p in wanted if name]
+    live = [part for part in parts if part is not None]
+    for part in live:
+        part.add_listener(wake)
+    try:
+        await asyncio.wait_for(woken, timeout_s)
+    except TimeoutError:
+        pass
+    finally:
+        for part in live:
+            part.remove_listener(wake)
+
+
+def _offset_for(part: Partition, timestamp: int, committed_only: bool) -> tuple[int, int]:
+    """ListOffsets: (offset, timestamp) for a special or real target timestamp."""
+    upper = part.last_stable_offset if committed_only else part.high_watermark
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return part.log_start_offset, -1
+    if timestamp == LATEST:
+        return upper, -1
+    if timestamp == LATEST_TIERED:
+        return -1, -1
+    if timestamp == MAX_TIMESTAMP:
+        found = part.log.max_timestamp_offset() if hasattr(part.log, "max_timestamp_offset") \
+            else None
+        if not found:
+            return -1, -1
+        offset, ts = found
+        return (offset, ts) if offset < upper else (-1, -1)
+    found = part.log.offset_for_timestamp(timestamp)
+    if found is None:
+        return -1, -1
+    base_offset, _ = found
+    if base_offset >= upper:
+        return -1, -1
+    data = part.log.read(base_offset, 1, max_offset=upper)
+    for pos, header in iter_batches(data, validate=False):
+        for record in decode_records(data, pos, header):
+            if record.timestamp >= timestamp and record.offset >= part.log_start_offset:
+                return record.offset, record.timestamp
+    return -1, -1

@@ -1,0 +1,219 @@
+"""CreateTopics, DeleteTopics, CreatePartitions, and auto-creation."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.cluster import Topic, topic_record, validate_topic_name
+from broker.config import TOPIC_KEYS, format_value, parse_value
+from broker.server import RequestContext
+from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+log = structlog.get_logger("spool.topics")
+
+MAX_PARTITIONS = 10_000
+
+
+def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in configs.items():
+        key = TOPIC_KEYS.get(name)
+        if key is None:
+            raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {name}")
+        if value is None:
+            raise KafkaError(ErrorCode.invalid_config, f"Null value for topic config {name}")
+        out[name] = format_value(parse_value(key, value, resource="topic")) or ""
+    return out
+
+
+def _check_partitions(count: int) -> None:
+    if count < 1:
+        raise KafkaError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0")
+    if count > MAX_PARTITIONS:
+        raise KafkaError(
+            ErrorCode.invalid_partitions,
+            f"Number of partitions {count} is above spool's limit of {MAX_PARTITIONS}",
+        )
+
+
+def _check_replication(broker: Broker, factor: int) -> None:
+    if factor not in (-1, 1):
+        raise KafkaError(
+            ErrorCode.invalid_replication_factor,
+            f"Replication factor {factor} is larger than the 1 available broker",
+        )
+
+
+def _check_assignments(broker: Broker, assignments: list[tuple[int, list[int]]]) -> None:
+    for index, broker_ids in assignments:
+        if list(broker_ids) != [broker.node_id]:
+            raise KafkaError(
+                ErrorCode.invalid_replica_assignment,
+                f"Partition {index} is assigned to brokers {list(broker_ids)}; "
+                f"the only broker is {broker.node_id}",
+            )
+
+
+async def create_topic(
+    broker: Broker, name: str, partitions: int, configs: dict[str, str]
+) -> Topic:
+    topic = Topic(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
+    await broker.metadata.commit([topic_record(topic)])
+    broker.logs.open_topic(name, topic.topic_id, partitions, configs)
+    log.info("topic_created", topic=name, topic_id=str(topic.topic_id), partitions=partitions)
+    for hook in broker.topic_changed_hooks:
+        hook(name)
+    return broker.metadata.state.topics[name]
+
+
+async def auto_create_topic(broker: Broker, name: str) -> Topic:
+    validate_topic_name(name)
+    existing = broker.metadata.state.topics.get(name)
+    if existing is not None:
+        return existing
+    return await create_topic(broker, name, broker.config.get("num.partitions"), {})
+
+
+def register(broker: Broker) -> None:
+    async def create_topics(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        results = []
+        seen: set[str] = set()
+        for t in req.topics:
+            result: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none}
+            try:
+                if t.name in seen:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     f"Topic {t.name} appears more than once in the request")
+                seen.add(t.name)
+                validate_topic_name(t.name)
+                if t.name in broker.metadata.state.topics:
+                    raise KafkaError(ErrorCode.topic_already_exists,
+                                     f"Topic '{t.name}' already exists.")
+                assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
+                if assignments:
+                    if t.num_partitions != -1 or t.replication_factor != -1:
+                        raise KafkaError(
+                            ErrorCode.invalid_request,
+                            "Both numPartitions or replicationFactor and replicasAssignments "
+                            "were set. Both cannot be used at the same time.",
+                        )
+                    _check_assignments(broker, assignments)
+                    partitions = len(assignments)
+                else:
+                    partitions = (broker.config.get("num.partitions")
+                                  if t.num_partitions == -1 else t.num_partitions)
+                    _check_replication(broker, t.replication_factor)
+                _check_partitions(partitions)
+                configs = validate_topic_configs({c.name: c.value for c in t.configs})
+                if req.validate_only:
+                    topic_id = None
+                else:
+                    topic = await create_topic(broker, t.name, partitions, configs)
+                    topic_id = topic.topic_id
+                settings = broker.logs.topic_settings(configs)
+                result.update(
+                    topic_id=topic_id,
+                    num_partitions=partitions,
+                    replication_factor=1,
+                    configs=[
+                        {"name": name, "value": format_value(settings[name]),
+                         "read_only": False,
+                         "config_source": 1 if name in configs else 5,
+                         "is_sensitive": False}
+                        for name in sorted(TOPIC_KEYS)
+                    ],
+                )
+            except KafkaError as exc:
+                result.update(error_code=exc.code, error_message=exc.message,
+                              num_partitions=-1, replication_factor=-1)
+            results.append(result)
+        return {"throttle_time": 0, "topics": results}
+
+    async def delete_topics(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        state = broker.metadata.state
+        if ctx.api_version >= 6:
+            wanted = [(t.name, t.topic_id) for t in req.topics]
+        else:
+            wanted = [(name, None) for name in req.topic_names]
+        responses = []
+        for name, topic_id in wanted:
+            entry: dict[str, Any] = {"name": name, "topic_id": topic_id,
+                                     "error_code": ErrorCode.none}
+            try:
+                if not broker.config.get("delete.topic.enable"):
+                    raise KafkaError(ErrorCode.topic_deletion_disabled,
+                                     "Topic deletion is disabled (delete.topic.enable=false)")
+                if name is None and topic_id is not None:
+                    topic = state.topics_by_id.get(topic_id)
+                    if topic is None:
+                        raise KafkaError(ErrorCode.unknown_topic_id,
+                                         f"No topic with id {topic_id}")
+                else:
+                    topic = state.topics.get(name or "")
+                    if topic is None:
+                        raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                                         f"This server does not host topic {name!r}")
+                entry.update(name=topic.name, topic_id=topic.topic_id)
+                await broker.metadata.commit([
+                    {"type": "topic_deleted", "name": topic.name,
+                     "topic_id": str(topic.topic_id)}
+                ])
+                broker.logs.remove_topic(topic.name)
+                log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
+                for hook in broker.topic_deleted_hooks:
+                    hook(topic.name, topic.topic_id)
+            except KafkaError as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+            responses.append(entry)
+        return {"throttle_time": 0, "responses": responses}
+
+    async def create_partitions(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        state = broker.metadata.state
+        results = []
+        for t in req.topics:
+            entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none}
+            try:
+                topic = state.topics.get(t.name)
+                if topic is None:
+                    raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                                     f"The topic '{t.name}' does not exist.")
+                if t.count <= topic.partitions:
+                    raise KafkaError(
+                        ErrorCode.invalid_partitions,
+                        f"Topic currently has {topic.partitions} partitions, which is higher "
+                        f"than or equal to the requested {t.count}.",
+                    )
+                _check_partitions(t.count)
+                if t.assignments:
+                    if len(t.assignments) != t.count - topic.partitions:
+                        raise KafkaError(
+                            ErrorCode.invalid_replica_assignment,
+                            f"Increasing the number of partitions by "
+                            f"{t.count - topic.partitions} but {len(t.assignments)} "
+                            "assignments provided.",
+                        )
+                    _check_assignments(broker, [
+                        (topic.partitions + i, list(a.broker_ids))
+                        for i, a in enumerate(t.assignments)
+                    ])
+                if not req.validate_only:
+                    grown = Topic(topic.name, topic.topic_id, t.count, dict(topic.configs))
+                    await broker.metadata.commit([topic_record(grown)])
+                    broker.logs.open_topic(topic.name, topic.topic_id, t.count, topic.configs)
+                    log.info("partitions_created", topic=topic.name, partitions=t.count)
+                    for hook in broker.topic_changed_hooks:
+                        hook(topic.name)
+            except KafkaError as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+            results.append(entry)
+        return {"throttle_time": 0, "results": results}
+
+    broker.table.register(19, 2, 7, create_topics)
+    broker.table.register(20, 1, 6, delete_topics)
+    broker.table.register(37, 0, 3, create_partitions)

@@ -1,0 +1,347 @@
+"""Topic partitions on disk: the log, idempotent-producer state, the high watermark.
+
+A `Partition` appends validated batches to its `PartitionLog`, keeps the producer
+state that de-duplicates idempotent retries, and advances the high watermark once
+the data is durable by the flush policy (`flush.messages`, default 1: group-committed
+fsync before acks=all is answered and before consumers can see it). Listeners are
+called whenever the high watermark moves; long-poll fetches use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from broker.config import BrokerConfig
+from persister.commit import GroupCommit
+from persister.log import LogConfig, PartitionLog
+from persister.producer_state import ProducerStateManager
+from protocol.errors import ErrorCode, KafkaError
+from protocol.records import (
+    BatchHeader,
+    CorruptRecordError,
+    iter_batches,
+    parse_header,
+    set_log_append_time,
+)
+
+log = structlog.get_logger("spool.logs")
+
+Listener = Callable[[], None]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True, frozen=True)
+class AppendOutcome:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+    duplicate: bool = False
+
+
+class Partition:
+    def __init__(
+        self,
+        topic: str,
+        topic_id: uuid.UUID,
+        index: int,
+        plog: PartitionLog,
+        commit: GroupCommit,
+        settings: dict[str, Any],
+    ) -> None:
+        self.topic = topic
+        self.topic_id = topic_id
+        self.index = index
+        self.log = plog
+        self._commit = commit
+        self.settings = settings
+        self.producers = ProducerStateManager()
+        self.producers.rebuild(plog.iter_batch_headers(plog.log_start_offset))
+        # Everything on disk at open time survived the last stop, so it is visible.
+        self.high_watermark = plog.log_end_offset
+        self._unflushed = 0
+        self._listeners: set[Listener] = set()
+        self._hw_error: BaseException | None = None
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        # No open transactions are tracked yet, so everything below HW is stable.
+        return self.high_watermark
+
+    # -- listeners --------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.discard(listener)
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def _advance_hw(self, offset: int) -> None:
+        if offset > self.high_watermark:
+            self.high_watermark = offset
+            self._notify()
+
+    # -- append -----------------------------------------------------------------
+
+    def append(self, data: bytearray, batches: list[tuple[int, BatchHeader]]) -> AppendOutcome:
+        """Append validated batches; raises KafkaError for a producer-state violation.
+
+        Offsets are assigned by the log; the result is durable only after
+        `wait_durable(outcome.last_offset)`.
+        """
+        for _, header in batches:
+            if header.size > self.settings["max.message.bytes"]:
+                raise KafkaError(
+                    ErrorCode.message_too_large,
+                    f"Record batch of {header.size} bytes exceeds max.message.bytes "
+                    f"({self.settings['max.message.bytes']}) of topic {self.topic}",
+                )
+        # Idempotent producers: a retry of one of the producer's last batches is
+        # answered with the offsets it got the first time, without a second append.
+        checks = self.producers.check_all([header for _, header in batches])
+        if any(c is not None for c in checks):
+            if len(checks) == 1 and checks[0] is not None:
+                dup = checks[0]
+                return AppendOutcome(dup.base_offset, dup.last_offset, -1,
+                                     self.log.log_start_offset, duplicate=True)
+            raise KafkaError(
+                ErrorCode.duplicate_sequence_number,
+                "A produce request mixing new and already-written batches was refused",
+            )
+        ts = now_ms()
+        append_time = -1
+        if self.settings["message.timestamp.type"] == "LogAppendTime":
+            append_time = ts
+            for pos, header in batches:
+                set_log_append_time(data, pos, header, ts)
+        result = self.log.append(data, ts)
+        records = 0
+        for pos, _ in batches:
+            assigned = parse_header(data, pos)
+            self.producers.update(assigned, ts)
+            records += assigned.last_offset_delta + 1
+        self._unflushed += records
+        if self._unflushed >= self.settings["flush.messages"]:
+            self._unflushed = 0
+            asyncio.ensure_future(self._sync_to(self.log.log_end_offset))
+        else:
+            self._advance_hw(self.log.log_end_offset)
+        return AppendOutcome(result.first_offset, result.last_offset, append_time,
+                             self.log.log_start_offset)
+
+    async def _sync_to(self, offset: int) -> None:
+        try:
+            await self._commit.sync(self.log)
+        except BaseException as exc:  # an fsync failure: nothing past HW is durable
+            log.error("flush_failed", topic=self.topic, partition=self.index, error=repr(exc))
+            self._hw_error = exc
+            self._notify()
+            return
+        self._advance_hw(offset)
+
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+        """Wait until `last_offset` is below the high watermark (acks=all)."""
+        if self.high_watermark > last_offset:
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def on_change() -> None:
+            if (self.high_watermark > last_offset or self._hw_error) and not done.done():
+                done.set_result(None)
+
+        self.add_listener(on_change)
+        try:
+            await asyncio.wait_for(done, timeout_s)
+        except TimeoutError:
+            raise KafkaError(
+                ErrorCode.request_timed_out,
+                f"Write to {self.topic}-{self.index} was not flushed within the request timeout",
+            ) from None
+        finally:
+            self.remove_listener(on_change)
+        if self._hw_error is not None and self.high_watermark <= last_offset:
+            raise KafkaError(ErrorCode.kafka_storage_error, f"fsync failed: {self._hw_error}")
+
+    # -- read -------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes:
+        upper = self.last_stable_offset if committed_only else self.high_watermark
+        if offset > self.log.log_end_offset or offset < self.log.log_start_offset:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range,
+                f"Offset {offset} is outside [{self.log.log_start_offset}, "
+                f"{self.log.log_end_offset}] of {self.topic}-{self.index}",
+            )
+        if offset >= upper:
+            return b""
+        return bytes(self.log.read(offset, max_bytes, max_offset=upper))
+
+    def delete_records_before(self, offset: int) -> int:
+        if offset == -1:
+            offset = self.high_watermark
+        if offset < 0 or offset > self.high_watermark:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range,
+                f"Cannot delete records before {offset}: the high watermark of "
+                f"{self.topic}-{self.index} is {self.high_watermark}",
+            )
+        if offset > self.log.log_start_offset:
+            self.log.delete_records_before(offset)
+            self._notify()
+        return self.log.log_start_offset
+
+    async def flush(self) -> None:
+        await self._commit.sync(self.log)
+        self._advance_hw(self.log.log_end_offset)
+
+
+def validate_produce_data(data: bytes) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    """Copy produce data into a mutable buffer and check every batch (CRC, framing)."""
+    buf = bytearray(data)
+    batches = list(iter_batches(buf, validate=True))
+    if not batches:
+        raise CorruptRecordError("produce request carries no record batch")
+    return buf, batches
+
+
+class LogManager:
+    """All topic partitions under `data/topics/`, and their retention."""
+
+    def __init__(self, directory: Path, config: BrokerConfig, commit: GroupCommit) -> None:
+        self.directory = directory
+        self.config = config
+        self.commit = commit
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def topic_settings(self, overrides: dict[str, str]) -> dict[str, Any]:
+        from broker.config import TOPIC_KEYS, parse_value
+
+        out: dict[str, Any] = {}
+        for name, key in TOPIC_KEYS.items():
+            if name in overrides:
+                out[name] = parse_value(key, overrides[name], resource="topic")
+            else:
+                out[name] = self.config.topic_default(name)
+        return out
+
+    def log_config(self, settings: dict[str, Any]) -> LogConfig:
+        return LogConfig(
+            segment_bytes=settings["segment.bytes"],
+            segment_ms=settings["segment.ms"],
+            retention_ms=settings["retention.ms"],
+            retention_bytes=settings["retention.bytes"],
+            index_interval_bytes=settings["index.interval.bytes"],
+            max_message_bytes=settings["max.message.bytes"],
+        )
+
+    def _dir(self, topic: str, index: int) -> Path:
+        return self.directory / f"{topic}-{index}"
+
+    def open_topic(
+        self, topic: str, topic_id: uuid.UUID, partitions: int, overrides: dict[str, str]
+    ) -> None:
+        settings = self.topic_settings(overrides)
+        cfg = self.log_config(settings)
+        for index in range(partitions):
+            if (topic, index) in self.partitions:
+                continue
+            path = self._dir(topic, index)
+            self._check_topic_id(path, topic_id)
+            plog = PartitionLog.open(path, cfg, now_ms())
+            self.partitions[(topic, index)] = Partition(
+                topic, topic_id, index, plog, self.commit, settings
+            )
+
+    def _check_topic_id(self, path: Path, topic_id: uuid.UUID) -> None:
+        """Like Kafka's partition.metadata: a directory belongs to one topic id."""
+        marker = path / "partition.metadata"
+        expected = f"topic_id: {topic_id}"
+        if marker.exists():
+            found = marker.read_text()
+            if expected not in found.splitlines():
+                # Left behind by a deleted topic of the same name: discard it.
+                log.warning("stale_partition_dir", path=str(path), found=found)
+                shutil.rmtree(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if not marker.exists():
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(f"version: 0\n{expected}\n")
+            os.replace(tmp, marker)
+
+    def reconfigure_topic(self, topic: str, overrides: dict[str, str]) -> None:
+        settings = self.topic_settings(overrides)
+        cfg = self.log_config(settings)
+        for (name, _), part in self.partitions.items():
+            if name == topic:
+                part.settings = settings
+                part.log.config = cfg
+
+    def remove_topic(self, topic: str) -> None:
+        doomed = [key for key in self.partitions if key[0] == topic]
+        for key in doomed:
+            part = self.partitions.pop(key)
+            part.log.close()
+            # Rename first (cheap, atomic) so a re-created topic gets a clean dir.
+            path = part.log.directory
+            trash = path.with_name(f"{path.name}.{uuid.uuid4().hex}-delete")
+            os.replace(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+            part._notify()
+
+    def get(self, topic: str, index: int) -> Partition | None:
+        return self.partitions.get((topic, index))
+
+    def __iter__(self) -> Iterator[Partition]:
+        return iter(list(self.partitions.values()))
+
+    def cleanup_stale(self, live: set[str]) -> None:
+        """Remove directories of topics deleted while the broker was down."""
+        for path in self.directory.iterdir():
+            name = path.name
+            if name.endswith("-delete"):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            topic, _, index = name.rpartition("-")
+            if index.isdigit() and topic not in live:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def enforce_retention(self) -> int:
+        deleted = 0
+        ts = now_ms()
+        for part in self:
+            deleted += part.log.enforce_retention(ts)
+        return deleted
+
+    async def flush_all(self) -> None:
+        await asyncio.gather(*(p.flush() for p in self))
+
+    def close(self) -> None:
+        for part in self:
+            part.log.close(clean=True)

@@ -1,0 +1,1 @@
+"""Share-group serving on the broker: share-partition leader, share sessions."""

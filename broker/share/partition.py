@@ -1,0 +1,949 @@
+"""The share-partition leader's delivery state machine (KIP-932), sans-IO.
+
+Every rule about what happens to the records of one (share group, topic-partition) lives in
+this file, and nothing else does: which records a fetch acquires, who may acknowledge them,
+what a lock timeout or a departing member does, when the share-partition start offset (SPSO)
+moves, and which state has to be persisted. Nothing here awaits, does I/O, logs or reads a
+clock: the current time comes in as ``now_ms`` and every method returns what happened, plus
+the ``StateUpdate`` the caller must write through the share coordinator (WriteShareGroupState)
+BEFORE it answers the client.
+
+The in-flight window [spso, speo) is held as a sorted map of offset ranges, each with one
+state, so memory and work follow the number of distinct ranges, not the number of records
+(Kafka's ``InFlightBatch``). A range is split only where its records' states come to differ
+and adjacent ranges in identical state are merged again.
+
+Durable view: ACQUIRED is written as AVAILABLE with its delivery count (SPEC section 3), so a
+crash redelivers rather than loses, and an offset of the window with no state batch means
+"AVAILABLE, never delivered" (delivery count 0), as Kafka reads gaps in persisted state.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal, NamedTuple
+
+from sortedcontainers import SortedDict, SortedList, SortedSet
+
+from protocol.errors import ErrorCode
+
+__all__ = [
+    "TRANSITIONS",
+    "UNINITIALIZED_START_OFFSET",
+    "AckResult",
+    "AcknowledgeType",
+    "AcquireResult",
+    "AcquiredRange",
+    "Event",
+    "IllegalStateTransition",
+    "InFlightRange",
+    "OffsetRange",
+    "RecordState",
+    "ReleaseResult",
+    "SharePartition",
+    "SharePartitionConfig",
+    "StateBatch",
+    "StateUpdate",
+]
+
+
+class RecordState(enum.IntEnum):
+    """A record's delivery state; the values are Kafka's ids (the persisted DeliveryState)."""
+
+    AVAILABLE = 0
+    ACQUIRED = 1
+    ACKNOWLEDGED = 2
+    ARCHIVED = 4
+
+
+class Event(enum.Enum):
+    """What can happen to an in-flight record."""
+
+    ACQUIRE = "acquire"  # a share fetch hands it to a member (delivery count +1)
+    ACCEPT = "accept"  # acknowledge type 1
+    RELEASE = "release"  # acknowledge type 2
+    REJECT = "reject"  # acknowledge type 3
+    GAP = "gap"  # acknowledge type 0: the offset holds no record to process
+    RENEW = "renew"  # acknowledge type 4 (ShareAcknowledge v2): restart the lock
+    LOCK_TIMEOUT = "lock_timeout"  # share.record.lock.duration.ms elapsed
+    MEMBER_RELEASE = "member_release"  # member left, timed out or closed its share session
+    SKIP = "skip"  # a fetch passes over it: delivery limit reached, aborted or control record
+
+
+_AVAILABLE: Final = RecordState.AVAILABLE
+_ACQUIRED: Final = RecordState.ACQUIRED
+_ACKNOWLEDGED: Final = RecordState.ACKNOWLEDGED
+_ARCHIVED: Final = RecordState.ARCHIVED
+
+# The whole machine. A pair missing from the table is an illegal move. One rule is applied on
+# top (see `_transition`): a record that would become AVAILABLE although its delivery count has
+# reached share.delivery.count.limit becomes ARCHIVED instead (Kafka's InFlightState).
+# ACKNOWLEDGED and ARCHIVED are terminal: SPSO moves over them and their state is forgotten.
+TRANSITIONS: Final[Mapping[tuple[RecordState, Event], RecordState]] = {
+    (_AVAILABLE, Event.ACQUIRE): _ACQUIRED,
+    (_AVAILABLE, Event.SKIP): _ARCHIVED,
+    (_ACQUIRED, Event.ACCEPT): _ACKNOWLEDGED,
+    (_ACQUIRED, Event.RELEASE): _AVAILABLE,
+    (_ACQUIRED, Event.REJECT): _ARCHIVED,
+    (_ACQUIRED, Event.GAP): _ARCHIVED,
+    (_ACQUIRED, Event.RENEW): _ACQUIRED,
+    (_ACQUIRED, Event.LOCK_TIMEOUT): _AVAILABLE,
+    (_ACQUIRED, Event.MEMBER_RELEASE): _AVAILABLE,
+}
+
+
+class AcknowledgeType(enum.IntEnum):
+    """AcknowledgeTypes values of ShareFetch / ShareAcknowledge."""
+
+    GAP = 0
+    ACCEPT = 1
+    RELEASE = 2
+    REJECT = 3
+    RENEW = 4
+
+
+_ACKNOWLEDGE_EVENTS: Final[Mapping[int, Event]] = {
+    AcknowledgeType.GAP: Event.GAP,
+    AcknowledgeType.ACCEPT: Event.ACCEPT,
+    AcknowledgeType.RELEASE: Event.RELEASE,
+    AcknowledgeType.REJECT: Event.REJECT,
+    AcknowledgeType.RENEW: Event.RENEW,
+}
+
+_DONE: Final = frozenset({_ACKNOWLEDGED, _ARCHIVED})
+_PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED})
+
+UNINITIALIZED_START_OFFSET: Final = -1
+"""Start offset of state that has never been initialized: resolve share.auto.offset.reset."""
+
+
+class IllegalStateTransition(RuntimeError):
+    """A move that TRANSITIONS does not allow; always a bug in this module, never bad input."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionConfig:
+    """The group configs that drive delivery (Kafka's share.* group config names)."""
+
+    record_lock_duration_ms: int = 30_000  # share.record.lock.duration.ms
+    delivery_count_limit: int = 5  # share.delivery.count.limit
+    max_in_flight_records: int = 2_000  # share.partition.max.record.locks
+    # share.isolation.level: the caller acts on it (reads up to the LSO, passes aborted and
+    # control batches as `gaps` to `acquire`); carried here so one object holds the config.
+    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+
+
+class StateBatch(NamedTuple):
+    """A persisted state batch, as in Read/WriteShareGroupState (state 0, 2 or 4)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_state: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateUpdate:
+    """What to write through WriteShareGroupState before answering.
+
+    ``state_batches`` are the changed ranges, newer-wins over what is stored; ``start_offset``
+    is the current SPSO, and stored batches below it are dropped.
+    """
+
+    start_offset: int
+    state_batches: tuple[StateBatch, ...]
+
+
+class AcquiredRange(NamedTuple):
+    """One AcquiredRecords entry of a ShareFetch response."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+class OffsetRange(NamedTuple):
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightRange:
+    """Records [first_offset, last_offset] in one state; member and deadline only when ACQUIRED."""
+
+    first_offset: int
+    last_offset: int
+    state: RecordState
+    delivery_count: int
+    member_id: str | None = None
+    lock_deadline_ms: int | None = None
+
+    @property
+    def record_count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+    def same_state_as(self, other: InFlightRange) -> bool:
+        """Whether the two ranges could be one (adjacent ranges in the same state merge)."""
+        return (
+            self.state is other.state
+            and self.delivery_count == other.delivery_count
+            and self.member_id == other.member_id
+            and self.lock_deadline_ms == other.lock_deadline_ms
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    """Records acquired by a fetch, ascending, and the state to persist first."""
+
+    acquired: tuple[AcquiredRange, ...]
+    state_update: StateUpdate | None
+
+    @property
+    def record_count(self) -> int:
+        return sum(r.last_offset - r.first_offset + 1 for r in self.acquired)
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """Outcome of acknowledging one partition: all batches applied, or none of them."""
+
+    error_code: ErrorCode
+    error_message: str | None
+    state_update: StateUpdate | None
+    released: int  # records made AVAILABLE again (a waiting fetch may be woken)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    """Acquired records given back by a lock timeout or a departing member."""
+
+    available: tuple[OffsetRange, ...]
+    archived: tuple[OffsetRange, ...]  # delivery count had reached the limit
+    state_update: StateUpdate | None
+
+    @property
+    def released(self) -> int:
+        return sum(r.last_offset - r.first_offset + 1 for r in self.available)
+
+
+def _transition(
+    record: InFlightRange,
+    event: Event,
+    *,
+    delivery_count_limit: int,
+    member_id: str | None = None,
+    lock_deadline_ms: int | None = None,
+) -> InFlightRange:
+    """The one place a range changes state: the table, plus the delivery-limit rule."""
+    state = TRANSITIONS.get((record.state, event))
+    if state is None:
+        raise IllegalStateTransition(
+            f"{record.state.name} records {record.first_offset}-{record.last_offset} "
+            f"cannot take {event.value}"
+        )
+    delivery_count = record.delivery_count + (1 if event is Event.ACQUIRE else 0)
+    if state is _AVAILABLE and delivery_count >= delivery_count_limit:
+        state = _ARCHIVED
+    if state is _ACQUIRED:
+        return replace(
+            record,
+            state=state,
+            delivery_count=delivery_count,
+            member_id=member_id if event is Event.ACQUIRE else record.member_id,
+            lock_deadline_ms=lock_deadline_ms,
+        )
+    return replace(
+        record, state=state, delivery_count=delivery_count, member_id=None, lock_deadline_ms=None
+    )
+
+
+def _durable(record: InFlightRange) -> tuple[RecordState, int]:
+    """How a range is persisted: ACQUIRED as AVAILABLE with its delivery count."""
+    return (_AVAILABLE if record.state is _ACQUIRED else record.state, record.delivery_count)
+
+
+def _merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            if last > merged[-1][1]:
+                merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def _coalesce_batches(batches: Iterable[StateBatch]) -> list[StateBatch]:
+    out: list[StateBatch] = []
+    for batch in batches:
+        if out:
+            prev = out[-1]
+            if (
+                prev.last_offset + 1 == batch.first_offset
+                and prev.delivery_state == batch.delivery_state
+                and prev.delivery_count == batch.delivery_count
+            ):
+                out[-1] = prev._replace(last_offset=batch.last_offset)
+                continue
+        out.append(batch)
+    return out
+
+
+def _check_offset_ranges(what: str, ranges: Sequence[tuple[int, int]]) -> None:
+    """Log batches and gaps handed to `acquire` must be ascending and disjoint."""
+    previous_last = -1
+    for first, last in ranges:
+        if first > last or first <= previous_last:
+            raise ValueError(f"{what} must be ascending, disjoint and first <= last: {ranges!r}")
+        previous_last = last
+
+
+def _split_by_gaps(
+    first: int, last: int, gaps: Sequence[tuple[int, int]]
+) -> Iterator[tuple[int, int, bool]]:
+    """Cover [first, last] with pieces, each flagged whether it lies inside a gap."""
+    index = max(bisect_right(gaps, (first, first)) - 1, 0)
+    cursor = first
+    while cursor <= last:
+        while index < len(gaps) and gaps[index][1] < cursor:
+            index += 1
+        if index == len(gaps) or gaps[index][0] > last:
+            yield cursor, last, False
+            return
+        gap_first, gap_last = gaps[index]
+        if gap_first > cursor:
+            yield cursor, gap_first - 1, False
+            cursor = gap_first
+        end = min(gap_last, last)
+        yield cursor, end, True
+        cursor = end + 1
+
+
+def _acknowledge_runs(
+    first: int, last: int, acknowledge_types: Sequence[int]
+) -> Iterator[tuple[int, int, int]]:
+    """(first, last, type) runs: one type for the whole batch, or one type per offset."""
+    if len(acknowledge_types) == 1:
+        yield first, last, acknowledge_types[0]
+        return
+    run_first = first
+    for index in range(1, len(acknowledge_types) + 1):
+        if (
+            index == len(acknowledge_types)
+            or acknowledge_types[index] != acknowledge_types[index - 1]
+        ):
+            yield run_first, first + index - 1, acknowledge_types[index - 1]
+            run_first = first + index
+
+
+def _validate_acknowledgement_batches(
+    batches: Sequence[tuple[int, int, Sequence[int]]],
+) -> str | None:
+    """Kafka's request-level checks (INVALID_REQUEST): the message, or None when well formed."""
+    previous_last: int | None = None
+    for first, last, acknowledge_types in batches:
+        if first > last:
+            return f"acknowledgement batch {first}-{last}: first offset is after last offset"
+        if previous_last is not None and first <= previous_last:
+            return (
+                f"acknowledgement batch {first}-{last} is out of order or overlaps the batch "
+                f"ending at {previous_last}"
+            )
+        count = last - first + 1
+        if len(acknowledge_types) not in (1, count):
+            return (
+                f"acknowledgement batch {first}-{last} has {len(acknowledge_types)} acknowledge "
+                f"types; expected 1 or {count}"
+            )
+        for acknowledge_type in acknowledge_types:
+            if acknowledge_type not in _ACKNOWLEDGE_EVENTS:
+                return f"acknowledgement batch {first}-{last}: unknown type {acknowledge_type}"
+        previous_last = last
+    return None
+
+
+class SharePartition:
+    """The in-flight window of one (share group, topic-partition): spso, speo and ranges.
+
+    Build it from the share coordinator's ReadShareGroupState answer. A start offset of -1
+    (UNINITIALIZED_START_OFFSET) means no SPSO yet: resolve share.auto.offset.reset against the
+    log and call `initialize`. A fetch goes: `next_fetch_offset()` -> read the log from there ->
+    `acquire(...)` with the batch boundaries read -> persist the StateUpdate -> respond.
+    """
+
+    def __init__(
+        self,
+        group_id: str,
+        topic_id: uuid.UUID,
+        partition: int,
+        *,
+        config: SharePartitionConfig,
+        state_epoch: int,
+        start_offset: int,
+        state_batches: Iterable[tuple[int, int, int, int]] = (),
+    ) -> None:
+        self.group_id = group_id
+        self.topic_id = topic_id
+        self.partition = partition
+        # Replaceable at any time (group configs are dynamic); takes effect from the next call.
+        self.config = config
+        self.state_epoch = state_epoch
+        self._ranges = SortedDict()  # first_offset -> InFlightRange; exactly covers [spso, speo)
+        self._lock_deadlines = SortedList()  # (lock_deadline_ms, first_offset) of ACQUIRED
+        self._available = SortedSet()  # first_offset of AVAILABLE ranges
+        self._acquired_count = 0
+        self._spso = UNINITIALIZED_START_OFFSET
+        self._speo = UNINITIALIZED_START_OFFSET
+        self._changed: list[tuple[int, int]] = []
+        self._touched: list[tuple[int, int]] = []
+        self._spso_before = UNINITIALIZED_START_OFFSET
+        batches = sorted(StateBatch(*batch) for batch in state_batches)
+        if start_offset == UNINITIALIZED_START_OFFSET:
+            if batches:
+                raise ValueError("state batches without a start offset")
+            return
+        if start_offset < 0:
+            raise ValueError(f"invalid start offset {start_offset}")
+        self._load(start_offset, batches)
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        """False until a start offset is known (see `initialize`)."""
+        return self._spso != UNINITIALIZED_START_OFFSET
+
+    @property
+    def spso(self) -> int:
+        """Share-partition start offset: every record below it is done."""
+        return self._spso
+
+    @property
+    def speo(self) -> int:
+        """Share-partition end offset: the first offset never delivered (exclusive end)."""
+        return self._speo
+
+    @property
+    def in_flight_count(self) -> int:
+        """SPEO - SPSO, the number bounded by share.partition.max.record.locks."""
+        return self._speo - self._spso if self.initialized else 0
+
+    @property
+    def acquired_count(self) -> int:
+        """Records currently ACQUIRED by some member."""
+        return self._acquired_count
+
+    @property
+    def range_count(self) -> int:
+        """Distinct in-flight ranges held: the memory cost of this partition."""
+        return len(self._ranges)
+
+    def in_flight_ranges(self) -> list[InFlightRange]:
+        """All ranges of [spso, speo), ascending."""
+        return list(self._ranges.values())
+
+    def record_state(self, offset: int) -> InFlightRange | None:
+        """The range holding `offset`, or None outside [spso, speo)."""
+        if not self._spso <= offset < self._speo:
+            return None
+        return self._range_at(offset)
+
+    def next_fetch_offset(self) -> int:
+        """Where the next log read should start: the first AVAILABLE record, else SPEO."""
+        self._require_initialized()
+        if self._available:
+            first: int = self._available[0]
+            return first
+        return self._speo
+
+    def can_acquire(self) -> bool:
+        """Whether a fetch could acquire anything (AVAILABLE records, or room for new ones)."""
+        if not self.initialized:
+            return False
+        return bool(self._available) or self.in_flight_count < self.config.max_in_flight_records
+
+    def next_lock_deadline(self) -> int | None:
+        """The earliest acquisition lock deadline (ms), for the caller's timer; None if none."""
+        if not self._lock_deadlines:
+            return None
+        deadline: int = self._lock_deadlines[0][0]
+        return deadline
+
+    def snapshot_state(self) -> tuple[int, list[StateBatch]]:
+        """The full durable state: (SPSO, state batches), as a snapshot would store it."""
+        self._require_initialized()
+        if self._speo <= self._spso:
+            return self._spso, []
+        return self._spso, self._durable_batches(self._spso, self._speo - 1)
+
+    # -- transitions --------------------------------------------------------------------
+
+    def initialize(self, start_offset: int) -> StateUpdate:
+        """Set the first SPSO, resolved by the caller from share.auto.offset.reset.
+
+        earliest = log start offset, latest = log end offset, by_duration = the first offset
+        whose timestamp is at or after now minus the duration. Persist the returned update, so a
+        restart does not resolve "latest" again to a later offset and skip records.
+        """
+        if self.initialized:
+            raise RuntimeError(f"share partition already initialized at SPSO {self._spso}")
+        if start_offset < 0:
+            raise ValueError(f"invalid start offset {start_offset}")
+        self._spso = self._speo = start_offset
+        return StateUpdate(start_offset, ())
+
+    def acquire(
+        self,
+        member_id: str,
+        batches: Sequence[tuple[int, int]],
+        *,
+        max_records: int,
+        batch_size: int,
+        now_ms: int,
+        gaps: Sequence[tuple[int, int]] = (),
+    ) -> AcquireResult:
+        """Acquire records for `member_id` within the log batches the caller read.
+
+        `batches` are the (base_offset, last_offset) of the record batches read from the log
+        starting at `next_fetch_offset()`, ascending. AVAILABLE in-flight records inside them
+        are acquired first (delivery count +1; those already at the delivery limit are archived
+        instead), then records past SPEO (delivery count 1). `max_records` is a soft limit: the
+        last range is finished at its log batch boundary, as Kafka does, so the response carries
+        whole batches; SPEO - SPSO never exceeds share.partition.max.record.locks, even if that
+        cuts a batch. `batch_size` shapes the returned AcquiredRecords (ranges of about that
+        many records, cut at log batch boundaries). `gaps` are offset ranges never to deliver
+        (aborted transactions, control batches): archived as they are met. Each acquisition
+        holds a lock until now_ms + share.record.lock.duration.ms.
+        """
+        self._require_initialized()
+        _check_offset_ranges("log batches", batches)
+        _check_offset_ranges("gaps", gaps)
+        if not batches or max_records <= 0:
+            return AcquireResult((), None)
+        self._begin()
+        limit = self.config.delivery_count_limit
+        deadline = now_ms + self.config.record_lock_duration_ms
+        span_first = max(batches[0][0], self._spso)
+        span_last = batches[-1][1]
+        acquired: list[AcquiredRange] = []
+        remaining = max_records
+
+        # 1. In-flight AVAILABLE records the read covers.
+        reacquire_last = min(span_last, self._speo - 1)
+        for first, last in self._available_spans(span_first, reacquire_last):
+            if remaining <= 0:
+                break
+            current = self._range_at(first)
+            if current.delivery_count >= limit:
+                # Persisted at (or over a since lowered) limit: never delivered again.
+                self._apply(first, last, Event.SKIP)
+                continue
+            for piece_first, piece_last, in_gap in _split_by_gaps(first, last, gaps):
+                if in_gap:
+                    self._apply(piece_first, piece_last, Event.SKIP)
+                    continue
+                if remaining <= 0:
+                    break
+                if piece_last - piece_first + 1 > remaining:
+                    piece_last = _batch_end(batches, piece_first + remaining - 1, piece_last)
+                self._apply(piece_first, piece_last, Event.ACQUIRE, member_id, deadline)
+                acquired.append(AcquiredRange(piece_first, piece_last, current.delivery_count + 1))
+                remaining -= piece_last - piece_first + 1
+
+        # 2. New records past SPEO.
+        if remaining > 0 and span_last >= self._speo:
+            if batches[0][0] > self._speo:
+                # The log holds nothing between SPEO and its first batch (compacted, deleted).
+                self._add_range(InFlightRange(self._speo, batches[0][0] - 1, _ARCHIVED, 0))
+                self._speo = batches[0][0]
+                self._advance_spso()
+            new_first = self._speo
+            new_last = span_last
+            if new_last - new_first + 1 > remaining:
+                new_last = _batch_end(batches, new_first + remaining - 1, new_last)
+            new_last = min(new_last, self._spso + self.config.max_in_flight_records - 1)
+            if new_last >= new_first:
+                for piece_first, piece_last, in_gap in _split_by_gaps(new_first, new_last, gaps):
+                    if in_gap:
+                        self._add_range(InFlightRange(piece_first, piece_last, _ARCHIVED, 0))
+                        continue
+                    self._add_range(
+                        InFlightRange(piece_first, piece_last, _ACQUIRED, 1, member_id, deadline)
+                    )
+                    acquired.append(AcquiredRange(piece_first, piece_last, 1))
+                self._speo = new_last + 1
+
+        state_update = self._finish()
+        return AcquireResult(_shape_acquired(acquired, batches, batch_size), state_update)
+
+    def acknowledge(
+        self,
+        member_id: str,
+        batches: Sequence[tuple[int, int, Sequence[int]]],
+        now_ms: int,
+    ) -> AckResult:
+        """Apply a partition's AcknowledgementBatches (first, last, acknowledge_types).
+
+        Atomic, as Kafka rolls back a partial acknowledgement: either every batch applies, or
+        nothing changes and the error says why. Malformed batches (first > last, out of order,
+        overlapping, wrong number of types, unknown type, offsets at or past SPEO) get
+        INVALID_REQUEST; records not ACQUIRED by `member_id` get INVALID_RECORD_STATE. Offsets
+        below SPSO are already done (log start moved past them) and are skipped.
+        """
+        self._require_initialized()
+        message = _validate_acknowledgement_batches(batches)
+        if message is not None:
+            return AckResult(ErrorCode.invalid_request, message, None, 0)
+        for first, last, _ in batches:
+            first = max(first, self._spso)
+            if first > last:
+                continue
+            if last >= self._speo:
+                return AckResult(
+                    ErrorCode.invalid_request,
+                    f"offsets {max(first, self._speo)}-{last} were never delivered "
+                    f"(share-partition end offset is {self._speo})",
+                    None,
+                    0,
+                )
+            for record in self._ranges_overlapping(first, last):
+                if record.state is not _ACQUIRED:
+                    return AckResult(
+                        ErrorCode.invalid_record_state,
+                        f"offset {max(record.first_offset, first)} is {record.state.name}, "
+                        "not acquired",
+                        None,
+                        0,
+                    )
+                if record.member_id != member_id:
+                    return AckResult(
+                        ErrorCode.invalid_record_state,
+                        f"offset {max(record.first_offset, first)} is acquired by another member",
+                        None,
+                        0,
+                    )
+
+        self._begin()
+        deadline = now_ms + self.config.record_lock_duration_ms
+        released = 0
+        for first, last, acknowledge_types in batches:
+            for run_first, run_last, acknowledge_type in _acknowledge_runs(
+                first, last, acknowledge_types
+            ):
+                run_first = max(run_first, self._spso)
+                if run_first > run_last:
+                    continue
+                event = _ACKNOWLEDGE_EVENTS[acknowledge_type]
+                for _, new in self._apply(run_first, run_last, event, member_id, deadline):
+                    if new.state is _AVAILABLE:
+                        released += new.record_count
+        return AckResult(ErrorCode.none, None, self._finish(), released)
+
+    def expire_locks(self, now_ms: int) -> ReleaseResult:
+        """Release every acquisition whose lock deadline is at or before `now_ms`.
+
+        The records become AVAILABLE again, or ARCHIVED if their delivery count has reached
+        share.delivery.count.limit.
+        """
+        self._require_initialized()
+        self._begin()
+        changes: list[tuple[InFlightRange, InFlightRange]] = []
+        while self._lock_deadlines and self._lock_deadlines[0][0] <= now_ms:
+            first: int = self._lock_deadlines[0][1]
+            record = self._range_at(first)
+            changes.extend(self._apply(first, record.last_offset, Event.LOCK_TIMEOUT))
+        return self._release_result(changes)
+
+    def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:
+        """A member left, timed out or closed its share session: release what it holds.
+
+        Delivery counts are unchanged; a record at the delivery limit is archived rather than
+        made available (Kafka's releaseAcquiredRecords goes through the same rule). `now_ms`
+        is accepted for a uniform call shape; the outcome does not depend on it.
+        """
+        del now_ms
+        self._require_initialized()
+        self._begin()
+        held = [
+            self._range_at(first)
+            for _, first in self._lock_deadlines
+            if self._range_at(first).member_id == member_id
+        ]
+        changes: list[tuple[InFlightRange, InFlightRange]] = []
+        for record in held:
+            changes.extend(
+                self._apply(record.first_offset, record.last_offset, Event.MEMBER_RELEASE)
+            )
+        return self._release_result(changes)
+
+    def update_log_start_offset(self, log_start_offset: int) -> StateUpdate | None:
+        """Retention or DeleteRecords moved the log start: SPSO follows, state below is dropped.
+
+        Acquisitions below the new start are dropped with it; their later acknowledgements are
+        skipped as already done, as Kafka does.
+        """
+        self._require_initialized()
+        if log_start_offset <= self._spso:
+            return None
+        self._begin()
+        self._split_before(log_start_offset)
+        for first in list(self._ranges.irange(maximum=log_start_offset - 1)):
+            self._pop(first)
+        self._spso = log_start_offset
+        self._speo = max(self._speo, log_start_offset)
+        return self._finish()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _require_initialized(self) -> None:
+        if not self.initialized:
+            raise RuntimeError(
+                f"share partition {self.group_id}:{self.topic_id}:{self.partition} has no start "
+                "offset yet; call initialize() with the share.auto.offset.reset offset"
+            )
+
+    def _load(self, start_offset: int, batches: list[StateBatch]) -> None:
+        self._spso = self._speo = start_offset
+        cursor = start_offset
+        for batch in batches:
+            if batch.first_offset > batch.last_offset:
+                raise ValueError(f"state batch with first offset after last offset: {batch}")
+            if batch.delivery_state not in _PERSISTED_STATES:
+                raise ValueError(f"state batch with delivery state {batch.delivery_state}")
+            first = max(batch.first_offset, start_offset)
+            if batch.last_offset < first:
+                continue
+            if first < cursor:
+                raise ValueError(f"overlapping state batches at offset {first}")
+            if first > cursor:
+                # Offsets with no persisted state were never delivered.
+                self._put(InFlightRange(cursor, first - 1, _AVAILABLE, 0))
+            self._put(
+                InFlightRange(
+                    first,
+                    batch.last_offset,
+                    RecordState(batch.delivery_state),
+                    batch.delivery_count,
+                )
+            )
+            cursor = batch.last_offset + 1
+        self._speo = cursor
+        self._begin()
+        self._touch(start_offset, cursor)
+        self._finish()
+
+    def _range_at(self, offset: int) -> InFlightRange:
+        index: int = self._ranges.bisect_right(offset) - 1
+        record: InFlightRange = self._ranges.peekitem(index)[1]
+        return record
+
+    def _ranges_overlapping(self, first: int, last: int) -> list[InFlightRange]:
+        start: int = self._range_at(first).first_offset
+        return [self._ranges[key] for key in self._ranges.irange(start, last)]
+
+    def _available_spans(self, first: int, last: int) -> list[tuple[int, int]]:
+        """AVAILABLE ranges within [first, last], clipped; taken before anything changes."""
+        if first > last:
+            return []
+        start = self._range_at(first).first_offset
+        spans = []
+        for key in self._available.irange(start, last):
+            record: InFlightRange = self._ranges[key]
+            spans.append((max(record.first_offset, first), min(record.last_offset, last)))
+        return spans
+
+    def _put(self, record: InFlightRange) -> None:
+        self._ranges[record.first_offset] = record
+        if record.state is _ACQUIRED:
+            self._acquired_count += record.record_count
+            self._lock_deadlines.add((record.lock_deadline_ms, record.first_offset))
+        elif record.state is _AVAILABLE:
+            self._available.add(record.first_offset)
+
+    def _pop(self, first_offset: int) -> InFlightRange:
+        record: InFlightRange = self._ranges.pop(first_offset)
+        if record.state is _ACQUIRED:
+            self._acquired_count -= record.record_count
+            self._lock_deadlines.remove((record.lock_deadline_ms, record.first_offset))
+        elif record.state is _AVAILABLE:
+            self._available.remove(record.first_offset)
+        return record
+
+    def _add_range(self, record: InFlightRange) -> None:
+        """A new range past SPEO."""
+        self._put(record)
+        self._mark_changed(record.first_offset, record.last_offset)
+        self._touch(record.first_offset, record.last_offset)
+
+    def _split_before(self, offset: int) -> None:
+        """Make `offset` the first offset of a range, if a range spans across it."""
+        if not self._spso < offset < self._speo:
+            return
+        record = self._range_at(offset)
+        if record.first_offset == offset:
+            return
+        self._pop(record.first_offset)
+        self._put(replace(record, last_offset=offset - 1))
+        self._put(replace(record, first_offset=offset))
+
+    def _apply(
+        self,
+        first: int,
+        last: int,
+        event: Event,
+        member_id: str | None = None,
+        lock_deadline_ms: int | None = None,
+    ) -> list[tuple[InFlightRange, InFlightRange]]:
+        """Apply `event` to every record of [first, last]; returns (old, new) per range."""
+        self._split_before(first)
+        self._split_before(last + 1)
+        changes = []
+        for key in list(self._ranges.irange(first, last)):
+            old: InFlightRange = self._ranges[key]
+            new = _transition(
+                old,
+                event,
+                delivery_count_limit=self.config.delivery_count_limit,
+                member_id=member_id,
+                lock_deadline_ms=lock_deadline_ms,
+            )
+            if new != old:
+                self._pop(key)
+                self._put(new)
+                if _durable(old) != _durable(new):
+                    self._mark_changed(new.first_offset, new.last_offset)
+            changes.append((old, new))
+        self._touch(first, last)
+        return changes
+
+    def _advance_spso(self) -> None:
+        """Move SPSO over the leading run of ACKNOWLEDGED/ARCHIVED records and forget them."""
+        while self._ranges:
+            first: int = self._ranges.peekitem(0)[0]
+            if self._ranges[first].state not in _DONE:
+                break
+            record = self._pop(first)
+            self._spso = record.last_offset + 1
+        if not self._ranges:
+            self._spso = self._speo
+
+    def _coalesce(self, first: int, last: int) -> None:
+        """Merge adjacent ranges in the same state around [first, last]."""
+        if not self._ranges:
+            return
+        start = max(self._ranges.bisect_right(first) - 2, 0)
+        stop = min(self._ranges.bisect_right(last) + 1, len(self._ranges))
+        keys = list(self._ranges.islice(start, stop))
+        previous: InFlightRange = self._ranges[keys[0]]
+        for key in keys[1:]:
+            current: InFlightRange = self._ranges[key]
+            if previous.last_offset + 1 == current.first_offset and previous.same_state_as(current):
+                self._pop(previous.first_offset)
+                self._pop(current.first_offset)
+                current = replace(previous, last_offset=current.last_offset)
+                self._put(current)
+            previous = current
+
+    def _mark_changed(self, first: int, last: int) -> None:
+        self._changed.append((first, last))
+
+    def _touch(self, first: int, last: int) -> None:
+        self._touched.append((first, last))
+
+    def _begin(self) -> None:
+        self._changed = []
+        self._touched = []
+        self._spso_before = self._spso
+
+    def _finish(self) -> StateUpdate | None:
+        """Advance SPSO, merge what was touched, and build the update to persist (if any)."""
+        self._advance_spso()
+        for first, last in _merge_spans(self._touched):
+            self._coalesce(first, last)
+        changed = _merge_spans(self._changed)
+        self._touched = []
+        self._changed = []
+        if self._spso == self._spso_before and not changed:
+            return None
+        batches: list[StateBatch] = []
+        for first, last in changed:
+            first = max(first, self._spso)
+            last = min(last, self._speo - 1)
+            if first <= last:
+                batches.extend(self._durable_batches(first, last))
+        return StateUpdate(self._spso, tuple(_coalesce_batches(batches)))
+
+    def _durable_batches(self, first: int, last: int) -> list[StateBatch]:
+        pieces = []
+        for record in self._ranges_overlapping(first, last):
+            state, delivery_count = _durable(record)
+            if state is _AVAILABLE and delivery_count == 0:
+                continue  # never delivered: no state batch needed
+            pieces.append(
+                StateBatch(
+                    max(record.first_offset, first),
+                    min(record.last_offset, last),
+                    int(state),
+                    delivery_count,
+                )
+            )
+        return _coalesce_batches(pieces)
+
+    def _release_result(self, changes: list[tuple[InFlightRange, InFlightRange]]) -> ReleaseResult:
+        available = [
+            OffsetRange(new.first_offset, new.last_offset)
+            for _, new in changes
+            if new.state is _AVAILABLE
+        ]
+        archived = [
+            OffsetRange(new.first_offset, new.last_offset)
+            for _, new in changes
+            if new.state is _ARCHIVED
+        ]
+        state_update = self._finish()
+        return ReleaseResult(tuple(available), tuple(archived), state_update)
+
+
+def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:
+    """The last offset of the log batch holding `offset` (at most `bound`); `offset` if none."""
+    index = bisect_right(batches, (offset, offset)) - 1
+    if index >= 0 and batches[index][0] <= offset <= batches[index][1]:
+        return min(batches[index][1], bound)
+    if index + 1 < len(batches) and batches[index + 1][0] == offset:
+        return min(batches[index + 1][1], bound)
+    return offset
+
+
+def _shape_acquired(
+    acquired: list[AcquiredRange], batches: Sequence[tuple[int, int]], batch_size: int
+) -> tuple[AcquiredRange, ...]:
+    """Join touching ranges of equal delivery count, then cut them into about `batch_size`
+    records each at log batch boundaries (ShareFetch BatchSize)."""
+    joined: list[AcquiredRange] = []
+    for record in acquired:
+        if joined:
+            previous = joined[-1]
+            if (
+                previous.last_offset + 1 == record.first_offset
+                and previous.delivery_count == record.delivery_count
+            ):
+                joined[-1] = previous._replace(last_offset=record.last_offset)
+                continue
+        joined.append(record)
+    if batch_size <= 0:
+        return tuple(joined)
+    shaped: list[AcquiredRange] = []
+    for record in joined:
+        first = record.first_offset
+        while first <= record.last_offset:
+            last = record.last_offset
+            if last - first + 1 > batch_size:
+                last = _batch_end(batches, first + batch_size - 1, last)
+            shaped.append(AcquiredRange(first, last, record.delivery_count))
+            first = last + 1
+    return tuple(shaped)

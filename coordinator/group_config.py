@@ -1,0 +1,800 @@
+"""Share-group configs: Kafka's `GroupConfig` (share.*) and `ShareGroupConfig` (group.share.*).
+
+A group config (`share.record.lock.duration.ms`, ...) is set per group with
+IncrementalAlterConfigs on resource type GROUP; when a group has no override the
+broker's `group.share.*` value applies. Kafka bounds some group configs twice: a
+fixed floor in `GroupConfig` (e.g. `atLeast(1000)`) and the broker's
+`group.share.min.*` / `group.share.max.*` keys; a value outside either is rejected
+with INVALID_CONFIG naming the key and the bound. Values stored before the broker
+bounds were narrowed are clamped when the effective config is built, as Kafka's
+`GroupConfig.evaluate` does.
+
+As in Kafka, configs may be stored for a group that does not exist yet;
+`GroupConfigStore` is keyed by group id only and knows nothing of group state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from protocol.errors import ErrorCode, KafkaError
+
+__all__ = [
+    "BROKER_CONFIG_DEFS",
+    "EARLIEST_TIMESTAMP",
+    "GROUP_CONFIG_DEFS",
+    "LATEST_TIMESTAMP",
+    "AlterConfigOp",
+    "AutoOffsetReset",
+    "ConfigDef",
+    "ConfigValue",
+    "GroupConfig",
+    "GroupConfigEntry",
+    "GroupConfigRecord",
+    "GroupConfigStore",
+    "ShareGroupBrokerConfig",
+    "parse_auto_offset_reset",
+    "parse_iso8601_duration_ms",
+    "validate",
+    "validate_all",
+]
+
+ConfigValue = int | str | bool
+
+INT: Literal["int"] = "int"
+STRING: Literal["string"] = "string"
+BOOLEAN: Literal["boolean"] = "boolean"
+INT32_MAX = 2**31 - 1
+
+# ListOffsets sentinel timestamps that `share.auto.offset.reset` maps to.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    """One config key: Kafka's name, type, default, fixed bounds and documentation."""
+
+    name: str
+    type: Literal["int", "string", "boolean"]
+    default: ConfigValue
+    doc: str
+    min: int | None = None
+    max: int | None = None
+    # For a group config: the broker key it defaults to, and the broker keys that bound it.
+    broker_synonym: str | None = None
+    broker_min: str | None = None
+    broker_max: str | None = None
+
+
+def _broker(name: str, default: int, doc: str, lo: int, hi: int | None = None) -> ConfigDef:
+    return ConfigDef(name, INT, default, doc, lo, hi)
+
+
+# Kafka's `ShareGroupConfig` and the share part of `GroupCoordinatorConfig` (4.2).
+BROKER_CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        _broker(
+            "group.share.session.timeout.ms",
+            45000,
+            "The timeout to detect client failures when using the share group protocol.",
+            1,
+        ),
+        _broker(
+            "group.share.min.session.timeout.ms",
+            45000,
+            "The minimum allowed session timeout for share group members.",
+            1,
+        ),
+        _broker(
+            "group.share.max.session.timeout.ms",
+            60000,
+            "The maximum allowed session timeout for share group members.",
+            1,
+        ),
+        _broker(
+            "group.share.heartbeat.interval.ms",
+            5000,
+            "The heartbeat interval given to the members of a share group.",
+            1,
+        ),
+        _broker(
+            "group.share.min.heartbeat.interval.ms",
+            5000,
+            "The minimum heartbeat interval for share group members.",
+            1,
+        ),
+        _broker(
+            "group.share.max.heartbeat.interval.ms",
+            15000,
+            "The maximum heartbeat interval for share group members.",
+            1,
+        ),
+        _broker(
+            "group.share.max.size",
+            200,
+            "The maximum number of members that a single share group can accommodate.",
+            1,
+            1000,
+        ),
+        _broker(
+            "group.share.record.lock.duration.ms",
+            30000,
+            "The record acquisition lock duration in milliseconds for share groups.",
+            1000,
+            3600000,
+        ),
+        _broker(
+            "group.share.min.record.lock.duration.ms",
+            15000,
+            "The minimum value of a group configuration for record acquisition lock "
+            "duration in milliseconds.",
+            1000,
+            30000,
+        ),
+        _broker(
+            "group.share.max.record.lock.duration.ms",
+            60000,
+            "The maximum value of a group configuration for record acquisition lock "
+            "duration in milliseconds.",
+            30000,
+            3600000,
+        ),
+        _broker(
+            "group.share.delivery.count.limit",
+            5,
+            "The maximum number of delivery attempts for a record delivered to a share group.",
+            2,
+            10,
+        ),
+        _broker(
+            "group.share.min.delivery.count.limit",
+            2,
+            "The minimum value of a group configuration for the maximum number of delivery "
+            "attempts.",
+            2,
+            5,
+        ),
+        _broker(
+            "group.share.max.delivery.count.limit",
+            10,
+            "The maximum value of a group configuration for the maximum number of delivery "
+            "attempts.",
+            5,
+            25,
+        ),
+        _broker(
+            "group.share.partition.max.record.locks",
+            2000,
+            "Share-group record lock limit per share-partition.",
+            100,
+            10000,
+        ),
+        _broker(
+            "group.share.min.partition.max.record.locks",
+            100,
+            "The minimum value of a group configuration for the record lock limit per "
+            "share-partition.",
+            100,
+            2000,
+        ),
+        _broker(
+            "group.share.max.partition.max.record.locks",
+            4000,
+            "The maximum value of a group configuration for the record lock limit per "
+            "share-partition.",
+            2000,
+            10000,
+        ),
+        _broker(
+            "group.share.max.share.sessions",
+            2000,
+            "The maximum number of share sessions per broker.",
+            1,
+        ),
+    ]
+}
+
+
+# Kafka's `GroupConfig`, share keys only (spool has no consumer or streams groups).
+GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef(
+            "share.session.timeout.ms",
+            INT,
+            45000,
+            "The timeout to detect client failures when using the share group protocol.",
+            1,
+            None,
+            "group.share.session.timeout.ms",
+            "group.share.min.session.timeout.ms",
+            "group.share.max.session.timeout.ms",
+        ),
+        ConfigDef(
+            "share.heartbeat.interval.ms",
+            INT,
+            5000,
+            "The heartbeat interval given to the members.",
+            1,
+            None,
+            "group.share.heartbeat.interval.ms",
+            "group.share.min.heartbeat.interval.ms",
+            "group.share.max.heartbeat.interval.ms",
+        ),
+        ConfigDef(
+            "share.record.lock.duration.ms",
+            INT,
+            30000,
+            "The record acquisition lock duration in milliseconds.",
+            1000,
+            None,
+            "group.share.record.lock.duration.ms",
+            "group.share.min.record.lock.duration.ms",
+            "group.share.max.record.lock.duration.ms",
+        ),
+        ConfigDef(
+            "share.delivery.count.limit",
+            INT,
+            5,
+            "The maximum number of delivery attempts for a record delivered to a share group.",
+            2,
+            None,
+            "group.share.delivery.count.limit",
+            "group.share.min.delivery.count.limit",
+            "group.share.max.delivery.count.limit",
+        ),
+        ConfigDef(
+            "share.partition.max.record.locks",
+            INT,
+            2000,
+            "Share-group record lock limit per share-partition.",
+            100,
+            None,
+            "group.share.partition.max.record.locks",
+            "group.share.min.partition.max.record.locks",
+            "group.share.max.partition.max.record.locks",
+        ),
+        ConfigDef(
+            "share.auto.offset.reset",
+            STRING,
+            "latest",
+            "The strategy to initialize the share-partition start offset: earliest, "
+            "latest, or by_duration:<ISO-8601 duration> (PnDTnHnMn.nS).",
+        ),
+        ConfigDef(
+            "share.isolation.level",
+            STRING,
+            "read_uncommitted",
+            "Controls how to read records written transactionally: read_committed or "
+            "read_uncommitted.",
+        ),
+        ConfigDef(
+            "share.renew.acknowledge.enable",
+            BOOLEAN,
+            True,
+            "Whether the renew acknowledge type is enabled for the share group.",
+        ),
+    ]
+}
+
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+# ---------------------------------------------------------------------------
+# share.auto.offset.reset
+
+
+# Java's `Duration.parse` grammar: [-+]P[nD][T[nH][nM][n[.n]S]], letters in any case,
+# each number optionally signed, at most nine fraction digits.
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_iso8601_duration_ms(text: str) -> int:
+    """Parse an ISO-8601 duration (`PnDTnHnMn.nS`) to whole milliseconds.
+
+    Follows Java's `Duration.parse`, which Kafka uses for `by_duration:`: days are the
+    largest unit, and a negative total is rejected (Kafka refuses to reset into the
+    future). Raises ValueError saying what is wrong.
+    """
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not an ISO-8601 duration of the form PnDTnHnMn.nS")
+    sign, days, t_part, hours, minutes, seconds, fraction = match.groups()
+    if days is None and t_part is None:
+        raise ValueError(f"{text!r} has no duration parts")
+    if t_part is not None and hours is None and minutes is None and seconds is None:
+        raise ValueError(f"{text!r} has a 'T' with no hours, minutes or seconds after it")
+    nanos = (
+        int(days or 0) * 86_400 * 10**9
+        + int(hours or 0) * 3_600 * 10**9
+        + int(minutes or 0) * 60 * 10**9
+    )
+    if seconds is not None:
+        fraction_nanos = int((fraction or "").ljust(9, "0"))
+        whole = int(seconds)
+        nanos += whole * 10**9 + (-fraction_nanos if seconds.startswith("-") else fraction_nanos)
+    if sign == "-":
+        nanos = -nanos
+    if nanos < 0:
+        raise ValueError(f"{text!r} is negative; a negative duration is not allowed")
+    return nanos // 10**6
+
+
+@dataclass(frozen=True, slots=True)
+class AutoOffsetReset:
+    """A parsed `share.auto.offset.reset`: where a new share-partition starts."""
+
+    type: Literal["latest", "earliest", "by_duration"]
+    duration_ms: int | None = None
+    # The text as configured, so describe shows what the user wrote.
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text or self.type
+
+    def timestamp(self, now_ms: int) -> int:
+        """The ListOffsets timestamp to look up: -1 latest, -2 earliest, or now - duration."""
+        if self.type == "latest":
+            return LATEST_TIMESTAMP
+        if self.type == "earliest":
+            return EARLIEST_TIMESTAMP
+        assert self.duration_ms is not None
+        return now_ms - self.duration_ms
+
+
+def parse_auto_offset_reset(value: str) -> AutoOffsetReset:
+    """Parse `latest`, `earliest` or `by_duration:<ISO-8601 duration>`; ValueError if bad.
+
+    Matching is case-sensitive, as in Kafka (`LATEST` is rejected).
+    """
+    if value in ("latest", "earliest"):
+        return AutoOffsetReset(value, None, value)  # type: ignore[arg-type]
+    if value == "by_duration":
+        raise ValueError("the <duration> part is missing after by_duration")
+    if value.startswith("by_duration:"):
+        duration_ms = parse_iso8601_duration_ms(value.removeprefix("by_duration:"))
+        return AutoOffsetReset("by_duration", duration_ms, value)
+    raise ValueError(
+        "the value must be either 'earliest', 'latest' or of the format "
+        "'by_duration:<PnDTnHnMn.nS>'"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Parsing and validation
+
+
+def _invalid(name: str, value: object, why: str) -> KafkaError:
+    return KafkaError(
+        ErrorCode.invalid_config, f"Invalid value {value!r} for configuration {name}: {why}"
+    )
+
+
+def _parse_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise _invalid(name, value, "expected an integer")
+    if isinstance(value, int):
+        parsed = value
+    elif isinstance(value, str) and re.fullmatch(r"[-+]?\d+", value.strip()):
+        parsed = int(value.strip())
+    else:
+        raise _invalid(name, value, "expected an integer")
+    if not -(2**31) <= parsed <= INT32_MAX:
+        raise _invalid(name, value, "not a 32-bit integer")
+    return parsed
+
+
+def _parse_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _invalid(name, value, "expected a boolean (true or false)")
+
+
+def _parse(definition: ConfigDef, value: object) -> ConfigValue:
+    """Parse by type and check the fixed bounds; broker bounds are checked separately."""
+    name = definition.name
+    if value is None:
+        raise _invalid(name, value, "a value is required")
+    if definition.type == BOOLEAN:
+        return _parse_bool(name, value)
+    if definition.type == STRING:
+        if not isinstance(value, str):
+            raise _invalid(name, value, "expected a string")
+        if name == "share.auto.offset.reset":
+            try:
+                parse_auto_offset_reset(value)
+            except ValueError as e:
+                raise _invalid(name, value, str(e)) from None
+        elif name == "share.isolation.level" and value not in ISOLATION_LEVELS:
+            raise _invalid(name, value, f"must be one of {', '.join(ISOLATION_LEVELS)}")
+        return value
+    parsed = _parse_int(name, value)
+    if definition.min is not None and parsed < definition.min:
+        raise _invalid(name, value, f"value must be at least {definition.min}")
+    if definition.max is not None and parsed > definition.max:
+        raise _invalid(name, value, f"value must be no more than {definition.max}")
+    return parsed
+
+
+def _definition(name: str) -> ConfigDef:
+    definition = GROUP_CONFIG_DEFS.get(name)
+    if definition is None:
+        raise KafkaError(ErrorCode.invalid_config, f"Unknown group config name: {name}")
+    return definition
+
+
+def validate(name: str, value: object, broker: ShareGroupBrokerConfig | None = None) -> ConfigValue:
+    """Check one group config value and return it parsed (int, str or bool).
+
+    Raises KafkaError(INVALID_CONFIG) naming the key and the reason: unknown name,
+    wrong type, below Kafka's floor, or outside the broker's `group.share.min.*` /
+    `group.share.max.*` bounds.
+    """
+    broker = broker or ShareGroupBrokerConfig()
+    definition = _definition(name)
+    parsed = _parse(definition, value)
+    if isinstance(parsed, int) and not isinstance(parsed, bool):
+        if definition.broker_min is not None and parsed < broker.value(definition.broker_min):
+            raise _invalid(
+                name,
+                value,
+                f"must be greater than or equal to {definition.broker_min} "
+                f"({broker.value(definition.broker_min)})",
+            )
+        if definition.broker_max is not None and parsed > broker.value(definition.broker_max):
+            raise _invalid(
+                name,
+                value,
+                f"must be less than or equal to {definition.broker_max} "
+                f"({broker.value(definition.broker_max)})",
+            )
+    return parsed
+
+
+def validate_all(
+    configs: Mapping[str, object], broker: ShareGroupBrokerConfig | None = None
+) -> dict[str, ConfigValue]:
+    """Validate a group's whole set of overrides, including rules across keys.
+
+    As Kafka does, the session timeout must exceed the heartbeat interval, taking the
+    broker default for whichever of the two is not overridden.
+    """
+    broker = broker or ShareGroupBrokerConfig()
+    parsed = {name: validate(name, value, broker) for name, value in configs.items()}
+    session = parsed.get("share.session.timeout.ms", broker.session_timeout_ms)
+    heartbeat = parsed.get("share.heartbeat.interval.ms", broker.heartbeat_interval_ms)
+    assert isinstance(session, int) and isinstance(heartbeat, int)
+    if session <= heartbeat:
+        raise KafkaError(
+            ErrorCode.invalid_config,
+            f"share.session.timeout.ms ({session}) must be greater than "
+            f"share.heartbeat.interval.ms ({heartbeat})",
+        )
+    return parsed
+
+
+# ---------------------------------------------------------------------------
+# Broker-level defaults and the effective per-group config
+
+
+def _field_name(key: str) -> str:
+    return key.removeprefix("group.share.").replace(".", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupBrokerConfig:
+    """The broker's `group.share.*` values: group defaults, their bounds, and limits."""
+
+    session_timeout_ms: int = 45000
+    min_session_timeout_ms: int = 45000
+    max_session_timeout_ms: int = 60000
+    heartbeat_interval_ms: int = 5000
+    min_heartbeat_interval_ms: int = 5000
+    max_heartbeat_interval_ms: int = 15000
+    max_size: int = 200
+    record_lock_duration_ms: int = 30000
+    min_record_lock_duration_ms: int = 15000
+    max_record_lock_duration_ms: int = 60000
+    delivery_count_limit: int = 5
+    min_delivery_count_limit: int = 2
+    max_delivery_count_limit: int = 10
+    partition_max_record_locks: int = 2000
+    min_partition_max_record_locks: int = 100
+    max_partition_max_record_locks: int = 4000
+    max_share_sessions: int = 2000
+
+    def value(self, key: str) -> int:
+        """The value of a broker key by its Kafka name, e.g. `group.share.max.size`."""
+        if key not in BROKER_CONFIG_DEFS:
+            raise KeyError(key)
+        result: int = getattr(self, _field_name(key))
+        return result
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ShareGroupBrokerConfig:
+        """Build from broker config values keyed by Kafka name; other keys are ignored.
+
+        Checks each value's range and the relations Kafka requires between them
+        (min <= default <= max, `group.share.max.share.sessions` >= `group.share.max.size`,
+        heartbeat interval below session timeout); raises KafkaError(INVALID_CONFIG).
+        """
+        kwargs: dict[str, int] = {}
+        for key, definition in BROKER_CONFIG_DEFS.items():
+            if key in values:
+                parsed = _parse(definition, values[key])
+                assert isinstance(parsed, int)
+                kwargs[_field_name(key)] = parsed
+        config = cls(**kwargs)
+        config._check()
+        return config
+
+    def _check(self) -> None:
+        def require(ok: bool, message: str) -> None:
+            if not ok:
+                raise KafkaError(ErrorCode.invalid_config, message)
+
+        for name in (
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+            "record.lock.duration.ms",
+            "delivery.count.limit",
+            "partition.max.record.locks",
+        ):
+            lo, value, hi = (self.value(f"group.share.{p}{name}") for p in ("min.", "", "max."))
+            require(
+                lo <= value,
+                f"group.share.{name} must be greater than or equal to group.share.min.{name}",
+            )
+            require(
+                value <= hi,
+                f"group.share.max.{name} must be greater than or equal to group.share.{name}",
+            )
+        require(
+            self.heartbeat_interval_ms < self.session_timeout_ms,
+            "group.share.heartbeat.interval.ms must be less than group.share.session.timeout.ms",
+        )
+        require(
+            self.max_share_sessions >= self.max_size,
+            "group.share.max.share.sessions must be greater than or equal to group.share.max.size",
+        )
+
+    def items(self) -> list[tuple[str, int]]:
+        """Every broker key with its value, in Kafka names (for DescribeConfigs BROKER)."""
+        return [(key, self.value(key)) for key in BROKER_CONFIG_DEFS]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """The effective share configs of one group: its overrides over the broker defaults."""
+
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 5000
+    record_lock_duration_ms: int = 30000
+    delivery_count_limit: int = 5
+    partition_max_record_locks: int = 2000
+    auto_offset_reset: AutoOffsetReset = field(
+        default_factory=lambda: AutoOffsetReset("latest", None, "latest")
+    )
+    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+    renew_acknowledge_enable: bool = True
+    # `group.share.max.size`: broker-wide, carried here so a group needs one object.
+    max_size: int = 200
+
+    @classmethod
+    def effective(
+        cls, overrides: Mapping[str, ConfigValue], broker: ShareGroupBrokerConfig | None = None
+    ) -> GroupConfig:
+        """Combine a group's (already parsed) overrides with the broker defaults.
+
+        An override outside the broker's current min/max is clamped into it, as
+        Kafka's `GroupConfig.evaluate` does for values stored before a bound changed.
+        """
+        broker = broker or ShareGroupBrokerConfig()
+
+        def number(name: str) -> int:
+            definition = GROUP_CONFIG_DEFS[name]
+            assert definition.broker_synonym and definition.broker_min and definition.broker_max
+            raw = overrides.get(name, broker.value(definition.broker_synonym))
+            assert isinstance(raw, int)
+            lo, hi = broker.value(definition.broker_min), broker.value(definition.broker_max)
+            return max(lo, min(hi, raw))
+
+        reset = overrides.get("share.auto.offset.reset", "latest")
+        isolation = overrides.get("share.isolation.level", "read_uncommitted")
+        renew = overrides.get("share.renew.acknowledge.enable", True)
+        assert isinstance(reset, str) and isinstance(renew, bool)
+        assert isolation in ISOLATION_LEVELS
+        return cls(
+            session_timeout_ms=number("share.session.timeout.ms"),
+            heartbeat_interval_ms=number("share.heartbeat.interval.ms"),
+            record_lock_duration_ms=number("share.record.lock.duration.ms"),
+            delivery_count_limit=number("share.delivery.count.limit"),
+            partition_max_record_locks=number("share.partition.max.record.locks"),
+            auto_offset_reset=parse_auto_offset_reset(reset),
+            isolation_level=isolation,  # type: ignore[arg-type]
+            renew_acknowledge_enable=renew,
+            max_size=broker.max_size,
+        )
+
+    def value(self, name: str) -> ConfigValue:
+        """The effective value of a group config by its Kafka name."""
+        _definition(name)
+        attr = name.removeprefix("share.").replace(".", "_")
+        result: ConfigValue | AutoOffsetReset = getattr(self, attr)
+        return str(result) if isinstance(result, AutoOffsetReset) else result
+
+
+# ---------------------------------------------------------------------------
+# The store
+
+
+# IncrementalAlterConfigs operations (Kafka's `AlterConfigOp.OpType`).
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+# DescribeConfigs ConfigSource values.
+DEFAULT_CONFIG_SOURCE = 5
+GROUP_CONFIG_SOURCE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    """One IncrementalAlterConfigs entry for a GROUP resource."""
+
+    name: str
+    op: int
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigRecord:
+    """A durable change of one group config (Kafka's ConfigRecord); value None deletes."""
+
+    group_id: str
+    name: str
+    value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigEntry:
+    """One row of DescribeConfigs for a GROUP resource."""
+
+    name: str
+    value: str
+    source: int
+    is_default: bool
+    type: str
+    doc: str
+    read_only: bool = False
+
+
+def _to_text(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class GroupConfigStore:
+    """Group config overrides keyed by group id, for groups that may not exist yet.
+
+    Alter methods validate and return records without changing anything; `replay`
+    is the only mutator, so the store recovers by replaying its records.
+    """
+
+    def __init__(self, broker: ShareGroupBrokerConfig | None = None) -> None:
+        self.broker = broker or ShareGroupBrokerConfig()
+        self._overrides: dict[str, dict[str, ConfigValue]] = {}
+
+    def group_ids(self) -> list[str]:
+        """Groups that have at least one override."""
+        return sorted(self._overrides)
+
+    def overrides(self, group_id: str) -> dict[str, ConfigValue]:
+        """The group's own values (no defaults)."""
+        return dict(self._overrides.get(group_id, {}))
+
+    def config(self, group_id: str) -> GroupConfig:
+        """The effective config of a group (overrides over broker defaults)."""
+        return GroupConfig.effective(self._overrides.get(group_id, {}), self.broker)
+
+    def incremental_alter(
+        self, group_id: str, ops: Iterable[AlterConfigOp]
+    ) -> list[GroupConfigRecord]:
+        """Validate IncrementalAlterConfigs ops; return the records that apply them.
+
+        The resulting set of overrides is validated as a whole; nothing is changed
+        until the records are replayed (validate_only callers simply drop them).
+        """
+        current: dict[str, object] = dict(self._overrides.get(group_id, {}))
+        changed: dict[str, str | None] = {}
+        for op in ops:
+            _definition(op.name)
+            if op.op == SET:
+                current[op.name] = op.value
+                changed[op.name] = op.value
+            elif op.op == DELETE:
+                current.pop(op.name, None)
+                changed[op.name] = None
+            elif op.op in (APPEND, SUBTRACT):
+                verb = "append" if op.op == APPEND else "subtract"
+                raise KafkaError(
+                    ErrorCode.invalid_config,
+                    f"Config value {verb} is not allowed for config key: {op.name}",
+                )
+            else:
+                raise KafkaError(ErrorCode.invalid_request, f"Unknown config operation {op.op}")
+        parsed = validate_all(current, self.broker)
+        return [
+            GroupConfigRecord(group_id, name, None if value is None else _to_text(parsed[name]))
+            for name, value in changed.items()
+        ]
+
+    def alter(self, group_id: str, configs: Mapping[str, str | None]) -> list[GroupConfigRecord]:
+        """Validate a legacy AlterConfigs: the given set replaces all overrides."""
+        wanted = {name: value for name, value in configs.items() if value is not None}
+        for name in configs:
+            _definition(name)
+        parsed = validate_all(wanted, self.broker)
+        records = [
+            GroupConfigRecord(group_id, name, None)
+            for name in self._overrides.get(group_id, {})
+            if name not in parsed
+        ]
+        records += [GroupConfigRecord(group_id, n, _to_text(v)) for n, v in parsed.items()]
+        return records
+
+    def delete_group(self, group_id: str) -> list[GroupConfigRecord]:
+        """Records removing every override of a group (when the group is deleted)."""
+        return [
+            GroupConfigRecord(group_id, name, None) for name in self._overrides.get(group_id, {})
+        ]
+
+    def replay(self, record: GroupConfigRecord) -> None:
+        """Apply one record; the only method that changes the store."""
+        if record.value is None:
+            group = self._overrides.get(record.group_id)
+            if group is not None:
+                group.pop(record.name, None)
+                if not group:
+                    del self._overrides[record.group_id]
+            return
+        # Stored values are parsed by type only: broker bounds may since have changed,
+        # and GroupConfig.effective clamps.
+        value = _parse(_definition(record.name), record.value)
+        self._overrides.setdefault(record.group_id, {})[record.name] = value
+
+    def describe(self, group_id: str, names: Iterable[str] | None = None) -> list[GroupConfigEntry]:
+        """DescribeConfigs rows for a group: every share config, or just `names`."""
+        overrides = self._overrides.get(group_id, {})
+        effective = self.config(group_id)
+        entries = []
+        for name in GROUP_CONFIG_DEFS if names is None else names:
+            definition = _definition(name)
+            is_override = name in overrides
+            entries.append(
+                GroupConfigEntry(
+                    name=name,
+                    value=_to_text(effective.value(name)),
+                    source=GROUP_CONFIG_SOURCE if is_override else DEFAULT_CONFIG_SOURCE,
+                    is_default=not is_override,
+                    type=definition.type,
+                    doc=definition.doc,
+                )
+            )
+        return entries
+
+
+# Keep the dataclass fields and the broker keys in step.
+assert {f.name for f in fields(ShareGroupBrokerConfig)} == {
+    _field_name(k) for k in BROKER_CONFIG_DEFS
+}

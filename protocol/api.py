@@ -1,0 +1,372 @@
+"""The API table: which api keys and versions spool serves, and their wire codec.
+
+Message layouts come from kio (generated from Kafka's own JSON schemas). This module
+adds the few things kio leaves to the server: header versions per API version,
+looking up entity classes, building a response entity of any version from a plain
+mapping (so a handler writes one dict and every version it supports is encoded
+from it), and a generic error response for a request the broker cannot serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import types
+import typing
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pkgutil import resolve_name
+from typing import Any
+
+from kio.schema.index import api_key_map, schema_name_map
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+from protocol.errors import ErrorCode
+
+API_VERSIONS_KEY = 18
+
+# api key, api version, correlation id: the fixed prefix of every request header.
+HEADER_PREFIX = struct.Struct(">hhi")
+
+Entity = Any
+Handler = Callable[[Any, Any], Awaitable[Mapping[str, Any] | None]]
+
+
+class UnknownApi(Exception):
+    """The api key or version has no schema at all (kio does not know it)."""
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's snake_case name of an api key, or 'unknown(<key>)'."""
+    return api_key_map.get(api_key, f"unknown({api_key})")
+
+
+@cache
+def _entity_class(api_key: int, version: int, kind: EntityType) -> type[Any]:
+    try:
+        path = schema_name_map[api_key_map[api_key]][version][kind]  # type: ignore[index]
+    except KeyError:
+        raise UnknownApi(f"api key {api_key} version {version} is not known") from None
+    cls = resolve_name(path)
+    assert isinstance(cls, type)
+    return cls
+
+
+def request_class(api_key: int, version: int) -> type[Any]:
+    return _entity_class(api_key, version, EntityType.request)
+
+
+def response_class(api_key: int, version: int) -> type[Any]:
+    return _entity_class(api_key, version, EntityType.response)
+
+
+def schema_versions(api_key: int) -> tuple[int, int] | None:
+    """The range of versions kio has a schema for, or None for an unknown api key."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return None
+    versions = sorted(schema_name_map[name])
+    return versions[0], versions[-1]
+
+
+def is_flexible(api_key: int, version: int) -> bool:
+    return bool(request_class(api_key, version).__flexible__)
+
+
+def response_header_version(api_key: int, version: int) -> int:
+    # ApiVersions responses always use header v0 so that a client which does not
+    # yet know the broker's versions can parse them (KIP-511).
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if is_flexible(api_key, version) else 0
+
+
+@dataclass(slots=True, frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+_read_header_v1 = entity_reader(RequestHeaderV1)
+_read_header_v2 = entity_reader(RequestHeaderV2)
+
+
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """api key, api version and correlation id: readable even when the rest is garbage."""
+    return HEADER_PREFIX.unpack_from(frame, 0)  # type: ignore[return-value]
+
+
+def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
+    """Parse a request header; returns the header and the offset of the body."""
+    api_key, api_version, _ = HEADER_PREFIX.unpack_from(frame, 0)
+    try:
+        flexible = is_flexible(api_key, api_version)
+    except UnknownApi:
+        # Unknown version of a known api (or unknown api): only the fixed part and the
+        # client id can be trusted; Kafka reads ApiVersions beyond its range as flexible.
+        flexible = api_key == API_VERSIONS_KEY
+    reader = _read_header_v2 if flexible else _read_header_v1
+    header, size = reader(frame, 0)
+    return (
+        RequestHeader(
+            api_key=int(header.request_api_key),
+            api_version=int(header.request_api_version),
+            correlation_id=int(header.correlation_id),
+            client_id=header.client_id,
+        ),
+        size,
+    )
+
+
+def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset: int) -> Entity:
+    """Decode the body at `offset` into kio's request entity for this version.
+
+    Bytes after the body are ignored, as Kafka's own parser does (librdkafka sends
+    some, e.g. a v8-10 Metadata field on later versions).
+    """
+    cls = request_class(api_key, version)
+    entity, _ = _reader(cls)(frame, offset)
+    return entity
+
+
+@cache
+def _reader(cls: type[Any]) -> Callable[[Any, int], tuple[Any, int]]:
+    return entity_reader(cls)  # type: ignore[return-value]
+
+
+@cache
+def _writer(cls: type[Any]) -> Callable[[io.BytesIO, Any], None]:
+    return entity_writer(cls)  # type: ignore[return-value]
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Entity) -> bytes:
+    """Size-prefixed response frame: header (v0 or v1) then the body."""
+    buf = io.BytesIO()
+    buf.write(b"\x00\x00\x00\x00")
+    buf.write(struct.pack(">i", correlation_id))
+    if response_header_version(api_key, version) >= 1:
+        buf.write(b"\x00")  # empty tagged fields
+    _writer(type(body))(buf, body)
+    data = buf.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def encode_request(api_key: int, version: int, correlation_id: int, client_id: str, body: Entity) -> bytes:
+    """Size-prefixed request frame, for spool's own client and tests."""
+    buf = io.BytesIO()
+    buf.write(b"\x00\x00\x00\x00")
+    header_cls = RequestHeaderV2 if is_flexible(api_key, version) else RequestHeaderV1
+    header = header_cls(
+        request_api_key=api_key,  # type: ignore[arg-type]
+        request_api_version=version,  # type: ignore[arg-type]
+        correlation_id=correlation_id,  # type: ignore[arg-type]
+        client_id=client_id,
+    )
+    _writer(header_cls)(buf, header)
+    _writer(type(body))(buf, body)
+    data = buf.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Entity]:
+    """Correlation id and body of a response frame (without its size prefix)."""
+    (correlation_id,) = struct.unpack_from(">i", frame, 0)
+    offset = 4
+    if response_header_version(api_key, version) >= 1:
+        offset += 1  # spool's own client never expects response header tags
+    cls = response_class(api_key, version)
+    body, _ = _reader(cls)(frame, offset)
+    return correlation_id, body
+
+
+# ---------------------------------------------------------------------------
+# Building entities of any version from plain mappings.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class _FieldPlan:
+    name: str
+    kind: str  # "entity", "entities", "scalar"
+    target: Any  # nested entity class for entity/entities
+    kafka_type: str | None
+    required: bool
+    default: Any
+
+
+@cache
+def _plan(cls: type[Any]) -> tuple[_FieldPlan, ...]:
+    plans = []
+    for f in dataclasses.fields(cls):
+        kind, target = "scalar", None
+        tp = f.type
+        origin = typing.get_origin(tp)
+        if origin is tuple:
+            (item, *_rest) = typing.get_args(tp)
+            if dataclasses.is_dataclass(item):
+                kind, target = "entities", item
+        elif origin in (types.UnionType, typing.Union):
+            for arg in typing.get_args(tp):
+                if dataclasses.is_dataclass(arg):
+                    kind, target = "entity", arg
+        elif dataclasses.is_dataclass(tp):
+            kind, target = "entity", tp
+        has_default = f.default is not dataclasses.MISSING
+        plans.append(
+            _FieldPlan(
+                name=f.name,
+                kind=kind,
+                target=target,
+                kafka_type=f.metadata.get("kafka_type"),
+                required=not has_default and f.default_factory is dataclasses.MISSING,
+                default=f.default if has_default else None,
+            )
+        )
+    return tuple(plans)
+
+
+_EPOCH = datetime.datetime.fromtimestamp(0, datetime.UTC)
+
+
+def _scalar(value: Any, kafka_type: str | None) -> Any:
+    if value is None:
+        return None
+    if kafka_type == "error_code":
+        return value if isinstance(value, ErrorCode) else ErrorCode(value)
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        if isinstance(value, datetime.timedelta):
+            return value
+        return datetime.timedelta(milliseconds=value)
+    if kafka_type == "datetime_i64":
+        if isinstance(value, datetime.datetime):
+            return value
+        return _EPOCH + datetime.timedelta(milliseconds=value)
+    if isinstance(value, list):
+        return tuple(value)
+    if kafka_type == "uuid" and not isinstance(value, uuid.UUID):
+        return uuid.UUID(bytes=value) if isinstance(value, bytes) else uuid.UUID(str(value))
+    return value
+
+
+def _zero(plan: _FieldPlan) -> Any:
+    """A neutral value for a required field the caller did not give."""
+    if plan.kind == "entities":
+        return ()
+    if plan.kind == "entity":
+        return None
+    kt = plan.kafka_type
+    if kt == "error_code":
+        return ErrorCode.none
+    if kt in ("timedelta_i32", "timedelta_i64"):
+        return datetime.timedelta(0)
+    if kt in ("string",):
+        return ""
+    if kt in ("bytes", "records"):
+        return b""
+    if kt == "bool":
+        return False
+    if kt == "uuid":
+        return uuid.UUID(int=0)
+    if kt == "float64":
+        return 0.0
+    return 0
+
+
+def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
+    """Build an entity of class `cls` from a mapping, recursively.
+
+    Keys the version does not have are ignored; fields the mapping lacks take the
+    schema default or a neutral zero. Error codes, durations and uuids are converted
+    from plain ints / bytes.
+    """
+    kwargs: dict[str, Any] = {}
+    for plan in _plan(cls):
+        if plan.name in data:
+            value = data[plan.name]
+        elif plan.required:
+            value = _zero(plan)
+        else:
+            continue
+        if plan.kind == "entities":
+            value = tuple(
+                item if isinstance(item, plan.target) else build(plan.target, item)
+                for item in (value or ())
+            )
+        elif plan.kind == "entity":
+            if value is not None and not isinstance(value, plan.target):
+                value = build(plan.target, value)
+        else:
+            value = _scalar(value, plan.kafka_type)
+        kwargs[plan.name] = value
+    return cls(**kwargs)
+
+
+def build_response(api_key: int, version: int, data: Mapping[str, Any]) -> Entity:
+    return build(response_class(api_key, version), data)
+
+
+def error_response(api_key: int, version: int, code: ErrorCode, message: str | None = None) -> Entity:
+    """A response of this api/version whose top-level error fields carry `code`.
+
+    Every other error code in it stays zero and every array empty: a generic answer
+    for a request that could not be decoded or served at all.
+    """
+    data: dict[str, Any] = {"error_code": code, "error_message": message}
+    return build_response(api_key, version, data)
+
+
+def to_dict(entity: Entity) -> Any:
+    """A kio entity as plain dicts / lists (for logs, tests and the CLI)."""
+    if dataclasses.is_dataclass(entity) and not isinstance(entity, type):
+        return {f.name: to_dict(getattr(entity, f.name)) for f in dataclasses.fields(entity)}
+    if isinstance(entity, tuple):
+        return [to_dict(e) for e in entity]
+    return entity
+
+
+@dataclass(slots=True, frozen=True)
+class ApiEntry:
+    api_key: int
+    min_version: int
+    max_version: int
+    handler: Handler
+
+
+class ApiTable:
+    """api key -> supported version range -> handler.
+
+    ApiVersions advertises exactly what is registered here, so a version is only
+    listed once a handler serves it.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, ApiEntry] = {}
+
+    def register(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
+        known = schema_versions(api_key)
+        if known is None or min_version < known[0] or max_version > known[1]:
+            raise ValueError(f"kio has no schema for {api_name(api_key)} v{min_version}-{max_version}")
+        self._entries[api_key] = ApiEntry(api_key, min_version, max_version, handler)
+
+    def lookup(self, api_key: int, version: int) -> ApiEntry | None:
+        entry = self._entries.get(api_key)
+        if entry is None or not entry.min_version <= version <= entry.max_version:
+            return None
+        return entry
+
+    def entries(self) -> list[ApiEntry]:
+        return sorted(self._entries.values(), key=lambda e: e.api_key)
+
+    def supports(self, api_key: int) -> bool:
+        return api_key in self._entries

@@ -1,0 +1,305 @@
+"""Bad bytes on the wire: each is answered or its connection closed, and the broker
+keeps serving other clients with nothing stored changed.
+
+Frames are built by hand with `struct` for the broken parts and kio's entity writers
+for the valid ones.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import io
+import socket
+import struct
+from typing import Any
+
+import pytest
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
+from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
+from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersionsResponseV3
+from kio.schema.errors import ErrorCode
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.types import TopicName
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i8, i16, i32, i64
+
+from tests.integration.conftest import Broker, assert_round_trip, create_topic, watermarks
+
+IO_TIMEOUT_S = 10.0
+API_PRODUCE = 0
+API_METADATA = 3
+API_VERSIONS = 18
+CRC_OFFSET = 17  # base_offset(8) + batch_length(4) + leader_epoch(4) + magic(1)
+
+
+class Closed(Exception):
+    """The broker closed the connection."""
+
+
+class RawConnection:
+    """A blocking socket speaking just enough Kafka framing to misbehave on purpose."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.sock = socket.create_connection((broker.host, broker.port), timeout=IO_TIMEOUT_S)
+        self.sock.settimeout(IO_TIMEOUT_S)
+        self.correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_frame(self, payload: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def header_bytes(self, api_key: int, version: int, flexible: bool) -> bytes:
+        self.correlation_id += 1
+        buf = io.BytesIO()
+        fields = {
+            "request_api_key": i16(api_key),
+            "request_api_version": i16(version),
+            "correlation_id": i32(self.correlation_id),
+            "client_id": "spool-malformed-test",
+        }
+        if flexible:
+            entity_writer(RequestHeaderV2)(buf, RequestHeaderV2(**fields))
+        else:
+            entity_writer(RequestHeaderV1)(buf, RequestHeaderV1(**fields))
+        return buf.getvalue()
+
+    def send_request(self, request: Any, version: int | None = None) -> int:
+        """Send a kio request entity (optionally claiming another version); return its id."""
+        api_key = int(request.__api_key__)
+        header = self.header_bytes(
+            api_key,
+            int(request.__version__) if version is None else version,
+            request.__header_schema__ is RequestHeaderV2,
+        )
+        body = io.BytesIO()
+        entity_writer(type(request))(body, request)
+        self.send_frame(header + body.getvalue())
+        return self.correlation_id
+
+    def _recv_exact(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            try:
+                chunk = self.sock.recv(n)
+            except ConnectionResetError:
+                raise Closed from None
+            if not chunk:
+                raise Closed
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def recv_frame(self) -> bytes:
+        """The next response frame; Closed if the broker closes the connection first.
+
+        A socket timeout (neither answer nor close) propagates and fails the test.
+        """
+        (size,) = struct.unpack(">i", self._recv_exact(4))
+        assert 0 <= size < 64 * 1024 * 1024, f"absurd response size {size}"
+        return self._recv_exact(size)
+
+    def answer_or_close(self) -> bytes | None:
+        """The response frame, or None if the broker closed the connection."""
+        try:
+            return self.recv_frame()
+        except Closed:
+            return None
+
+    def response(self, response_type: Any, correlation_id: int) -> Any:
+        """Read one frame and decode it as `response_type` (kio entity)."""
+        frame = self.recv_frame()
+        header, size = entity_reader(response_type.__header_schema__)(frame, 0)
+        assert header.correlation_id == correlation_id
+        body, body_size = entity_reader(response_type)(frame, size)
+        assert size + body_size == len(frame), "trailing bytes in response"
+        return body
+
+
+def api_versions(conn: RawConnection) -> dict[int, tuple[int, int]]:
+    cid = conn.send_request(ApiVersionsRequestV0())
+    resp = conn.response(ApiVersionsResponseV0, cid)
+    assert resp.error_code == ErrorCode.none
+    return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+
+
+def assert_still_serving(broker: Broker, topic: str) -> None:
+    assert broker.running, "broker process died"
+    assert_round_trip(broker, topic)
+
+
+def test_truncated_frame_then_close_leaves_broker_serving(broker: Broker) -> None:
+    cases = [
+        b"\x00\x00",  # half a size prefix
+        struct.pack(">i", 100) + b"\x00" * 10,  # size says 100, 10 bytes arrive
+        struct.pack(">i", 40) + struct.pack(">hhi", API_VERSIONS, 0, 7),  # header cut short
+    ]
+    for data in cases:
+        with RawConnection(broker) as conn:
+            conn.send_raw(data)
+    # A connection that sends a partial frame and waits must not block others either.
+    with RawConnection(broker) as stalled:
+        stalled.send_raw(struct.pack(">i", 100) + b"\x00" * 10)
+        assert_still_serving(broker, "after-truncated")
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "flexible"),
+    [(API_METADATA, 12, True), (API_PRODUCE, 9, True), (API_METADATA, 4, False)],
+)
+def test_garbage_after_valid_header_is_answered_or_closed(
+    broker: Broker, api_key: int, version: int, flexible: bool
+) -> None:
+    with RawConnection(broker) as conn:
+        header = conn.header_bytes(api_key, version, flexible)
+        conn.send_frame(header + b"\xff" * 64)
+        frame = conn.answer_or_close()
+        if frame is not None:
+            (cid,) = struct.unpack_from(">i", frame)
+            assert cid == conn.correlation_id
+    assert_still_serving(broker, "after-garbage")
+
+
+def test_unknown_api_key_is_answered_or_closed(broker: Broker) -> None:
+    with RawConnection(broker) as conn:
+        conn.send_frame(conn.header_bytes(9999, 0, flexible=False))
+        frame = conn.answer_or_close()
+        if frame is not None:
+            (cid,) = struct.unpack_from(">i", frame)
+            assert cid == conn.correlation_id
+            # Answered rather than closed: the connection must go on working.
+            assert API_VERSIONS in api_versions(conn)
+    assert_still_serving(broker, "after-unknown-api")
+
+
+def test_api_versions_with_unsupported_version_answers_v0_with_api_list(broker: Broker) -> None:
+    with RawConnection(broker) as conn:
+        # Like a newer client: header v2 and a v3-shaped body, claiming version 99.
+        request = ApiVersionsRequestV3(
+            client_software_name="spool-test", client_software_version="0.0.1"
+        )
+        cid = conn.send_request(request, version=99)
+        frame = conn.recv_frame()
+        header, size = entity_reader(ResponseHeaderV0)(frame, 0)
+        assert header.correlation_id == cid
+        body, body_size = entity_reader(ApiVersionsResponseV0)(frame, size)
+        assert size + body_size == len(frame), "response is not ApiVersions v0"
+        assert body.error_code == ErrorCode.unsupported_version
+        ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
+        assert API_VERSIONS in ranges and ranges[API_VERSIONS][1] >= 3
+        assert API_PRODUCE in ranges and API_METADATA in ranges
+        assert all(lo <= hi for lo, hi in ranges.values())
+
+        # The client then retries with a version the broker listed, on the same connection.
+        cid = conn.send_request(request)
+        resp = conn.response(ApiVersionsResponseV3, cid)
+        assert resp.error_code == ErrorCode.none
+        assert {int(k.api_key) for k in resp.api_keys} == set(ranges)
+    assert_still_serving(broker, "after-unsupported-version")
+
+
+@pytest.mark.parametrize("size", [2**31 - 1, 200 * 1024 * 1024, -1])
+def test_oversized_or_negative_size_prefix_closes_connection(broker: Broker, size: int) -> None:
+    with RawConnection(broker) as conn:
+        conn.send_raw(struct.pack(">i", size) + b"\x00" * 16)
+        assert conn.answer_or_close() is None, "expected the connection to be closed"
+    assert_still_serving(broker, "after-oversized")
+
+
+def _produce_module(version: int) -> tuple[Any, Any]:
+    request = importlib.import_module(f"kio.schema.produce.v{version}.request")
+    response = importlib.import_module(f"kio.schema.produce.v{version}.response")
+    return request, response
+
+
+def _batch(values: list[bytes]) -> bytes:
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    records = tuple(
+        Record(
+            attributes=i8(0),
+            timestamp=now,
+            offset=i64(i),
+            key=f"k{i}".encode(),
+            value=value,
+            headers=(),
+        )
+        for i, value in enumerate(values)
+    )
+    buf = io.BytesIO()
+    write_new_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            attributes=i16(0),
+            records=records,
+        ),
+    )
+    return buf.getvalue()
+
+
+def _produce(conn: RawConnection, version: int, topic: str, batch: bytes) -> Any:
+    """Send one Produce (acks=all) for partition 0; return that partition's response."""
+    req_mod, resp_mod = _produce_module(version)
+    request = req_mod.ProduceRequest(
+        acks=i16(-1),
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            req_mod.TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(req_mod.PartitionProduceData(index=i32(0), records=batch),),
+            ),
+        ),
+    )
+    cid = conn.send_request(request)
+    response = conn.response(resp_mod.ProduceResponse, cid)
+    [topic_response] = response.responses
+    [partition_response] = topic_response.partition_responses
+    return partition_response
+
+
+@pytest.mark.parametrize("corrupt", ["crc_field", "record_byte"])
+def test_produce_with_bad_crc_is_corrupt_message_and_appends_nothing(
+    broker: Broker, corrupt: str
+) -> None:
+    topic = "crc-check"
+    create_topic(broker, topic)
+    with RawConnection(broker) as conn:
+        lo, hi = api_versions(conn)[API_PRODUCE]
+        # kio has v3..v13; v13 addresses topics by id, so stay at or below 12.
+        version = min(hi, 12)
+        assert version >= max(lo, 3), f"broker Produce range {lo}..{hi}"
+
+        good = _batch([b"first", b"second", b"third"])
+        bad = bytearray(good)
+        if corrupt == "crc_field":
+            bad[CRC_OFFSET] ^= 0xFF
+        else:
+            bad[-1] ^= 0x01  # inside the last record: the CRC no longer matches
+        result = _produce(conn, version, topic, bytes(bad))
+        assert result.error_code == ErrorCode.corrupt_message, result
+        assert watermarks(broker, topic, 0) == (0, 0)
+
+        # Same connection, valid batch: accepted at offset 0, so nothing was appended.
+        result = _produce(conn, version, topic, good)
+        assert result.error_code == ErrorCode.none, result
+        assert result.base_offset == 0
+    assert watermarks(broker, topic, 0) == (0, 3)
+    assert_still_serving(broker, "after-bad-crc")

@@ -1,0 +1,717 @@
+"""SharePartition: every transition and error of the share-partition leader, no clock, no I/O."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from broker.share.partition import (
+    TRANSITIONS,
+    AcknowledgeType,
+    AcquiredRange,
+    Event,
+    IllegalStateTransition,
+    InFlightRange,
+    OffsetRange,
+    RecordState,
+    SharePartition,
+    SharePartitionConfig,
+    StateBatch,
+    StateUpdate,
+)
+from protocol.errors import ErrorCode
+
+TOPIC_ID = uuid.UUID("6d1f9c1e-0000-4000-8000-000000000001")
+LOCK_MS = 30_000
+ACCEPT = (AcknowledgeType.ACCEPT,)
+RELEASE = (AcknowledgeType.RELEASE,)
+REJECT = (AcknowledgeType.REJECT,)
+GAP = (AcknowledgeType.GAP,)
+RENEW = (AcknowledgeType.RENEW,)
+
+A = RecordState.AVAILABLE
+Q = RecordState.ACQUIRED
+K = RecordState.ACKNOWLEDGED
+X = RecordState.ARCHIVED
+
+
+def make(
+    start_offset: int = 0,
+    state_batches: tuple[tuple[int, int, int, int], ...] = (),
+    *,
+    limit: int = 5,
+    max_in_flight: int = 2_000,
+    state_epoch: int = 0,
+) -> SharePartition:
+    config = SharePartitionConfig(
+        record_lock_duration_ms=LOCK_MS,
+        delivery_count_limit=limit,
+        max_in_flight_records=max_in_flight,
+    )
+    return SharePartition(
+        "group",
+        TOPIC_ID,
+        0,
+        config=config,
+        state_epoch=state_epoch,
+        start_offset=start_offset,
+        state_batches=state_batches,
+    )
+
+
+def states(sp: SharePartition) -> list[tuple[int, int, RecordState, int, str | None]]:
+    return [
+        (r.first_offset, r.last_offset, r.state, r.delivery_count, r.member_id)
+        for r in sp.in_flight_ranges()
+    ]
+
+
+def fetch(
+    sp: SharePartition,
+    member: str,
+    batches: list[tuple[int, int]],
+    *,
+    now_ms: int = 0,
+    max_records: int = 500,
+    batch_size: int = 500,
+    gaps: tuple[tuple[int, int], ...] = (),
+) -> list[AcquiredRange]:
+    return list(
+        sp.acquire(
+            member, batches, max_records=max_records, batch_size=batch_size, now_ms=now_ms, gaps=gaps
+        ).acquired
+    )
+
+
+def whole_state(sp: SharePartition) -> tuple[object, ...]:
+    return (sp.spso, sp.speo, sp.snapshot_state(), sp.in_flight_ranges(), sp.acquired_count)
+
+
+# -- the transition table -------------------------------------------------------------------
+
+
+def test_terminal_states_have_no_transitions() -> None:
+    assert not [key for key in TRANSITIONS if key[0] in (K, X)]
+
+
+def test_only_acquired_records_can_be_acknowledged() -> None:
+    for event in (Event.ACCEPT, Event.RELEASE, Event.REJECT, Event.GAP, Event.RENEW):
+        assert (Q, event) in TRANSITIONS
+        assert (A, event) not in TRANSITIONS
+
+
+def test_illegal_transition_is_a_bug_not_silently_ignored() -> None:
+    from broker.share.partition import _transition
+
+    record = InFlightRange(0, 0, K, 1)
+    with pytest.raises(IllegalStateTransition):
+        _transition(record, Event.RELEASE, delivery_count_limit=5)
+
+
+# -- construction and initialization ----------------------------------------------------------
+
+
+def test_new_partition_starts_with_empty_window() -> None:
+    sp = make(start_offset=100)
+    assert (sp.spso, sp.speo, sp.in_flight_count, sp.acquired_count) == (100, 100, 0, 0)
+    assert sp.next_fetch_offset() == 100
+    assert sp.snapshot_state() == (100, [])
+
+
+def test_persisted_state_is_loaded_as_ranges() -> None:
+    sp = make(100, ((100, 104, 0, 1), (105, 109, 2, 1), (110, 119, 4, 5), (120, 129, 0, 2)))
+    assert sp.spso == 100
+    assert sp.speo == 130
+    assert states(sp) == [
+        (100, 104, A, 1, None),
+        (105, 109, K, 1, None),
+        (110, 119, X, 5, None),
+        (120, 129, A, 2, None),
+    ]
+    assert sp.next_fetch_offset() == 100
+
+
+def test_persisted_leading_done_records_move_spso() -> None:
+    sp = make(100, ((100, 104, 2, 1), (105, 109, 4, 2), (110, 119, 0, 1)))
+    assert sp.spso == 110
+    assert sp.snapshot_state() == (110, [StateBatch(110, 119, 0, 1)])
+
+
+def test_persisted_gap_is_available_never_delivered() -> None:
+    sp = make(100, ((105, 109, 2, 1),))
+    assert states(sp) == [(100, 104, A, 0, None), (105, 109, K, 1, None)]
+    assert sp.next_fetch_offset() == 100
+    assert sp.snapshot_state() == (100, [StateBatch(105, 109, 2, 1)])
+
+
+def test_persisted_batches_below_start_offset_are_dropped() -> None:
+    sp = make(105, ((100, 109, 0, 1),))
+    assert states(sp) == [(105, 109, A, 1, None)]
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [((0, 9, 1, 1),), ((0, 9, 3, 1),), ((0, 9, 0, 1), (5, 12, 0, 1)), ((9, 0, 0, 1),)],
+    ids=["acquired", "unknown_state", "overlap", "first_after_last"],
+)
+def test_invalid_persisted_state_is_rejected(batches: tuple[tuple[int, int, int, int], ...]) -> None:
+    with pytest.raises(ValueError):
+        make(0, batches)
+
+
+def test_uninitialized_partition_needs_start_offset() -> None:
+    sp = make(start_offset=-1)
+    assert not sp.initialized
+    assert not sp.can_acquire()
+    with pytest.raises(RuntimeError):
+        sp.next_fetch_offset()
+    with pytest.raises(RuntimeError):
+        sp.acquire("m", [(0, 9)], max_records=10, batch_size=10, now_ms=0)
+
+
+def test_initialize_sets_spso_and_asks_to_persist_it() -> None:
+    sp = make(start_offset=-1)
+    assert sp.initialize(42) == StateUpdate(42, ())
+    assert (sp.spso, sp.speo, sp.next_fetch_offset()) == (42, 42, 42)
+    with pytest.raises(RuntimeError):
+        sp.initialize(50)
+
+
+def test_uninitialized_partition_with_state_batches_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        make(-1, ((0, 9, 0, 1),))
+
+
+# -- acquire ---------------------------------------------------------------------------------
+
+
+def test_acquire_new_records_from_speo() -> None:
+    sp = make()
+    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=1_000)
+    assert result.acquired == (AcquiredRange(0, 9, 1),)
+    assert states(sp) == [(0, 9, Q, 1, "m1")]
+    assert sp.speo == 10
+    assert sp.acquired_count == 10
+    assert sp.next_lock_deadline() == 1_000 + LOCK_MS
+    assert sp.next_fetch_offset() == 10
+
+
+def test_acquire_persists_acquired_as_available_with_delivery_count() -> None:
+    sp = make()
+    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
+    assert result.state_update == StateUpdate(0, (StateBatch(0, 9, 0, 1),))
+    assert sp.snapshot_state() == (0, [StateBatch(0, 9, 0, 1)])
+
+
+def test_acquire_finishes_log_batch_beyond_max_records() -> None:
+    sp = make()
+    assert fetch(sp, "m1", [(0, 9), (10, 19)], max_records=5) == [AcquiredRange(0, 9, 1)]
+    assert sp.speo == 10
+
+
+def test_acquire_stops_at_max_records_on_batch_boundary() -> None:
+    sp = make()
+    assert fetch(sp, "m1", [(0, 9), (10, 19), (20, 29)], max_records=15) == [
+        AcquiredRange(0, 19, 1)
+    ]
+
+
+def test_acquire_never_exceeds_max_in_flight_records() -> None:
+    sp = make(max_in_flight=25)
+    assert fetch(sp, "m1", [(0, 19), (20, 39)]) == [AcquiredRange(0, 24, 1)]
+    assert sp.in_flight_count == 25
+    assert not sp.can_acquire()
+    assert fetch(sp, "m2", [(20, 39)]) == []
+
+
+def test_window_reopens_when_spso_advances() -> None:
+    sp = make(max_in_flight=10)
+    fetch(sp, "m1", [(0, 9)])
+    assert not sp.can_acquire()
+    sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0)
+    assert sp.can_acquire()
+    assert fetch(sp, "m1", [(10, 19)]) == [AcquiredRange(10, 14, 1)]
+
+
+def test_acquire_returns_ranges_of_about_batch_size_on_log_batch_boundaries() -> None:
+    sp = make()
+    batches = [(0, 3), (4, 7), (8, 11), (12, 15)]
+    assert fetch(sp, "m1", batches, batch_size=5) == [
+        AcquiredRange(0, 7, 1),
+        AcquiredRange(8, 15, 1),
+    ]
+    # Internally the acquisition is still one range.
+    assert sp.range_count == 1
+
+
+def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(2, 4, RELEASE)], now_ms=0)
+    assert sp.next_fetch_offset() == 2
+    result = sp.acquire("m2", [(0, 9), (10, 19)], max_records=100, batch_size=100, now_ms=5)
+    assert result.acquired == (AcquiredRange(2, 4, 2), AcquiredRange(10, 19, 1))
+    assert states(sp) == [
+        (0, 1, Q, 1, "m1"),
+        (2, 4, Q, 2, "m2"),
+        (5, 9, Q, 1, "m1"),
+        (10, 19, Q, 1, "m2"),
+    ]
+    assert result.state_update == StateUpdate(
+        0, (StateBatch(2, 4, 0, 2), StateBatch(10, 19, 0, 1))
+    )
+
+
+def test_acquire_of_available_records_respects_max_records() -> None:
+    sp = make(0, ((0, 99, 0, 1),))
+    assert fetch(sp, "m1", [(0, 49), (50, 99)], max_records=10) == [AcquiredRange(0, 49, 2)]
+    assert sp.next_fetch_offset() == 50
+
+
+def test_acquire_archives_available_records_at_delivery_limit() -> None:
+    sp = make(0, ((0, 4, 0, 3), (5, 9, 0, 1)), limit=3)
+    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
+    assert result.acquired == (AcquiredRange(5, 9, 2),)
+    assert sp.spso == 5
+    assert result.state_update == StateUpdate(5, (StateBatch(5, 9, 0, 2),))
+
+
+def test_acquire_archives_gaps_and_never_delivers_them() -> None:
+    sp = make()
+    result = sp.acquire(
+        "m1", [(0, 4), (5, 5), (6, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((5, 5),)
+    )
+    assert result.acquired == (AcquiredRange(0, 4, 1), AcquiredRange(6, 9, 1))
+    assert states(sp)[1] == (5, 5, X, 0, None)
+    assert result.state_update is not None
+    assert StateBatch(5, 5, 4, 0) in result.state_update.state_batches
+
+
+def test_acquire_leading_gap_moves_spso() -> None:
+    sp = make()
+    result = sp.acquire("m1", [(0, 4), (5, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((0, 4),))
+    assert result.acquired == (AcquiredRange(5, 9, 1),)
+    assert sp.spso == 5
+    assert result.state_update == StateUpdate(5, (StateBatch(5, 9, 0, 1),))
+
+
+def test_acquire_archives_offsets_missing_before_first_batch() -> None:
+    sp = make(0)
+    fetch(sp, "m1", [(0, 9)])
+    assert fetch(sp, "m1", [(20, 29)]) == [AcquiredRange(20, 29, 1)]
+    assert states(sp) == [(0, 9, Q, 1, "m1"), (10, 19, X, 0, None), (20, 29, Q, 1, "m1")]
+
+
+def test_acquire_skips_missing_offsets_at_start_of_empty_window() -> None:
+    sp = make(0)
+    assert fetch(sp, "m1", [(50, 59)]) == [AcquiredRange(50, 59, 1)]
+    assert (sp.spso, sp.speo) == (50, 60)
+
+
+def test_acquire_includes_compaction_holes_between_batches() -> None:
+    sp = make()
+    # Kafka acquires the whole span; the client acknowledges the missing offsets as gaps.
+    assert fetch(sp, "m1", [(0, 4), (8, 9)]) == [AcquiredRange(0, 9, 1)]
+
+
+def test_acquire_ignores_batches_below_spso() -> None:
+    sp = make(100)
+    assert fetch(sp, "m1", [(90, 109)]) == [AcquiredRange(100, 109, 1)]
+
+
+def test_acquire_skips_records_that_are_not_available() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0)
+    assert fetch(sp, "m2", [(0, 9)]) == [AcquiredRange(0, 0, 2)]
+    assert fetch(sp, "m2", [(0, 9)]) == []
+
+
+def test_acquire_with_nothing_to_acquire_changes_nothing() -> None:
+    sp = make()
+    before = whole_state(sp)
+    assert sp.acquire("m1", [], max_records=10, batch_size=10, now_ms=0).state_update is None
+    assert sp.acquire("m1", [(0, 9)], max_records=0, batch_size=10, now_ms=0).acquired == ()
+    assert whole_state(sp) == before
+
+
+def test_acquire_rejects_unordered_log_batches() -> None:
+    sp = make()
+    with pytest.raises(ValueError):
+        sp.acquire("m1", [(10, 19), (0, 9)], max_records=10, batch_size=10, now_ms=0)
+
+
+# -- acknowledge -----------------------------------------------------------------------------
+
+
+def test_accept_acknowledges_and_moves_spso() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    result = sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.none
+    assert (sp.spso, sp.speo, sp.range_count, sp.acquired_count) == (10, 10, 0, 0)
+    assert result.state_update == StateUpdate(10, ())
+    assert sp.next_lock_deadline() is None
+
+
+def test_accept_inside_a_range_splits_it() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 499)])
+    result = sp.acknowledge("m1", [(250, 250, ACCEPT)], now_ms=0)
+    assert states(sp) == [(0, 249, Q, 1, "m1"), (250, 250, K, 1, None), (251, 499, Q, 1, "m1")]
+    assert result.state_update == StateUpdate(0, (StateBatch(250, 250, 2, 1),))
+    assert sp.acquired_count == 499
+
+
+def test_spso_waits_for_the_leading_record() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(1, 9, ACCEPT)], now_ms=0)
+    assert sp.spso == 0
+    sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0)
+    assert sp.spso == 10
+
+
+def test_adjacent_acknowledged_ranges_merge() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(1, 3, ACCEPT), (4, 6, ACCEPT)], now_ms=0)
+    sp.acknowledge("m1", [(7, 9, ACCEPT)], now_ms=0)
+    assert states(sp) == [(0, 0, Q, 1, "m1"), (1, 9, K, 1, None)]
+
+
+def test_release_makes_records_available_with_same_delivery_count() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    result = sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0)
+    assert result.error_code == ErrorCode.none
+    assert result.released == 10
+    assert states(sp) == [(0, 9, A, 1, None)]
+    assert sp.next_fetch_offset() == 0
+    # Acquired was already persisted as Available with delivery count 1.
+    assert result.state_update is None
+
+
+def test_release_at_delivery_limit_archives() -> None:
+    sp = make(0, ((0, 9, 0, 1),), limit=2)
+    fetch(sp, "m1", [(0, 9)])
+    result = sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0)
+    assert result.released == 0
+    assert (sp.spso, sp.range_count) == (10, 0)
+    assert result.state_update == StateUpdate(10, ())
+
+
+def test_reject_archives() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    result = sp.acknowledge("m1", [(5, 9, REJECT)], now_ms=0)
+    assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, X, 1, None)]
+    assert result.state_update == StateUpdate(0, (StateBatch(5, 9, 4, 1),))
+
+
+def test_gap_archives() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(0, 0, GAP)], now_ms=0)
+    assert sp.spso == 1
+
+
+def test_renew_restarts_lock_and_persists_nothing() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)], now_ms=0)
+    result = sp.acknowledge("m1", [(0, 4, RENEW)], now_ms=20_000)
+    assert result.error_code == ErrorCode.none
+    assert result.state_update is None
+    assert [r.lock_deadline_ms for r in sp.in_flight_ranges()] == [20_000 + LOCK_MS, LOCK_MS]
+    sp.expire_locks(LOCK_MS)
+    assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, A, 1, None)]
+
+
+def test_per_offset_acknowledge_types() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 4)])
+    types = (
+        AcknowledgeType.ACCEPT,
+        AcknowledgeType.RELEASE,
+        AcknowledgeType.REJECT,
+        AcknowledgeType.REJECT,
+        AcknowledgeType.RENEW,
+    )
+    result = sp.acknowledge("m1", [(0, 4, types)], now_ms=7)
+    assert result.error_code == ErrorCode.none
+    assert result.released == 1
+    assert states(sp) == [(1, 1, A, 1, None), (2, 3, X, 1, None), (4, 4, Q, 1, "m1")]
+    assert sp.spso == 1
+
+
+def test_ack_by_other_member_is_refused() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    before = whole_state(sp)
+    result = sp.acknowledge("m2", [(0, 9, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.invalid_record_state
+    assert result.state_update is None
+    assert whole_state(sp) == before
+
+
+def test_ack_is_atomic_across_batches() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    fetch(sp, "m2", [(10, 19)])
+    before = whole_state(sp)
+    result = sp.acknowledge("m1", [(0, 9, ACCEPT), (10, 10, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.invalid_record_state
+    assert whole_state(sp) == before
+
+
+def test_ack_of_available_record_is_invalid_record_state() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0)
+    result = sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.invalid_record_state
+
+
+def test_ack_of_acknowledged_record_is_invalid_record_state() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(5, 5, ACCEPT)], now_ms=0)
+    before = whole_state(sp)
+    result = sp.acknowledge("m1", [(4, 6, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.invalid_record_state
+    assert whole_state(sp) == before
+
+
+def test_ack_after_lock_expiry_is_refused() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)], now_ms=0)
+    sp.expire_locks(LOCK_MS)
+    assert sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=LOCK_MS).error_code == (
+        ErrorCode.invalid_record_state
+    )
+
+
+def test_ack_past_speo_is_invalid_request() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    before = whole_state(sp)
+    result = sp.acknowledge("m1", [(5, 10, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.invalid_request
+    assert whole_state(sp) == before
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        [(5, 4, ACCEPT)],
+        [(5, 9, ACCEPT), (0, 4, ACCEPT)],
+        [(0, 5, ACCEPT), (5, 9, ACCEPT)],
+        [(0, 4, (1, 1))],
+        [(0, 4, ())],
+        [(0, 4, (5,))],
+        [(0, 1, (1, 9))],
+    ],
+    ids=[
+        "first_after_last",
+        "out_of_order",
+        "overlapping",
+        "wrong_type_count",
+        "no_types",
+        "unknown_type",
+        "unknown_per_offset_type",
+    ],
+)
+def test_malformed_acknowledgement_is_invalid_request(
+    batches: list[tuple[int, int, tuple[int, ...]]],
+) -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    before = whole_state(sp)
+    result = sp.acknowledge("m1", batches, now_ms=0)
+    assert result.error_code == ErrorCode.invalid_request
+    assert result.error_message
+    assert whole_state(sp) == before
+
+
+def test_ack_below_spso_is_skipped_as_done() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0)
+    result = sp.acknowledge("m1", [(0, 6, ACCEPT)], now_ms=0)
+    assert result.error_code == ErrorCode.none
+    assert states(sp) == [(7, 9, Q, 1, "m1")]
+
+
+# -- lock expiry -----------------------------------------------------------------------------
+
+
+def test_lock_expiry_makes_records_available() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)], now_ms=100)
+    fetch(sp, "m2", [(10, 19)], now_ms=200)
+    assert sp.next_lock_deadline() == 100 + LOCK_MS
+    assert sp.expire_locks(100 + LOCK_MS - 1).available == ()
+    result = sp.expire_locks(100 + LOCK_MS)
+    assert result.available == (OffsetRange(0, 9),)
+    assert result.released == 10
+    assert result.state_update is None
+    assert states(sp) == [(0, 9, A, 1, None), (10, 19, Q, 1, "m2")]
+    assert sp.next_lock_deadline() == 200 + LOCK_MS
+    assert sp.next_fetch_offset() == 0
+
+
+def test_lock_expiry_at_delivery_limit_archives() -> None:
+    sp = make(limit=1)
+    fetch(sp, "m1", [(0, 9)], now_ms=0)
+    result = sp.expire_locks(LOCK_MS)
+    assert result.archived == (OffsetRange(0, 9),)
+    assert result.state_update == StateUpdate(10, ())
+    assert (sp.spso, sp.range_count) == (10, 0)
+
+
+def test_lock_expiry_of_split_range_releases_every_piece() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)], now_ms=0)
+    sp.acknowledge("m1", [(3, 3, ACCEPT), (6, 6, ACCEPT)], now_ms=0)
+    sp.expire_locks(LOCK_MS)
+    assert sp.acquired_count == 0
+    assert sp.next_lock_deadline() is None
+    assert states(sp) == [
+        (0, 2, A, 1, None),
+        (3, 3, K, 1, None),
+        (4, 5, A, 1, None),
+        (6, 6, K, 1, None),
+        (7, 9, A, 1, None),
+    ]
+
+
+# -- member release --------------------------------------------------------------------------
+
+
+def test_release_member_returns_only_its_records() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    fetch(sp, "m2", [(10, 19)])
+    result = sp.release_member("m1", now_ms=5)
+    assert result.available == (OffsetRange(0, 9),)
+    assert states(sp) == [(0, 9, A, 1, None), (10, 19, Q, 1, "m2")]
+    assert sp.acquired_count == 10
+
+
+def test_release_member_keeps_delivery_count() -> None:
+    sp = make(0, ((0, 9, 0, 2),))
+    fetch(sp, "m1", [(0, 9)])
+    sp.release_member("m1", now_ms=0)
+    assert states(sp) == [(0, 9, A, 3, None)]
+
+
+def test_release_member_at_delivery_limit_archives() -> None:
+    sp = make(0, ((0, 4, 0, 2), (5, 9, 0, 0)), limit=3)
+    fetch(sp, "m1", [(0, 9)])
+    result = sp.release_member("m1", now_ms=0)
+    assert result.archived == (OffsetRange(0, 4),)
+    assert result.available == (OffsetRange(5, 9),)
+    assert sp.spso == 5
+
+
+def test_release_unknown_member_changes_nothing() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    before = whole_state(sp)
+    assert sp.release_member("nobody", now_ms=0).state_update is None
+    assert whole_state(sp) == before
+
+
+# -- log start offset ------------------------------------------------------------------------
+
+
+def test_log_start_past_spso_drops_state_below() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    assert sp.update_log_start_offset(4) == StateUpdate(4, ())
+    assert states(sp) == [(4, 9, Q, 1, "m1")]
+    assert sp.acquired_count == 6
+    # The dropped offsets are done: acknowledging them is skipped, not refused.
+    assert sp.acknowledge("m1", [(0, 5, ACCEPT)], now_ms=0).error_code == ErrorCode.none
+    assert sp.spso == 6
+
+
+def test_log_start_past_speo_empties_window() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    assert sp.update_log_start_offset(50) == StateUpdate(50, ())
+    assert (sp.spso, sp.speo, sp.range_count, sp.acquired_count) == (50, 50, 0, 0)
+    assert sp.next_lock_deadline() is None
+    assert sp.next_fetch_offset() == 50
+
+
+def test_log_start_not_past_spso_changes_nothing() -> None:
+    sp = make(10)
+    assert sp.update_log_start_offset(10) is None
+    assert sp.update_log_start_offset(3) is None
+    assert sp.spso == 10
+
+
+def test_log_start_onto_done_records_moves_spso_further() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(5, 7, ACCEPT)], now_ms=0)
+    assert sp.update_log_start_offset(5) == StateUpdate(8, ())
+
+
+# -- persistence -----------------------------------------------------------------------------
+
+
+def test_snapshot_writes_acquired_as_available() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(5, 9, ACCEPT)], now_ms=0)
+    assert sp.snapshot_state() == (0, [StateBatch(0, 4, 0, 1), StateBatch(5, 9, 2, 1)])
+
+
+def test_snapshot_roundtrips_through_constructor() -> None:
+    sp = make(0, limit=3)
+    fetch(sp, "m1", [(0, 9)])
+    sp.acknowledge("m1", [(2, 3, RELEASE), (6, 6, REJECT), (8, 9, ACCEPT)], now_ms=0)
+    fetch(sp, "m2", [(0, 9), (10, 14)])
+    start, batches = sp.snapshot_state()
+    reloaded = make(start, tuple(batches), limit=3)
+    assert reloaded.snapshot_state() == sp.snapshot_state()
+    assert reloaded.acquired_count == 0
+    assert reloaded.next_fetch_offset() == sp.spso
+
+
+# -- counters and memory ---------------------------------------------------------------------
+
+
+def test_counters_follow_transitions() -> None:
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    fetch(sp, "m2", [(10, 14)])
+    assert (sp.in_flight_count, sp.acquired_count) == (15, 15)
+    sp.acknowledge("m1", [(0, 4, ACCEPT), (5, 6, RELEASE)], now_ms=0)
+    assert (sp.in_flight_count, sp.acquired_count) == (10, 8)
+
+
+def test_a_million_records_in_a_few_acknowledgements_leave_a_handful_of_ranges() -> None:
+    sp = make(max_in_flight=1_000_000)
+    for index in range(1_000):
+        first = index * 1_000
+        result = sp.acquire(
+            "m1", [(first, first + 999)], max_records=1_000, batch_size=1_000, now_ms=index
+        )
+        assert result.acquired == (AcquiredRange(first, first + 999, 1),)
+    # One acquisition per fetch: each has its own lock deadline, so its own range.
+    assert sp.range_count == 1_000
+    assert sp.in_flight_count == 1_000_000
+
+    sp.acknowledge("m1", [(1_000, 399_999, ACCEPT), (400_000, 998_999, ACCEPT)], now_ms=1_000)
+    assert sp.range_count == 3
+    assert states(sp) == [
+        (0, 999, Q, 1, "m1"),
+        (1_000, 998_999, K, 1, None),
+        (999_000, 999_999, Q, 1, "m1"),
+    ]
+    sp.acknowledge("m1", [(0, 999, ACCEPT)], now_ms=1_000)
+    assert (sp.spso, sp.range_count) == (999_000, 1)

@@ -1,0 +1,411 @@
+"""SharePartition against a per-offset reference model, under random operation sequences.
+
+The model keeps one entry per offset and applies Kafka's rules offset by offset; the machine
+keeps ranges. After every step both must agree, and the invariants of SPEC section 3 must hold:
+every offset of [spso, speo) in exactly one state, spso only moving forward and only over done
+records, delivery counts within the limit, refused acknowledgements changing nothing, and the
+emitted StateUpdates replaying (from the first snapshot) to exactly `snapshot_state()`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from broker.share.partition import (
+    AcknowledgeType,
+    RecordState,
+    SharePartition,
+    SharePartitionConfig,
+    StateUpdate,
+)
+from protocol.errors import ErrorCode
+
+A = RecordState.AVAILABLE
+Q = RecordState.ACQUIRED
+K = RecordState.ACKNOWLEDGED
+X = RecordState.ARCHIVED
+DONE = (K, X)
+MEMBERS = ("m1", "m2", "m3")
+LOCK_MS = 100
+
+Offset = tuple[RecordState, int, str | None, int | None]  # state, count, member, deadline
+Durable = dict[int, tuple[int, int]]
+
+
+def expand(sp: SharePartition) -> dict[int, Offset]:
+    view: dict[int, Offset] = {}
+    for r in sp.in_flight_ranges():
+        for offset in range(r.first_offset, r.last_offset + 1):
+            view[offset] = (r.state, r.delivery_count, r.member_id, r.lock_deadline_ms)
+    return view
+
+
+def durable_of(start_offset: int, batches: Sequence[tuple[int, int, int, int]]) -> Durable:
+    out: Durable = {}
+    for first, last, state, count in batches:
+        for offset in range(max(first, start_offset), last + 1):
+            out[offset] = (state, count)
+    return out
+
+
+def replay(durable: Durable, update: StateUpdate) -> Durable:
+    """What the share coordinator does with a write: newer wins, drop below start offset."""
+    merged = dict(durable)
+    for first, last, state, count in update.state_batches:
+        for offset in range(first, last + 1):
+            merged[offset] = (state, count)
+    return {o: v for o, v in merged.items() if o >= update.start_offset}
+
+
+per_offset_persisted = st.one_of(
+    st.just((0, 0)),  # no state batch: never delivered
+    st.tuples(st.just(0), st.integers(1, 4)),
+    st.tuples(st.just(2), st.integers(1, 4)),
+    st.tuples(st.just(4), st.integers(0, 4)),
+)
+
+
+class SharePartitionMachine(RuleBasedStateMachine):
+    sp: SharePartition
+    model: dict[int, Offset]
+    spso: int
+    speo: int
+
+    @initialize(
+        limit=st.integers(1, 4),
+        max_in_flight=st.integers(3, 60),
+        batch_sizes=st.lists(st.integers(1, 6), min_size=20, max_size=40),
+        gap_batches=st.sets(st.integers(0, 39), max_size=6),
+        start_offset=st.integers(0, 10),
+        persisted=st.lists(per_offset_persisted, max_size=15),
+    )
+    def setup(
+        self,
+        limit: int,
+        max_in_flight: int,
+        batch_sizes: list[int],
+        gap_batches: set[int],
+        start_offset: int,
+        persisted: list[tuple[int, int]],
+    ) -> None:
+        self.limit = limit
+        self.log: list[tuple[int, int]] = []
+        offset = 0
+        for size in batch_sizes:
+            self.log.append((offset, offset + size - 1))
+            offset += size
+        self.gaps = [b for i, b in enumerate(self.log) if i in gap_batches]
+        self.log_start = 0
+        self.now = 0
+        # Persisted counts may exceed a limit lowered since: clamp so the invariant is checkable.
+        batches = [
+            (start_offset + i, start_offset + i, state, min(count, limit))
+            for i, (state, count) in enumerate(persisted)
+            if (state, count) != (0, 0)
+        ]
+        self.sp = SharePartition(
+            "g",
+            uuid.uuid4(),
+            0,
+            config=SharePartitionConfig(
+                record_lock_duration_ms=LOCK_MS,
+                delivery_count_limit=limit,
+                max_in_flight_records=max_in_flight,
+            ),
+            state_epoch=0,
+            start_offset=start_offset,
+            state_batches=batches,
+        )
+        self.model = expand(self.sp)
+        self.spso, self.speo = self.sp.spso, self.sp.speo
+        start, snapshot = self.sp.snapshot_state()
+        self.durable = durable_of(start, snapshot)
+        self.last_spso, self.last_speo = self.spso, self.speo
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def whole(self) -> tuple[object, ...]:
+        sp = self.sp
+        return (sp.spso, sp.speo, sp.snapshot_state(), sp.in_flight_ranges(), sp.acquired_count)
+
+    def advance_model(self) -> None:
+        while self.spso < self.speo and self.model[self.spso][0] in DONE:
+            del self.model[self.spso]
+            self.spso += 1
+
+    def record(self, update: StateUpdate | None, spso_before: int) -> None:
+        if update is None:
+            assert self.sp.spso == spso_before, "SPSO moved without a StateUpdate"
+            return
+        assert update.start_offset == self.sp.spso
+        for first, last, _state, _count in update.state_batches:
+            assert self.sp.spso <= first <= last < self.sp.speo
+        self.durable = replay(self.durable, update)
+
+    def read_log(self, from_offset: int, max_batches: int) -> list[tuple[int, int]]:
+        return [b for b in self.log if b[1] >= from_offset][:max_batches]
+
+    def release_model(self, offset: int) -> None:
+        _state, count, _member, _deadline = self.model[offset]
+        self.model[offset] = (A, count, None, None) if count < self.limit else (X, count, None, None)
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def tick(self, data: st.DataObject) -> None:
+        self.now += data.draw(st.integers(0, 60))
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        max_batches=st.integers(1, 6),
+        max_records=st.integers(1, 20),
+        batch_size=st.integers(1, 10),
+    )
+    def acquire(self, member: str, max_batches: int, max_records: int, batch_size: int) -> None:
+        sp = self.sp
+        fetch_offset = sp.next_fetch_offset()
+        batches = self.read_log(fetch_offset, max_batches)
+        spso_before, speo_before = sp.spso, sp.speo
+        could_acquire = sp.can_acquire()
+        before = dict(self.model)
+        result = sp.acquire(
+            member,
+            batches,
+            max_records=max_records,
+            batch_size=batch_size,
+            now_ms=self.now,
+            gaps=self.gaps,
+        )
+        after = expand(sp)
+        acquired = {
+            o: r.delivery_count
+            for r in result.acquired
+            for o in range(r.first_offset, r.last_offset + 1)
+        }
+        in_gap = {o for first, last in self.gaps for o in range(first, last + 1)}
+        for offset, count in acquired.items():
+            assert after[offset] == (Q, count, member, self.now + LOCK_MS)
+            assert offset not in in_gap
+            if offset < speo_before:
+                state, old_count, _, _ = before[offset]
+                assert state is A and old_count < self.limit and count == old_count + 1
+            else:
+                assert count == 1
+        for offset in range(spso_before, max(speo_before, sp.speo)):
+            if offset in acquired:
+                continue
+            old = before.get(offset)
+            new = after.get(offset)
+            if old == new:
+                continue
+            # Anything else a fetch changes is archived without being delivered.
+            if old is None:
+                assert offset in in_gap
+            else:
+                assert old[0] is A and (old[1] >= self.limit or offset in in_gap)
+            assert new is None or new[0] is X
+        total = len(acquired)
+        longest_batch = max(last - first + 1 for first, last in self.log)
+        assert total < max_records + longest_batch
+        if sp.speo > speo_before:
+            assert sp.speo - sp.spso <= sp.config.max_in_flight_records
+        if could_acquire and batches:
+            progressed = total or after != before or sp.speo != speo_before
+            assert progressed, "a fetch that could acquire made no progress"
+        self.model = after
+        self.spso, self.speo = sp.spso, sp.speo
+        self.record(result.state_update, spso_before)
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        data=st.data(),
+        malformed=st.booleans(),
+    )
+    def acknowledge(self, member: str, data: st.DataObject, malformed: bool) -> None:
+        sp = self.sp
+        lo, hi = max(sp.spso - 3, 0), sp.speo + 2
+        points = sorted(data.draw(st.sets(st.integers(lo, hi), min_size=1, max_size=6)))
+        batches: list[tuple[int, int, tuple[int, ...]]] = []
+        for first, last in zip(points[0::2], points[1::2] + [points[-1]], strict=False):
+            if first > last:
+                continue
+            if data.draw(st.booleans()):
+                types = tuple(
+                    data.draw(st.lists(st.integers(0, 4), min_size=last - first + 1,
+                                       max_size=last - first + 1))
+                )
+            else:
+                types = (data.draw(st.integers(0, 4)),)
+            batches.append((first, last, types))
+        if not batches:
+            return
+        if malformed:
+            kind = data.draw(st.sampled_from(["reverse", "overlap", "bad_type", "count"]))
+            first, last, types = batches[0]
+            if kind == "reverse" and len(batches) > 1:
+                batches.reverse()
+            elif kind == "overlap":
+                batches.append((last, last + 1, (1,)))
+            elif kind == "bad_type":
+                batches[0] = (first, last, (7,))
+            elif kind == "count" and last > first:
+                batches[0] = (first, last, (1,) * (last - first + 2))
+
+        expected = self.expected_ack_error(member, batches)
+        spso_before = sp.spso
+        before = self.whole()
+        result = sp.acknowledge(member, batches, now_ms=self.now)
+        assert result.error_code == expected, (batches, result)
+        if expected != ErrorCode.none:
+            assert result.state_update is None
+            assert self.whole() == before, "a refused acknowledgement changed state"
+            return
+        for first, last, types in batches:
+            for offset in range(max(first, self.spso), last + 1):
+                ack = types[0] if len(types) == 1 else types[offset - first]
+                _state, count, owner, _deadline = self.model[offset]
+                if ack == AcknowledgeType.ACCEPT:
+                    self.model[offset] = (K, count, None, None)
+                elif ack in (AcknowledgeType.REJECT, AcknowledgeType.GAP):
+                    self.model[offset] = (X, count, None, None)
+                elif ack == AcknowledgeType.RELEASE:
+                    self.release_model(offset)
+                else:
+                    self.model[offset] = (Q, count, owner, self.now + LOCK_MS)
+        self.advance_model()
+        self.record(result.state_update, spso_before)
+
+    def expected_ack_error(
+        self, member: str, batches: list[tuple[int, int, tuple[int, ...]]]
+    ) -> ErrorCode:
+        previous = -1
+        for first, last, types in batches:
+            if first > last or first <= previous or len(types) not in (1, last - first + 1):
+                return ErrorCode.invalid_request
+            if any(t not in range(5) for t in types):
+                return ErrorCode.invalid_request
+            previous = last
+        for first, last, _types in batches:
+            first = max(first, self.spso)
+            if first > last:
+                continue
+            if last >= self.speo:
+                return ErrorCode.invalid_request
+            for offset in range(first, last + 1):
+                state, _count, owner, _deadline = self.model[offset]
+                if state is not Q or owner != member:
+                    return ErrorCode.invalid_record_state
+        return ErrorCode.none
+
+    @rule()
+    def expire_locks(self) -> None:
+        spso_before = self.sp.spso
+        result = self.sp.expire_locks(self.now)
+        for offset, (state, _count, _member, deadline) in list(self.model.items()):
+            if state is Q and deadline is not None and deadline <= self.now:
+                self.release_model(offset)
+        self.advance_model()
+        self.record(result.state_update, spso_before)
+        assert all(
+            r.lock_deadline_ms is not None and r.lock_deadline_ms > self.now
+            for r in self.sp.in_flight_ranges()
+            if r.state is Q
+        ), "an expired lock is still held"
+
+    @rule(member=st.sampled_from(MEMBERS))
+    def release_member(self, member: str) -> None:
+        spso_before = self.sp.spso
+        result = self.sp.release_member(member, now_ms=self.now)
+        for offset, (state, _count, owner, _deadline) in list(self.model.items()):
+            if state is Q and owner == member:
+                self.release_model(offset)
+        self.advance_model()
+        self.record(result.state_update, spso_before)
+
+    @precondition(lambda self: self.log_start < self.log[-1][1])
+    @rule(data=st.data())
+    def move_log_start(self, data: st.DataObject) -> None:
+        self.log_start = data.draw(st.integers(self.log_start + 1, self.log[-1][1]))
+        spso_before = self.sp.spso
+        update = self.sp.update_log_start_offset(self.log_start)
+        if self.log_start > self.spso:
+            self.model = {o: v for o, v in self.model.items() if o >= self.log_start}
+            self.spso = self.log_start
+            self.speo = max(self.speo, self.log_start)
+            self.advance_model()
+        self.record(update, spso_before)
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def ranges_cover_the_window_exactly_once(self) -> None:
+        sp = self.sp
+        cursor = sp.spso
+        for r in sp.in_flight_ranges():
+            assert r.first_offset == cursor <= r.last_offset
+            cursor = r.last_offset + 1
+        assert cursor == sp.speo
+        assert sp.spso <= sp.speo
+
+    @invariant()
+    def spso_and_speo_only_move_forward(self) -> None:
+        assert self.sp.spso >= self.last_spso
+        assert self.sp.speo >= self.last_speo
+        self.last_spso, self.last_speo = self.sp.spso, self.sp.speo
+
+    @invariant()
+    def machine_matches_model(self) -> None:
+        assert (self.sp.spso, self.sp.speo) == (self.spso, self.speo)
+        assert expand(self.sp) == self.model
+
+    @invariant()
+    def leading_record_is_not_done(self) -> None:
+        ranges = self.sp.in_flight_ranges()
+        assert not ranges or ranges[0].state not in DONE
+
+    @invariant()
+    def delivery_counts_within_limit_and_locks_only_on_acquired(self) -> None:
+        acquired = 0
+        for r in self.sp.in_flight_ranges():
+            assert 0 <= r.delivery_count <= self.limit
+            if r.state is Q:
+                assert r.member_id is not None and r.lock_deadline_ms is not None
+                assert r.delivery_count >= 1
+                acquired += r.record_count
+            else:
+                assert r.member_id is None and r.lock_deadline_ms is None
+        assert acquired == self.sp.acquired_count
+        deadlines = [r.lock_deadline_ms for r in self.sp.in_flight_ranges() if r.state is Q]
+        assert self.sp.next_lock_deadline() == (min(d for d in deadlines if d is not None)
+                                                if deadlines else None)
+
+    @invariant()
+    def next_fetch_offset_is_first_available(self) -> None:
+        available = [o for o, v in sorted(self.model.items()) if v[0] is A]
+        assert self.sp.next_fetch_offset() == (available[0] if available else self.sp.speo)
+
+    @invariant()
+    def replayed_updates_equal_snapshot(self) -> None:
+        start, batches = self.sp.snapshot_state()
+        assert durable_of(start, batches) == self.durable
+        assert min(self.durable, default=start) >= start
+
+
+SharePartitionMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestSharePartitionMachine = SharePartitionMachine.TestCase
