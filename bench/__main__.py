@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import BenchContext, BrokerProcess, Result, format_table
 
-DEFAULT_RECORDS = 100_000
+DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
 
 

@@ -15,6 +15,12 @@ from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
 from broker.logs import LogManager
 from broker.server import RequestContext, Server, error_frame
+from broker.share.manager import SharePartitionManager
+from broker.share.session import ShareSessionCache
+from coordinator.assignor import TopicMetadata
+from coordinator.group_config import GroupConfigStore
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.share_state import InMemoryPersister
 from persister.commit import GroupCommit
 from protocol import api
 from protocol.errors import ErrorCode
@@ -50,6 +56,12 @@ class Broker:
         self.server: Server | None = None
         self.cluster_id = ""
         self._tasks: list[asyncio.Task[None]] = []
+        self.groups: GroupCoordinator
+        self.share: SharePartitionManager
+        self.sessions: ShareSessionCache
+        # Round-robin start for share fetches, so MaxRecords starves no partition.
+        self.share_rotation = 0
+        self._background: set[asyncio.Future[Any]] = set()
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
         self.topic_changed_hooks: list[Callable[[str], None]] = []
@@ -90,6 +102,7 @@ class Broker:
         for topic in self.metadata.state.topics.values():
             self.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
         apply_dynamic_broker_config(self)
+        self._start_share_groups()
         self.server = Server(
             self.listen.host,
             self.listen.port,
@@ -107,10 +120,52 @@ class Broker:
             topics=len(self.metadata.state.topics),
         )
 
+    def _start_share_groups(self) -> None:
+        # Share state lives in memory until the durable share coordinator lands.
+        persister = InMemoryPersister()
+        self.groups = GroupCoordinator(persister, self._topics_metadata,
+                                       GroupConfigStore(self.config.share_groups()))
+        self.share = SharePartitionManager(
+            persister, self.groups, self.log_partition,
+            lambda part, ts: (found[0] if (found := part.offset_for_timestamp(ts)) else None),
+        )
+        self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
+        self.groups.member_removed_hooks.append(self._on_member_removed)
+        self.groups.state_deleted_hooks.append(lambda group, topic_id: self.share.drop(group,
+                                                                                       topic_id))
+        self.topic_deleted_hooks.append(self._on_topic_deleted)
+        self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
+        self.groups.start()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_member_removed(self, group_id: str, member_id: str) -> None:
+        self.sessions.remove(group_id, member_id)
+        self._spawn(self.share.release_member(group_id, member_id))
+
+    def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
+        self.share.drop(None, topic_id)
+        self._spawn(self.groups.on_topics_changed())
+
+    def _topics_metadata(self) -> dict[Any, TopicMetadata]:
+        return {
+            t.topic_id: TopicMetadata(t.topic_id, t.name, t.partitions)
+            for t in self.metadata.state.topics.values()
+        }
+
+    def log_partition(self, topic_id: Any, partition: int) -> Any:
+        topic = self.metadata.state.topics_by_id.get(topic_id)
+        return None if topic is None else self.logs.get(topic.name, partition)
+
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush everything, close files."""
         if self.server is not None:
             await self.server.stop()
+        await self.groups.stop()
+        self.share.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -153,6 +208,9 @@ class Broker:
                 head=bytes(frame[:96]).hex(),
             )
             return error_frame(ctx, ErrorCode.invalid_request, f"malformed request: {exc}")
+        log.debug("request", api=api.api_name(h.api_key), api_version=h.api_version,
+                  correlation_id=h.correlation_id, client_id=h.client_id,
+                  connection=ctx.connection_id)
         result = await entry.handler(ctx, request)
         if result is None:
             return None

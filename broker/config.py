@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coordinator.group_config import BROKER_CONFIG_DEFS, ShareGroupBrokerConfig
 from protocol.errors import ErrorCode, KafkaError
 
 # DescribeConfigs ConfigType values (KIP-569).
@@ -91,6 +92,22 @@ BROKER_KEYS: dict[str, ConfigKey] = {
                   "Expiry of idle idempotent producer state.", _at_least(1)),
     ]
 }
+
+def _share_key(name: str) -> ConfigKey:
+    d = BROKER_CONFIG_DEFS[name]
+
+    def check(v: Any) -> str | None:
+        if d.min is not None and v < d.min:
+            return f"must be at least {d.min}"
+        if d.max is not None and v > d.max:
+            return f"must be at most {d.max}"
+        return None
+
+    return ConfigKey(name, INT, d.default, d.doc, check)
+
+
+# KIP-932's broker-level share-group keys (defaults and bounds of the group configs).
+BROKER_KEYS.update({name: _share_key(name) for name in BROKER_CONFIG_DEFS})
 
 TOPIC_KEYS: dict[str, ConfigKey] = {
     k.name: k
@@ -185,6 +202,13 @@ class BrokerConfig:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config {name!r}")
             self.static[name] = parse_value(key, raw, resource="broker")
         self.dynamic: dict[str, Any] = {}
+        self.share_groups()  # the group.share.* keys must also agree with each other
+
+    def share_groups(self) -> ShareGroupBrokerConfig:
+        """The effective `group.share.*` values, checked against each other."""
+        return ShareGroupBrokerConfig.from_mapping(
+            {name: self.get(name) for name in BROKER_CONFIG_DEFS}
+        )
 
     def get(self, name: str) -> Any:
         if name in self.dynamic:

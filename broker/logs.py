@@ -29,6 +29,7 @@ from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
     BatchHeader,
     CorruptRecordError,
+    decode_records,
     iter_batches,
     parse_header,
     set_log_append_time,
@@ -202,7 +203,22 @@ class Partition:
             return b""
         return bytes(self.log.read(offset, max_bytes, max_offset=upper))
 
-    def delete_records_before(self, offset: int) -> int:
+    def offset_for_timestamp(
+        self, timestamp: int, *, committed_only: bool = False
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after `timestamp`, below HW."""
+        upper = self.last_stable_offset if committed_only else self.high_watermark
+        found = self.log.offset_for_timestamp(timestamp)
+        if found is None or found[0] >= upper:
+            return None
+        data = self.log.read(max(found[0], self.log_start_offset), 1, max_offset=upper)
+        for pos, header in iter_batches(data, validate=False):
+            for record in decode_records(data, pos, header):
+                if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
+                    return record.offset, record.timestamp
+        return None
+
+    async def delete_records_before(self, offset: int) -> int:
         if offset == -1:
             offset = self.high_watermark
         if offset < 0 or offset > self.high_watermark:
@@ -213,6 +229,9 @@ class Partition:
             )
         if offset > self.log.log_start_offset:
             self.log.delete_records_before(offset)
+            # The new log start offset is checkpointed by the next flush; answer only
+            # once it is durable.
+            await self._commit.sync(self.log)
             self._notify()
         return self.log.log_start_offset
 

@@ -9,9 +9,10 @@ if TYPE_CHECKING:
 
 
 def register_all(broker: Broker) -> None:
-    from broker.handlers import cluster, configs, produce_fetch, topics
+    from broker.handlers import cluster, configs, produce_fetch, share, topics
 
     cluster.register(broker)
     topics.register(broker)
     configs.register(broker)
     produce_fetch.register(broker)
+    share.register(broker)

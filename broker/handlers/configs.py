@@ -8,7 +8,10 @@ import structlog
 
 from broker.cluster import Topic, topic_record
 from broker.config import (
+    BOOLEAN,
     BROKER_KEYS,
+    INT,
+    STRING,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_BROKER,
     SOURCE_DYNAMIC_TOPIC,
@@ -20,12 +23,15 @@ from broker.config import (
 )
 from broker.handlers.topics import validate_topic_configs
 from broker.server import RequestContext
+from coordinator.group_config import AlterConfigOp
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
     from broker.broker import Broker
 
 log = structlog.get_logger("spool.configs")
+
+_GROUP_TYPES = {"boolean": BOOLEAN, "string": STRING, "int": INT}
 
 # ConfigResource types.
 TOPIC, BROKER, GROUP = 2, 4, 32
@@ -131,6 +137,21 @@ def register(broker: Broker) -> None:
             out.append(_entry(key, broker.config.get(name), source, synonyms, req))
         return out
 
+    def describe_group(req: Any, res: Any) -> list[dict[str, Any]]:
+        if not res.resource_name:
+            raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
+        out = []
+        for e in broker.groups.configs.describe(res.resource_name):
+            out.append({
+                "name": e.name, "value": e.value, "read_only": False,
+                "config_source": e.source, "is_sensitive": False,
+                "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
+                if getattr(req, "include_synonyms", False) else [],
+                "config_type": _GROUP_TYPES.get(e.type, 2),
+                "documentation": e.doc if getattr(req, "include_documentation", False) else None,
+            })
+        return out
+
     async def describe_configs(ctx: RequestContext, req: Any) -> dict[str, Any]:
         results = []
         for res in req.resources:
@@ -142,6 +163,8 @@ def register(broker: Broker) -> None:
                     configs = describe_topic(req, res)
                 elif res.resource_type == BROKER:
                     configs = describe_broker(req, res)
+                elif res.resource_type == GROUP:
+                    configs = describe_group(req, res)
                 else:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Unsupported resource type {res.resource_type}")
@@ -193,6 +216,12 @@ def register(broker: Broker) -> None:
                     await alter_topic(res, req.validate_only)
                 elif res.resource_type == BROKER:
                     await alter_broker(res, req.validate_only)
+                elif res.resource_type == GROUP:
+                    await broker.groups.alter_configs(
+                        res.resource_name,
+                        [AlterConfigOp(c.name, c.config_operation, c.value) for c in res.configs],
+                        req.validate_only,
+                    )
                 else:
                     raise KafkaError(ErrorCode.invalid_request,
                                      f"Unsupported resource type {res.resource_type}")
@@ -214,6 +243,8 @@ def apply_dynamic_broker_config(broker: Broker) -> None:
     }
     for topic in broker.metadata.state.topics.values():
         broker.logs.reconfigure_topic(topic.name, topic.configs)
+    if hasattr(broker, "groups"):
+        broker.groups.configs.broker = broker.config.share_groups()
 
 
 __all__ = ["GROUP", "SOURCE_STATIC_BROKER", "SOURCE_DYNAMIC_BROKER", "apply_dynamic_broker_config"]

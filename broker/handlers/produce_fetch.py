@@ -11,7 +11,6 @@ import structlog
 from broker.logs import Partition, validate_produce_data
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
-from protocol.records import decode_records, iter_batches
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -146,7 +145,7 @@ def register(broker: Broker) -> None:
                 try:
                     if part is None:
                         raise KafkaError(ErrorCode.unknown_topic_or_partition)
-                    entry["low_watermark"] = part.delete_records_before(p.offset)
+                    entry["low_watermark"] = await part.delete_records_before(p.offset)
                     log.info("records_deleted", topic=t.name, partition=p.partition_index,
                              log_start_offset=entry["low_watermark"])
                 except KafkaError as exc:
@@ -242,15 +241,5 @@ def _offset_for(part: Partition, timestamp: int, committed_only: bool) -> tuple[
             return -1, -1
         offset, ts = found
         return (offset, ts) if offset < upper else (-1, -1)
-    found = part.log.offset_for_timestamp(timestamp)
-    if found is None:
-        return -1, -1
-    base_offset, _ = found
-    if base_offset >= upper:
-        return -1, -1
-    data = part.log.read(base_offset, 1, max_offset=upper)
-    for pos, header in iter_batches(data, validate=False):
-        for record in decode_records(data, pos, header):
-            if record.timestamp >= timestamp and record.offset >= part.log_start_offset:
-                return record.offset, record.timestamp
-    return -1, -1
+    found = part.offset_for_timestamp(timestamp, committed_only=committed_only)
+    return found if found is not None else (-1, -1)

@@ -28,7 +28,9 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 200
 
-_BROKERS_KEY = pytest.StashKey[list["Broker"]]()
+# Log files of the brokers a test started, for the failure report (paths only, so the
+# brokers and their clients are freed after the test).
+_LOGS_KEY = pytest.StashKey[list[Path]]()
 
 
 def free_port() -> int:
@@ -144,19 +146,23 @@ class Broker:
         self.start()
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return "(no broker log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return _tail(self.log_path, lines)
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no broker log)"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     if report.failed:
-        for broker in item.stash.get(_BROKERS_KEY, []):
-            report.sections.append((f"broker log {broker.log_path}", broker.log_tail()))
+        for log_path in item.stash.get(_LOGS_KEY, []):
+            report.sections.append((f"broker log {log_path}", _tail(log_path)))
     return report
 
 
@@ -166,12 +172,13 @@ def broker_factory(
 ) -> Iterator[Callable[..., Broker]]:
     """Start brokers with extra `--set` settings; all are stopped (exit 0) at teardown."""
     brokers: list[Broker] = []
-    request.node.stash[_BROKERS_KEY] = brokers
+    request.node.stash[_LOGS_KEY] = []
 
     def make(settings: dict[str, str] | None = None) -> Broker:
         n = len(brokers)
         broker = Broker(tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings)
         brokers.append(broker)
+        request.node.stash[_LOGS_KEY].append(broker.log_path)
         broker.start()
         return broker
 

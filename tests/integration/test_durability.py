@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
@@ -37,7 +38,11 @@ def assert_acked_present(broker: Broker, topic: str, acked: list[Sent]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_acknowledged_records_survive_repeated_kill9(broker: Broker) -> None:
+def test_acknowledged_records_survive_repeated_kill9(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    # Small segments, so recovery also meets rolled segments, not just one file.
+    broker = broker_factory({"log.segment.bytes": str(256 * 1024)})
     topic = "durable"
     create_topic(broker, topic, partitions=PARTITIONS)
     acked: list[Sent] = []
@@ -45,7 +50,7 @@ def test_acknowledged_records_survive_repeated_kill9(broker: Broker) -> None:
     for cycle in range(4):
         producer = Producer(producer_config(broker))
         records = [
-            (i % PARTITIONS, f"c{cycle}-k{i}".encode(), f"c{cycle}-v{i}".encode() * 4, [])
+            (i % PARTITIONS, f"c{cycle}-k{i}".encode(), f"c{cycle}-v{i}".encode() * 20, [])
             for i in range(per_cycle)
         ]
         outcome = produce(producer, topic, records, flush_timeout=60)
@@ -81,12 +86,11 @@ def test_records_acked_before_kill9_mid_stream_survive(broker: Broker) -> None:
                 )
             )
 
-    total = 50_000
     sent = 0
-    deadline = time.monotonic() + 60
-    # Send until a good share is acknowledged, then kill with more still in flight.
-    while len(acked) < 5_000 and sent < total and time.monotonic() < deadline:
-        try:
+
+    def send(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):
             producer.produce(
                 topic,
                 key=f"k{sent}".encode(),
@@ -95,10 +99,16 @@ def test_records_acked_before_kill9_mid_stream_survive(broker: Broker) -> None:
                 on_delivery=on_delivery,
             )
             sent += 1
-        except BufferError:
-            pass
-        producer.poll(0)
+
+    # Send in chunks until a good share is acknowledged...
+    deadline = time.monotonic() + 60
+    while len(acked) < 5_000 and sent < 100_000 and time.monotonic() < deadline:
+        send(500)
+        producer.poll(0.05)
     assert len(acked) >= 5_000, f"only {len(acked)} of {sent} acked within 60s"
+    # ...then kill with more queued and in flight.
+    send(2_000)
+    producer.poll(0)
 
     broker.kill9()
     # Drop what is still queued or in flight; its outcome is unknown, so not checked.

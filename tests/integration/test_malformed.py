@@ -12,6 +12,7 @@ import importlib
 import io
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -173,6 +174,8 @@ def test_garbage_after_valid_header_is_answered_or_closed(
         if frame is not None:
             (cid,) = struct.unpack_from(">i", frame)
             assert cid == conn.correlation_id
+            # Answered rather than closed: the connection must go on working.
+            assert API_VERSIONS in api_versions(conn)
     assert_still_serving(broker, "after-garbage")
 
 
@@ -186,6 +189,20 @@ def test_unknown_api_key_is_answered_or_closed(broker: Broker) -> None:
             # Answered rather than closed: the connection must go on working.
             assert API_VERSIONS in api_versions(conn)
     assert_still_serving(broker, "after-unknown-api")
+
+
+def test_unsupported_version_of_listed_api_gets_unsupported_version(broker: Broker) -> None:
+    """SPEC section 1: UNSUPPORTED_VERSION, never a dropped connection."""
+    with RawConnection(broker) as conn:
+        conn.send_frame(conn.header_bytes(API_METADATA, 99, flexible=True))
+        frame = conn.answer_or_close()
+        assert frame is not None, "connection closed instead of UNSUPPORTED_VERSION"
+        (cid,) = struct.unpack_from(">i", frame)
+        assert cid == conn.correlation_id
+        # No schema exists for v99; the error code must still be near the front.
+        assert struct.pack(">h", ErrorCode.unsupported_version) in frame[4:12], frame.hex()
+        assert API_VERSIONS in api_versions(conn)
+    assert_still_serving(broker, "after-metadata-v99")
 
 
 def test_api_versions_with_unsupported_version_answers_v0_with_api_list(broker: Broker) -> None:
@@ -222,6 +239,17 @@ def test_oversized_or_negative_size_prefix_closes_connection(broker: Broker, siz
     assert_still_serving(broker, "after-oversized")
 
 
+def produce_version(conn: RawConnection) -> int:
+    """The highest Produce version both the broker and kio's v3..v12 speak.
+
+    v13 addresses topics by id; names keep these tests simple.
+    """
+    lo, hi = api_versions(conn)[API_PRODUCE]
+    version = min(hi, 12)
+    assert version >= max(lo, 3), f"broker Produce range {lo}..{hi}"
+    return version
+
+
 def _produce_module(version: int) -> tuple[Any, Any]:
     request = importlib.import_module(f"kio.schema.produce.v{version}.request")
     response = importlib.import_module(f"kio.schema.produce.v{version}.response")
@@ -255,8 +283,10 @@ def _batch(values: list[bytes]) -> bytes:
     return buf.getvalue()
 
 
-def _produce(conn: RawConnection, version: int, topic: str, batch: bytes) -> Any:
-    """Send one Produce (acks=all) for partition 0; return that partition's response."""
+def _produce(
+    conn: RawConnection, version: int, topic: str, batch: bytes, partition: int = 0
+) -> Any:
+    """Send one Produce (acks=all) to one partition; return that partition's response."""
     req_mod, resp_mod = _produce_module(version)
     request = req_mod.ProduceRequest(
         acks=i16(-1),
@@ -264,7 +294,7 @@ def _produce(conn: RawConnection, version: int, topic: str, batch: bytes) -> Any
         topic_data=(
             req_mod.TopicProduceData(
                 name=TopicName(topic),
-                partition_data=(req_mod.PartitionProduceData(index=i32(0), records=batch),),
+                partition_data=(req_mod.PartitionProduceData(index=i32(partition), records=batch),),
             ),
         ),
     )
@@ -275,26 +305,27 @@ def _produce(conn: RawConnection, version: int, topic: str, batch: bytes) -> Any
     return partition_response
 
 
-@pytest.mark.parametrize("corrupt", ["crc_field", "record_byte"])
-def test_produce_with_bad_crc_is_corrupt_message_and_appends_nothing(
+@pytest.mark.parametrize("corrupt", ["crc_field", "record_byte", "truncated_batch"])
+def test_produce_with_corrupt_batch_is_corrupt_message_and_appends_nothing(
     broker: Broker, corrupt: str
 ) -> None:
     topic = "crc-check"
     create_topic(broker, topic)
     with RawConnection(broker) as conn:
-        lo, hi = api_versions(conn)[API_PRODUCE]
-        # kio has v3..v13; v13 addresses topics by id, so stay at or below 12.
-        version = min(hi, 12)
-        assert version >= max(lo, 3), f"broker Produce range {lo}..{hi}"
+        version = produce_version(conn)
 
         good = _batch([b"first", b"second", b"third"])
         bad = bytearray(good)
+        expected = {ErrorCode.corrupt_message}
         if corrupt == "crc_field":
             bad[CRC_OFFSET] ^= 0xFF
-        else:
+        elif corrupt == "record_byte":
             bad[-1] ^= 0x01  # inside the last record: the CRC no longer matches
+        else:
+            del bad[-10:]  # batch_length now claims more bytes than are sent
+            expected.add(ErrorCode.invalid_record)  # what newer Kafka may answer
         result = _produce(conn, version, topic, bytes(bad))
-        assert result.error_code == ErrorCode.corrupt_message, result
+        assert result.error_code in expected, result
         assert watermarks(broker, topic, 0) == (0, 0)
 
         # Same connection, valid batch: accepted at offset 0, so nothing was appended.
@@ -303,3 +334,24 @@ def test_produce_with_bad_crc_is_corrupt_message_and_appends_nothing(
         assert result.base_offset == 0
     assert watermarks(broker, topic, 0) == (0, 3)
     assert_still_serving(broker, "after-bad-crc")
+
+
+def test_produce_errors_for_missing_partition_and_oversized_batch_append_nothing(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory({"message.max.bytes": "10000"})
+    topic = "limits"
+    create_topic(broker, topic)
+    with RawConnection(broker) as conn:
+        version = produce_version(conn)
+
+        result = _produce(conn, version, topic, _batch([b"x" * 20_000]))
+        assert result.error_code == ErrorCode.message_too_large, result
+
+        result = _produce(conn, version, topic, _batch([b"ok"]), partition=7)
+        assert result.error_code == ErrorCode.unknown_topic_or_partition, result
+
+        result = _produce(conn, version, topic, _batch([b"ok"]))
+        assert result.error_code == ErrorCode.none and result.base_offset == 0, result
+    assert watermarks(broker, topic, 0) == (0, 1)
+    assert_still_serving(broker, "after-limits")

@@ -149,6 +149,41 @@ def test_fetch_from_middle_offset_starts_exactly_there(broker: Broker) -> None:
         consumer.close()
 
 
+@pytest.mark.timeout(180)
+def test_records_across_rolled_segments_read_back_after_restart(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory({"log.segment.bytes": str(1024 * 1024)})
+    topic = "segmented"
+    create_topic(broker, topic)
+    count = 10_000
+    rng = random.Random(3)
+    records: list[Record] = [(0, f"k{i}".encode(), rng.randbytes(400), []) for i in range(count)]
+    outcome = produce(Producer(producer_config(broker)), topic, records)
+    assert outcome.errors == [] and outcome.unflushed == 0
+    # ~4 MB in 1 MiB segments (DESIGN.md: topics/<topic>-<p>/<base offset>.log).
+    segments = sorted((broker.data_dir / "topics" / f"{topic}-0").glob("*.log"))
+    assert len(segments) >= 3, segments
+
+    broker.restart()
+
+    got = consume_assigned(broker, topic, [0], count, timeout=60)
+    assert_reads_back(got, records)
+    assert watermarks(broker, topic, 0) == (0, count)
+    consumer = Consumer(consumer_config(broker))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 7777)])  # in a later segment
+        first = None
+        deadline = time.monotonic() + 30
+        while first is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                first = msg
+        assert first is not None and (first.offset(), first.key()) == (7777, b"k7777")
+    finally:
+        consumer.close()
+
+
 def test_large_record_round_trips(broker: Broker) -> None:
     topic = "large"
     create_topic(broker, topic)

@@ -207,7 +207,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
                 continue
             old = before.get(offset)
             new = after.get(offset)
-            if old == new:
+            if old == new or (new is None and old is not None and old[0] in DONE):
                 continue
             # Anything else a fetch changes is archived without being delivered.
             if old is None:

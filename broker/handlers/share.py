@@ -1,0 +1,300 @@
+"""ShareGroupHeartbeat, ShareGroupDescribe, ListGroups, ShareFetch, ShareAcknowledge."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.server import RequestContext
+from coordinator.share_state import ShareStateKey
+from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+log = structlog.get_logger("spool.share")
+
+SHARE_GROUP_TYPE = "share"
+# Share groups report "share" as their protocol type in ListGroups, as Kafka does.
+SHARE_PROTOCOL_TYPE = "share"
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def register(broker: Broker) -> None:
+    def leader(broker: Broker) -> dict[str, int]:
+        return {"leader_id": broker.node_id, "leader_epoch": 0}
+
+    async def share_group_heartbeat(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        try:
+            result = await broker.groups.heartbeat(
+                req.group_id,
+                req.member_id,
+                req.member_epoch,
+                None if req.subscribed_topic_names is None else list(req.subscribed_topic_names),
+                req.rack_id,
+                ctx.header.client_id or "",
+                ctx.client_host,
+            )
+        except KafkaError as exc:
+            log.info("share_heartbeat_refused", group=req.group_id, member=req.member_id,
+                     member_epoch=req.member_epoch, error=exc.code.name, reason=exc.message)
+            return {"error_code": exc.code, "error_message": exc.message,
+                    "member_id": req.member_id, "member_epoch": -1, "heartbeat_interval": 0,
+                    "assignment": None}
+        assignment = None
+        if result.assignment is not None:
+            assignment = {"topic_partitions": [
+                {"topic_id": topic_id, "partitions": sorted(parts)}
+                for topic_id, parts in sorted(result.assignment.items(), key=lambda i: str(i[0]))
+            ]}
+        return {"error_code": ErrorCode.none, "member_id": result.member_id,
+                "member_epoch": result.member_epoch,
+                "heartbeat_interval": result.heartbeat_interval_ms,
+                "assignment": assignment}
+
+    async def share_group_describe(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
+        groups = []
+        for group_id in req.group_ids:
+            try:
+                d = broker.groups.describe(group_id)
+            except KafkaError as exc:
+                groups.append({"group_id": group_id, "error_code": exc.code,
+                               "error_message": exc.message, "group_state": "Dead",
+                               "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+                continue
+            groups.append({
+                "error_code": ErrorCode.none,
+                "group_id": d.group_id,
+                "group_state": d.group_state,
+                "group_epoch": d.group_epoch,
+                "assignment_epoch": d.assignment_epoch,
+                "assignor_name": d.assignor_name,
+                "members": [
+                    {"member_id": m.member_id, "rack_id": m.rack_id,
+                     "member_epoch": m.member_epoch, "client_id": m.client_id,
+                     "client_host": m.client_host,
+                     "subscribed_topic_names": list(m.subscribed_topic_names),
+                     "assignment": {"topic_partitions": [
+                         {"topic_id": tid, "topic_name": names.get(tid, ""),
+                          "partitions": sorted(parts)}
+                         for tid, parts in m.assignment.items()
+                     ]}}
+                    for m in d.members
+                ],
+                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            })
+        return {"throttle_time": 0, "groups": groups}
+
+    async def list_groups(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        states = {s.lower() for s in (getattr(req, "states_filter", None) or ())}
+        types = {t.lower() for t in (getattr(req, "types_filter", None) or ())}
+        groups = []
+        if not types or SHARE_GROUP_TYPE in types:
+            for g in broker.groups.list_groups():
+                if states and g.state.lower() not in states:
+                    continue
+                groups.append({"group_id": g.group_id, "protocol_type": SHARE_PROTOCOL_TYPE,
+                               "group_state": g.state, "group_type": SHARE_GROUP_TYPE})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+
+    def topic_known(topic_id: uuid.UUID) -> bool:
+        return topic_id in broker.metadata.state.topics_by_id
+
+    async def apply_acknowledgements(
+        group_id: str, member_id: str, topics: Any
+    ) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
+        results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
+        for t in topics:
+            for p in t.partitions:
+                if not p.acknowledgement_batches:
+                    continue
+                tp = (t.topic_id, p.partition_index)
+                if not topic_known(t.topic_id):
+                    results[tp] = (ErrorCode.unknown_topic_id,
+                                   f"Topic id {t.topic_id} does not exist")
+                    continue
+                batches = [(b.first_offset, b.last_offset, tuple(b.acknowledge_types))
+                           for b in p.acknowledgement_batches]
+                results[tp] = await broker.share.acknowledge(
+                    ShareStateKey(group_id, t.topic_id, p.partition_index), member_id, batches)
+        return results
+
+    async def close_session(group_id: str, member_id: str,
+                            partitions: list[tuple[uuid.UUID, int]]) -> None:
+        keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
+        await broker.share.release_member(group_id, member_id, keys)
+        broker.sessions.remove(group_id, member_id)
+
+    async def share_fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        group_id, member_id = req.group_id or "", req.member_id or ""
+        config = broker.groups.config(group_id)
+        base: dict[str, Any] = {"throttle_time": 0,
+                                "acquisition_lock_timeout": config.record_lock_duration_ms}
+        requested = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
+        forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
+        has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
+        try:
+            if not group_id or not member_id:
+                raise KafkaError(ErrorCode.invalid_request,
+                                 "ShareFetch needs a GroupId and a MemberId")
+            session_ctx = broker.sessions.share_fetch(
+                group_id, member_id, req.share_session_epoch, requested, forgotten, _now_ms(),
+                has_acknowledgements=has_acks, connection_id=str(ctx.connection_id))
+        except KafkaError as exc:
+            log.info("share_fetch_refused", group=group_id, member=member_id,
+                     epoch=req.share_session_epoch, error=exc.code.name, reason=exc.message)
+            return {**base, "error_code": exc.code, "error_message": exc.message,
+                    "responses": []}
+        ack_results = await apply_acknowledgements(group_id, member_id, req.topics)
+        entries: dict[tuple[uuid.UUID, int], dict[str, Any]] = {}
+
+        def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
+            if tp not in entries:
+                entries[tp] = {"partition_index": tp[1], "error_code": ErrorCode.none,
+                               "acknowledge_error_code": ErrorCode.none,
+                               "current_leader": leader(broker), "records": None,
+                               "acquired_records": []}
+            return entries[tp]
+
+        for tp, (code, message) in ack_results.items():
+            entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
+        if session_ctx.is_final:
+            await close_session(group_id, member_id, session_ctx.partitions)
+            return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+        for tp in requested:
+            entry(tp)
+        if getattr(req, "is_renew_ack", False):
+            # KIP-1222: a renew-only request carries acknowledgements and fetches nothing.
+            return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+
+        partitions = session_ctx.partitions
+        deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+        while True:
+            got_any = await fetch_round(group_id, member_id, req, partitions, entries)
+            remaining = deadline - time.monotonic()
+            if got_any or remaining <= 0 or not partitions:
+                break
+            await wait_for_work(group_id, partitions, remaining)
+        return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+
+    async def fetch_round(group_id: str, member_id: str, req: Any,
+                          partitions: list[tuple[uuid.UUID, int]],
+                          entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> bool:
+        """One pass over the session's partitions; True if anything was acquired or failed."""
+        max_records = req.max_records if req.max_records > 0 else 500
+        max_bytes = req.max_bytes
+        got_any = False
+        # Start at a different partition each time so none is starved by MaxRecords.
+        start = broker.share_rotation % max(len(partitions), 1)
+        broker.share_rotation += 1
+        for tid, p in partitions[start:] + partitions[:start]:
+            if max_records <= 0 or max_bytes <= 0:
+                break
+            tp = (tid, p)
+            if not topic_known(tid):
+                e = entries.setdefault(tp, {"partition_index": p, "current_leader":
+                                            leader(broker), "records": None,
+                                            "acquired_records": []})
+                e.update(error_code=ErrorCode.unknown_topic_id,
+                         error_message=f"Topic id {tid} does not exist")
+                got_any = True
+                continue
+            fetched = await broker.share.acquire(
+                ShareStateKey(group_id, tid, p), member_id,
+                max_records=max_records, batch_size=max(req.batch_size, 1),
+                max_bytes=max_bytes)
+            if fetched.error_code != ErrorCode.none:
+                e = entries.setdefault(tp, {"partition_index": p, "current_leader":
+                                            leader(broker), "records": None,
+                                            "acquired_records": []})
+                e.update(error_code=fetched.error_code, error_message=fetched.error_message)
+                got_any = True
+                continue
+            if not fetched.acquired:
+                continue
+            e = entries.setdefault(tp, {"partition_index": p, "error_code": ErrorCode.none,
+                                        "acknowledge_error_code": ErrorCode.none,
+                                        "current_leader": leader(broker)})
+            e["records"] = fetched.records
+            e["acquired_records"] = [
+                {"first_offset": r.first_offset, "last_offset": r.last_offset,
+                 "delivery_count": r.delivery_count}
+                for r in fetched.acquired
+            ]
+            got_any = True
+            max_records -= sum(r.last_offset - r.first_offset + 1 for r in fetched.acquired)
+            max_bytes -= len(fetched.records)
+        return got_any
+
+    async def wait_for_work(group_id: str, partitions: list[tuple[uuid.UUID, int]],
+                            timeout_s: float) -> None:
+        """Park until a produce, a release or a lock expiry touches one of the partitions."""
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
+        logs = [broker.log_partition(tid, p) for tid, p in partitions]
+        live_logs = [lp for lp in logs if lp is not None]
+        for key in keys:
+            broker.share.add_listener(key, wake)
+        for lp in live_logs:
+            lp.add_listener(wake)
+        try:
+            await asyncio.wait_for(woken, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                broker.share.remove_listener(key, wake)
+            for lp in live_logs:
+                lp.remove_listener(wake)
+
+    async def share_acknowledge(ctx: RequestContext, req: Any) -> dict[str, Any]:
+        group_id, member_id = req.group_id or "", req.member_id or ""
+        config = broker.groups.config(group_id)
+        base: dict[str, Any] = {"throttle_time": 0,
+                                "acquisition_lock_timeout": config.record_lock_duration_ms}
+        try:
+            session = broker.sessions.share_acknowledge(
+                group_id, member_id, req.share_session_epoch, _now_ms())
+        except KafkaError as exc:
+            return {**base, "error_code": exc.code, "error_message": exc.message,
+                    "responses": []}
+        log.debug("share_acknowledge", group=group_id, member=member_id,
+                  epoch=req.share_session_epoch,
+                  batches=sum(len(p.acknowledgement_batches) for t in req.topics
+                              for p in t.partitions))
+        results = await apply_acknowledgements(group_id, member_id, req.topics)
+        if req.share_session_epoch == -1:
+            await close_session(group_id, member_id, session.partitions)
+        entries = {
+            tp: {"partition_index": tp[1], "error_code": code, "error_message": message,
+                 "current_leader": leader(broker)}
+            for tp, (code, message) in results.items()
+        }
+        return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+
+    broker.table.register(76, 1, 1, share_group_heartbeat)
+    broker.table.register(77, 1, 1, share_group_describe)
+    broker.table.register(16, 0, 5, list_groups)
+    broker.table.register(78, 1, 2, share_fetch)
+    broker.table.register(79, 1, 2, share_acknowledge)
+
+
+def _group(entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    by_topic: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for (tid, _), e in sorted(entries.items(), key=lambda i: (str(i[0][0]), i[0][1])):
+        by_topic.setdefault(tid, []).append(e)
+    return [{"topic_id": tid, "partitions": parts} for tid, parts in by_topic.items()]
