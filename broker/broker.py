@@ -22,6 +22,7 @@ from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_state import InMemoryPersister
 from persister.commit import GroupCommit
+from persister.record_log import RecordLog
 from protocol import api
 from protocol.errors import ErrorCode
 
@@ -123,16 +124,24 @@ class Broker:
     def _start_share_groups(self) -> None:
         # Share state lives in memory until the durable share coordinator lands.
         persister = InMemoryPersister()
-        self.groups = GroupCoordinator(persister, self._topics_metadata,
-                                       GroupConfigStore(self.config.share_groups()))
+        self.groups = GroupCoordinator(
+            persister,
+            self._topics_metadata,
+            GroupConfigStore(self.config.share_groups()),
+            RecordLog(self.data_dir / "groups", self.commit),
+        )
+        self.groups.load()
         self.share = SharePartitionManager(
-            persister, self.groups, self.log_partition,
-            lambda part, ts: (found[0] if (found := part.offset_for_timestamp(ts)) else None),
+            persister,
+            self.groups,
+            self.log_partition,
+            lambda part, ts: found[0] if (found := part.offset_for_timestamp(ts)) else None,
         )
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
         self.groups.member_removed_hooks.append(self._on_member_removed)
-        self.groups.state_deleted_hooks.append(lambda group, topic_id: self.share.drop(group,
-                                                                                       topic_id))
+        self.groups.state_deleted_hooks.append(
+            lambda group, topic_id: self.share.drop(group, topic_id)
+        )
         self.topic_deleted_hooks.append(self._on_topic_deleted)
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
         self.groups.start()
@@ -208,14 +217,21 @@ class Broker:
                 head=bytes(frame[:96]).hex(),
             )
             return error_frame(ctx, ErrorCode.invalid_request, f"malformed request: {exc}")
-        log.debug("request", api=api.api_name(h.api_key), api_version=h.api_version,
-                  correlation_id=h.correlation_id, client_id=h.client_id,
-                  connection=ctx.connection_id)
+        log.debug(
+            "request",
+            api=api.api_name(h.api_key),
+            api_version=h.api_version,
+            correlation_id=h.correlation_id,
+            client_id=h.client_id,
+            connection=ctx.connection_id,
+        )
         result = await entry.handler(ctx, request)
         if result is None:
             return None
-        body = result if not isinstance(result, dict) else api.build_response(
-            h.api_key, h.api_version, result
+        body = (
+            result
+            if not isinstance(result, dict)
+            else api.build_response(h.api_key, h.api_version, result)
         )
         return api.encode_response(h.api_key, h.api_version, h.correlation_id, body)
 
@@ -231,16 +247,22 @@ class Broker:
         if h.api_key == api.API_VERSIONS_KEY:
             # KIP-511: answer an unknown ApiVersions version in v0 with our ranges so
             # the client can retry with a version both sides know.
-            body = api.build_response(h.api_key, 0, {
-                "error_code": ErrorCode.unsupported_version,
-                "api_keys": self.api_version_entries(),
-            })
+            body = api.build_response(
+                h.api_key,
+                0,
+                {
+                    "error_code": ErrorCode.unsupported_version,
+                    "api_keys": self.api_version_entries(),
+                },
+            )
             return api.encode_response(h.api_key, 0, h.correlation_id, body)
-        entry = self.table.lookup(h.api_key, self.table_range(h.api_key)[1]) if self.table.supports(
-            h.api_key) else None
-        message = (
-            f"{api.api_name(h.api_key)} v{h.api_version} is not supported"
-            + (f"; supported versions are {entry.min_version}-{entry.max_version}" if entry else "")
+        entry = (
+            self.table.lookup(h.api_key, self.table_range(h.api_key)[1])
+            if self.table.supports(h.api_key)
+            else None
+        )
+        message = f"{api.api_name(h.api_key)} v{h.api_version} is not supported" + (
+            f"; supported versions are {entry.min_version}-{entry.max_version}" if entry else ""
         )
         return error_frame(ctx, ErrorCode.unsupported_version, message)
 

@@ -29,19 +29,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a broker")
-    serve.add_argument("--listen", type=_endpoint, default=("127.0.0.1", 9092),
-                       metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
-    serve.add_argument("--advertise", type=_endpoint, default=None, metavar="HOST:PORT",
-                       help="address given to clients in metadata (default: the listen address)")
-    serve.add_argument("--data-dir", type=Path, default=Path("data"),
-                       help="where logs and state live (default ./data)")
-    serve.add_argument("--config", type=Path, default=None, metavar="FILE",
-                       help="TOML file of Kafka-style config keys")
-    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="a config key, e.g. --set num.partitions=3 (repeatable, wins over all)")
+    serve.add_argument(
+        "--listen",
+        type=_endpoint,
+        default=("127.0.0.1", 9092),
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:9092)",
+    )
+    serve.add_argument(
+        "--advertise",
+        type=_endpoint,
+        default=None,
+        metavar="HOST:PORT",
+        help="address given to clients in metadata (default: the listen address)",
+    )
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data"),
+        help="where logs and state live (default ./data)",
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file of Kafka-style config keys",
+    )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key, e.g. --set num.partitions=3 (repeatable, wins over all)",
+    )
     serve.add_argument("--log-format", choices=["console", "json"], default="console")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                       default="info")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     return parser
 
 

@@ -8,9 +8,9 @@ in ordinary v2 record batches, keyed by what they describe.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +19,8 @@ from typing import Any
 import structlog
 
 from persister.commit import GroupCommit
-from persister.log import LogConfig, PartitionLog
+from persister.record_log import RecordLog
 from protocol.errors import ErrorCode, KafkaError
-from protocol.records import NewRecord, build_batch, decode_records, iter_batches
 
 log = structlog.get_logger("spool.cluster")
 
@@ -102,48 +101,26 @@ class MetadataStore:
 
     def __init__(self, directory: Path, commit: GroupCommit) -> None:
         self.state = ClusterState()
-        self._commit = commit
-        self._log = PartitionLog.open(directory, LogConfig(), _now_ms())
-        self._next_producer_id = 0
-        self._load()
-
-    def _load(self) -> None:
-        offset = self._log.log_start_offset
+        self._log = RecordLog(directory, commit)
         count = 0
-        while offset < self._log.log_end_offset:
-            data = self._log.read(offset, 1 << 20)
-            if not data:
-                break
-            for pos, header in iter_batches(data, validate=True):
-                for rec in decode_records(data, pos, header):
-                    if rec.value is not None:
-                        self.state.replay(json.loads(rec.value))
-                        count += 1
-                offset = header.next_offset
+        for _, value in self._log.replay():
+            if value is not None:
+                self.state.replay(json.loads(value))
+                count += 1
         self._next_producer_id = self.state.producer_id_limit
         log.info("metadata_loaded", records=count, topics=len(self.state.topics))
 
     async def commit(self, records: list[Record]) -> None:
         """Append records durably (fsync), then apply them to the live state."""
-        if not records:
-            return
-        batch = build_batch(
-            [
-                NewRecord(key=_key(r).encode(), value=json.dumps(r, sort_keys=True).encode())
-                for r in records
-            ],
-            default_timestamp=_now_ms(),
+        await self._log.append(
+            [(_key(r).encode(), json.dumps(r, sort_keys=True).encode()) for r in records]
         )
-        self._log.append(bytearray(batch), _now_ms())
-        await self._commit.sync(self._log)
         for r in records:
             self.state.replay(r)
 
     async def ensure_cluster_id(self) -> str:
         if self.state.cluster_id is None:
             # Kafka cluster ids are 16 random bytes in url-safe base64 without padding.
-            import base64
-
             cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             await self.commit([{"type": "cluster", "cluster_id": cid}])
         assert self.state.cluster_id is not None
@@ -173,7 +150,3 @@ def topic_record(topic: Topic) -> Record:
 
 def _key(record: Record) -> str:
     return f"{record['type']}:{record.get('name', '')}"
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

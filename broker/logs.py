@@ -76,6 +76,7 @@ class Partition:
         self._unflushed = 0
         self._listeners: set[Listener] = set()
         self._hw_error: BaseException | None = None
+        self._syncs: set[asyncio.Future[None]] = set()
 
     @property
     def log_start_offset(self) -> int:
@@ -128,8 +129,9 @@ class Partition:
         if any(c is not None for c in checks):
             if len(checks) == 1 and checks[0] is not None:
                 dup = checks[0]
-                return AppendOutcome(dup.base_offset, dup.last_offset, -1,
-                                     self.log.log_start_offset, duplicate=True)
+                return AppendOutcome(
+                    dup.base_offset, dup.last_offset, -1, self.log.log_start_offset, duplicate=True
+                )
             raise KafkaError(
                 ErrorCode.duplicate_sequence_number,
                 "A produce request mixing new and already-written batches was refused",
@@ -149,11 +151,14 @@ class Partition:
         self._unflushed += records
         if self._unflushed >= self.settings["flush.messages"]:
             self._unflushed = 0
-            asyncio.ensure_future(self._sync_to(self.log.log_end_offset))
+            task = asyncio.ensure_future(self._sync_to(self.log.log_end_offset))
+            self._syncs.add(task)
+            task.add_done_callback(self._syncs.discard)
         else:
             self._advance_hw(self.log.log_end_offset)
-        return AppendOutcome(result.first_offset, result.last_offset, append_time,
-                             self.log.log_start_offset)
+        return AppendOutcome(
+            result.first_offset, result.last_offset, append_time, self.log.log_start_offset
+        )
 
     async def _sync_to(self, offset: int) -> None:
         try:

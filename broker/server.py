@@ -14,6 +14,7 @@ import itertools
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
 import structlog
 
 from protocol import api
@@ -43,9 +44,7 @@ Dispatch = Callable[[RequestContext, bytes, int], Awaitable[bytes | None]]
 
 
 class Server:
-    def __init__(
-        self, host: str, port: int, dispatch: Dispatch, *, max_request_bytes: int
-    ) -> None:
+    def __init__(self, host: str, port: int, dispatch: Dispatch, *, max_request_bytes: int) -> None:
         self.host = host
         self.port = port
         self.dispatch = dispatch
@@ -175,10 +174,10 @@ class Connection:
         try:
             return await self.server.dispatch(ctx, frame, body_offset)
         except Exception:
-            self.log.exception(
-                "request_failed", api=api.api_name(api_key), api_version=api_version
+            self.log.exception("request_failed", api=api.api_name(api_key), api_version=api_version)
+            return _error_frame(
+                api_key, api_version, correlation_id, ErrorCode.unknown_server_error
             )
-            return _error_frame(api_key, api_version, correlation_id, ErrorCode.unknown_server_error)
 
     async def _send_loop(self) -> None:
         while True:

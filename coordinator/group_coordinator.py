@@ -12,23 +12,39 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
+from coordinator import group_records
 from coordinator.assignor import TopicMetadata
-from coordinator.group_config import AlterConfigOp, GroupConfig, GroupConfigStore
+from coordinator.group_config import (
+    AlterConfigOp,
+    GroupConfig,
+    GroupConfigRecord,
+    GroupConfigStore,
+)
 from coordinator.share_group import (
     HeartbeatResult,
     ShareGroup,
     ShareGroupDescription,
     ShareGroupRecord,
 )
-from coordinator.share_state import Persister, ShareStateKey, UNINITIALIZED_START_OFFSET
+from coordinator.share_state import UNINITIALIZED_START_OFFSET, Persister, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.groups")
+
+
+class RecordLog(Protocol):
+    """Where the coordinator's records go (persister.record_log.RecordLog)."""
+
+    def write(self, records: Sequence[tuple[bytes | None, bytes | None]]) -> None: ...
+    async def sync(self) -> None: ...
+    def replay(self) -> Iterator[tuple[bytes | None, bytes | None]]: ...
+
 
 TopicsProvider = Callable[[], Mapping[uuid.UUID, TopicMetadata]]
 MemberRemoved = Callable[[str, str], None]
@@ -54,8 +70,10 @@ class GroupCoordinator:
         persister: Persister,
         topics: TopicsProvider,
         config_store: GroupConfigStore,
+        record_log: RecordLog | None = None,
     ) -> None:
         self.persister = persister
+        self.record_log = record_log
         self.topics = topics
         self.configs = config_store
         self.groups: dict[str, ShareGroup] = {}
@@ -67,6 +85,30 @@ class GroupCoordinator:
         self._initializing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle --------------------------------------------------------------
+
+    def load(self) -> None:
+        """Rebuild groups and configs by replaying the record log (startup)."""
+        if self.record_log is None:
+            return
+        count = 0
+        for _, value in self.record_log.replay():
+            if value is None:
+                continue
+            record = group_records.decode(value)
+            count += 1
+            if isinstance(record, GroupConfigRecord):
+                self.configs.replay(record)
+            else:
+                group = self.groups.get(record.group_id)
+                if group is None:
+                    group = self.groups[record.group_id] = ShareGroup(record.group_id)
+                group.replay(record)
+        for group_id, group in list(self.groups.items()):
+            if group.deleted:
+                del self.groups[group_id]
+            else:
+                group.on_loaded(now_ms(), self.config(group_id))
+        log.info("groups_loaded", records=count, groups=len(self.groups))
 
     def start(self) -> None:
         self._expiry_task = asyncio.create_task(self._expiry_loop())
@@ -80,8 +122,16 @@ class GroupCoordinator:
     # -- records ----------------------------------------------------------------
 
     async def _apply(self, group: ShareGroup, records: Iterable[ShareGroupRecord]) -> None:
-        """The one place group records take effect (durably appended once persisted)."""
+        """The one place group records take effect: written to the log, replayed, and
+        fsynced before the caller answers (later requests already see the change)."""
+        records = list(records)
+        if not records:
+            return
+        if self.record_log is not None:
+            self.record_log.write([group_records.encode(r) for r in records])
         group.replay_all(records)
+        if self.record_log is not None:
+            await self.record_log.sync()
 
     def config(self, group_id: str) -> GroupConfig:
         return self.configs.config(group_id)
@@ -103,21 +153,34 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None or group.deleted:
             if member_epoch != 0:
-                raise KafkaError(ErrorCode.unknown_member_id,
-                                 f"Share group {group_id} does not exist")
+                raise KafkaError(
+                    ErrorCode.unknown_member_id, f"Share group {group_id} does not exist"
+                )
             group = ShareGroup(group_id)
             self.groups[group_id] = group
         before = set(group.members)
         result = group.heartbeat(
-            member_id, member_epoch, subscribed_topic_names, rack_id, client_id,
-            client_host, self.topics(), now_ms(), self.config(group_id),
+            member_id,
+            member_epoch,
+            subscribed_topic_names,
+            rack_id,
+            client_id,
+            client_host,
+            self.topics(),
+            now_ms(),
+            self.config(group_id),
         )
         await self._apply(group, result.records)
         for gone in before - set(group.members):
             self._member_removed(group_id, gone, "left")
         if member_id not in before and member_id in group.members:
-            log.info("member_joined", group=group_id, member=member_id,
-                     group_epoch=group.group_epoch, client_id=client_id)
+            log.info(
+                "member_joined",
+                group=group_id,
+                member=member_id,
+                group_epoch=group.group_epoch,
+                client_id=client_id,
+            )
         self._initialize_new_partitions(group)
         return result
 
@@ -131,13 +194,17 @@ class GroupCoordinator:
         pending = group.partitions_to_initialize()
         if not pending:
             return
-        group.replay_all(group.mark_initializing(pending))
+        records = group.mark_initializing(pending)
+        if self.record_log is not None:
+            self.record_log.write([group_records.encode(r) for r in records])
+        group.replay_all(records)
         task = asyncio.create_task(self._initialize(group, pending))
         self._initializing.add(task)
         task.add_done_callback(self._initializing.discard)
 
-    async def _initialize(self, group: ShareGroup, pending: Mapping[uuid.UUID, Iterable[int]]
-                          ) -> None:
+    async def _initialize(
+        self, group: ShareGroup, pending: Mapping[uuid.UUID, Iterable[int]]
+    ) -> None:
         done: dict[uuid.UUID, set[int]] = {}
         failed: dict[uuid.UUID, set[int]] = {}
         for topic_id, partitions in pending.items():
@@ -147,8 +214,13 @@ class GroupCoordinator:
                     await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
-                    log.warning("share_state_initialize_failed", group=group.group_id,
-                                topic_id=str(topic_id), partition=partition, error=exc.message)
+                    log.warning(
+                        "share_state_initialize_failed",
+                        group=group.group_id,
+                        topic_id=str(topic_id),
+                        partition=partition,
+                        error=exc.message,
+                    )
                     failed.setdefault(topic_id, set()).add(partition)
         if done:
             await self._apply(group, group.mark_initialized(done))
@@ -159,8 +231,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         return group is not None and partition in group.initialized.get(topic_id, frozenset())
 
-    async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int
-                                 ) -> None:
+    async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> None:
         """Initialize share state now if the group's background initialization has not
         reached this partition yet (a fetch can arrive right after the heartbeat)."""
         group = self.groups.get(group_id)
@@ -199,11 +270,13 @@ class GroupCoordinator:
             result = group.on_topics_changed(topics)
             await self._apply(group, result.records)
             for topic_id in result.deleted_topic_ids:
-                partitions = group.initialized.get(topic_id, frozenset()) | \
-                    group.initializing.get(topic_id, frozenset())
+                partitions = group.initialized.get(topic_id, frozenset()) | group.initializing.get(
+                    topic_id, frozenset()
+                )
                 for partition in partitions:
                     await self.persister.delete_state(
-                        ShareStateKey(group.group_id, topic_id, partition))
+                        ShareStateKey(group.group_id, topic_id, partition)
+                    )
                 if partitions:
                     await self._apply(group, group.mark_uninitialized({topic_id: partitions}))
                 for hook in self.state_deleted_hooks:
@@ -215,8 +288,7 @@ class GroupCoordinator:
     def describe(self, group_id: str) -> ShareGroupDescription:
         group = self.groups.get(group_id)
         if group is None or group.deleted:
-            raise KafkaError(ErrorCode.group_id_not_found,
-                             f"Group {group_id} not found.")
+            raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
         return group.describe()
 
     def list_groups(self) -> list[GroupListing]:
@@ -226,12 +298,16 @@ class GroupCoordinator:
             if not g.deleted
         ]
 
-    async def alter_configs(self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
-                            ) -> None:
+    async def alter_configs(
+        self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
+    ) -> None:
         records = self.configs.incremental_alter(group_id, ops)
         if validate_only:
             return
+        if self.record_log is not None:
+            self.record_log.write([group_records.encode(r) for r in records])
         for record in records:
             self.configs.replay(record)
-        log.info("group_config_altered", group=group_id,
-                 configs={r.name: r.value for r in records})
+        if self.record_log is not None:
+            await self.record_log.sync()
+        log.info("group_config_altered", group=group_id, configs={r.name: r.value for r in records})

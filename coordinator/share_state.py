@@ -68,8 +68,9 @@ def merge_batches(
         for b in result:
             if b.last_offset < start_offset:
                 continue
-            trimmed.append(b if b.first_offset >= start_offset else
-                           b._replace(first_offset=start_offset))
+            trimmed.append(
+                b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
+            )
         result = trimmed
     return result
 
@@ -81,13 +82,20 @@ class Persister(Protocol):
     (FENCED_STATE_EPOCH, FENCED_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, ...).
     """
 
-    async def initialize_state(self, key: ShareStateKey, state_epoch: int,
-                               start_offset: int) -> None: ...
+    async def initialize_state(
+        self, key: ShareStateKey, state_epoch: int, start_offset: int
+    ) -> None: ...
 
     async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState: ...
 
-    async def write_state(self, key: ShareStateKey, state_epoch: int, leader_epoch: int,
-                          start_offset: int, batches: Sequence[PersistedBatch]) -> None: ...
+    async def write_state(
+        self,
+        key: ShareStateKey,
+        state_epoch: int,
+        leader_epoch: int,
+        start_offset: int,
+        batches: Sequence[PersistedBatch],
+    ) -> None: ...
 
     async def delete_state(self, key: ShareStateKey) -> None: ...
 
@@ -100,38 +108,58 @@ class InMemoryPersister:
     def __init__(self) -> None:
         self.states: dict[ShareStateKey, ShareState] = {}
 
-    async def initialize_state(self, key: ShareStateKey, state_epoch: int,
-                               start_offset: int) -> None:
+    async def initialize_state(
+        self, key: ShareStateKey, state_epoch: int, start_offset: int
+    ) -> None:
         current = self.states.get(key)
         if current is not None and state_epoch < current.state_epoch:
-            raise KafkaError(ErrorCode.fenced_state_epoch,
-                             f"state epoch {state_epoch} is older than {current.state_epoch}")
+            raise KafkaError(
+                ErrorCode.fenced_state_epoch,
+                f"state epoch {state_epoch} is older than {current.state_epoch}",
+            )
         self.states[key] = ShareState(state_epoch=state_epoch, start_offset=start_offset)
 
     async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState:
         current = self.states.get(key)
         if current is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"no share state for {key.group_id} {key.topic_id}-{key.partition}")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
+            )
         if leader_epoch < current.leader_epoch:
-            raise KafkaError(ErrorCode.fenced_leader_epoch,
-                             f"leader epoch {leader_epoch} is older than {current.leader_epoch}")
+            raise KafkaError(
+                ErrorCode.fenced_leader_epoch,
+                f"leader epoch {leader_epoch} is older than {current.leader_epoch}",
+            )
         current.leader_epoch = leader_epoch
-        return ShareState(current.state_epoch, current.leader_epoch, current.start_offset,
-                          list(current.batches))
+        return ShareState(
+            current.state_epoch, current.leader_epoch, current.start_offset, list(current.batches)
+        )
 
-    async def write_state(self, key: ShareStateKey, state_epoch: int, leader_epoch: int,
-                          start_offset: int, batches: Sequence[PersistedBatch]) -> None:
+    async def write_state(
+        self,
+        key: ShareStateKey,
+        state_epoch: int,
+        leader_epoch: int,
+        start_offset: int,
+        batches: Sequence[PersistedBatch],
+    ) -> None:
         current = self.states.get(key)
         if current is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"no share state for {key.group_id} {key.topic_id}-{key.partition}")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
+            )
         if state_epoch < current.state_epoch:
-            raise KafkaError(ErrorCode.fenced_state_epoch,
-                             f"state epoch {state_epoch} is older than {current.state_epoch}")
+            raise KafkaError(
+                ErrorCode.fenced_state_epoch,
+                f"state epoch {state_epoch} is older than {current.state_epoch}",
+            )
         if leader_epoch < current.leader_epoch:
-            raise KafkaError(ErrorCode.fenced_leader_epoch,
-                             f"leader epoch {leader_epoch} is older than {current.leader_epoch}")
+            raise KafkaError(
+                ErrorCode.fenced_leader_epoch,
+                f"leader epoch {leader_epoch} is older than {current.leader_epoch}",
+            )
         if start_offset != UNINITIALIZED_START_OFFSET:
             current.start_offset = start_offset
         current.leader_epoch = leader_epoch
@@ -143,6 +171,8 @@ class InMemoryPersister:
     async def read_summary(self, key: ShareStateKey) -> ShareState:
         current = self.states.get(key)
         if current is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"no share state for {key.group_id} {key.topic_id}-{key.partition}")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
+            )
         return ShareState(current.state_epoch, current.leader_epoch, current.start_offset, [])

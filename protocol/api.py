@@ -102,7 +102,7 @@ _read_header_v2 = entity_reader(RequestHeaderV2)
 
 def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     """api key, api version and correlation id: readable even when the rest is garbage."""
-    return HEADER_PREFIX.unpack_from(frame, 0)  # type: ignore[return-value]
+    return HEADER_PREFIX.unpack_from(frame, 0)
 
 
 def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
@@ -138,14 +138,22 @@ def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset
     return entity
 
 
-@cache
+_readers: dict[type[Any], Callable[[Any, int], tuple[Any, int]]] = {}
+_writers: dict[type[Any], Callable[[io.BytesIO, Any], None]] = {}
+
+
 def _reader(cls: type[Any]) -> Callable[[Any, int], tuple[Any, int]]:
-    return entity_reader(cls)  # type: ignore[return-value]
+    reader = _readers.get(cls)
+    if reader is None:
+        reader = _readers[cls] = entity_reader(cls)
+    return reader
 
 
-@cache
 def _writer(cls: type[Any]) -> Callable[[io.BytesIO, Any], None]:
-    return entity_writer(cls)  # type: ignore[return-value]
+    writer = _writers.get(cls)
+    if writer is None:
+        writer = _writers[cls] = entity_writer(cls)
+    return writer
 
 
 def encode_response(api_key: int, version: int, correlation_id: int, body: Entity) -> bytes:
@@ -161,7 +169,9 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Entit
     return bytes(data)
 
 
-def encode_request(api_key: int, version: int, correlation_id: int, client_id: str, body: Entity) -> bytes:
+def encode_request(
+    api_key: int, version: int, correlation_id: int, client_id: str, body: Entity
+) -> bytes:
     """Size-prefixed request frame, for spool's own client and tests."""
     buf = io.BytesIO()
     buf.write(b"\x00\x00\x00\x00")
@@ -205,8 +215,13 @@ class _FieldPlan:
     default: Any
 
 
-@cache
+_plans: dict[type[Any], tuple[_FieldPlan, ...]] = {}
+
+
 def _plan(cls: type[Any]) -> tuple[_FieldPlan, ...]:
+    cached = _plans.get(cls)
+    if cached is not None:
+        return cached
     plans = []
     for f in dataclasses.fields(cls):
         kind, target = "scalar", None
@@ -233,7 +248,8 @@ def _plan(cls: type[Any]) -> tuple[_FieldPlan, ...]:
                 default=f.default if has_default else None,
             )
         )
-    return tuple(plans)
+    _plans[cls] = tuple(plans)
+    return _plans[cls]
 
 
 _EPOCH = datetime.datetime.fromtimestamp(0, datetime.UTC)
@@ -316,7 +332,9 @@ def build_response(api_key: int, version: int, data: Mapping[str, Any]) -> Entit
     return build(response_class(api_key, version), data)
 
 
-def error_response(api_key: int, version: int, code: ErrorCode, message: str | None = None) -> Entity:
+def error_response(
+    api_key: int, version: int, code: ErrorCode, message: str | None = None
+) -> Entity:
     """A response of this api/version whose top-level error fields carry `code`.
 
     Every other error code in it stays zero and every array empty: a generic answer
@@ -356,7 +374,9 @@ class ApiTable:
     def register(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
         known = schema_versions(api_key)
         if known is None or min_version < known[0] or max_version > known[1]:
-            raise ValueError(f"kio has no schema for {api_name(api_key)} v{min_version}-{max_version}")
+            raise ValueError(
+                f"kio has no schema for {api_name(api_key)} v{min_version}-{max_version}"
+            )
         self._entries[api_key] = ApiEntry(api_key, min_version, max_version, handler)
 
     def lookup(self, api_key: int, version: int) -> ApiEntry | None:

@@ -30,8 +30,7 @@ def register(broker: Broker) -> None:
         }
         if ctx.api_version >= 3:
             data["supported_features"] = [
-                {"name": name, "min_version": lo, "max_version": hi}
-                for name, lo, hi, _ in FEATURES
+                {"name": name, "min_version": lo, "max_version": hi} for name, lo, hi, _ in FEATURES
             ]
             data["finalized_features_epoch"] = 1
             data["finalized_features"] = [
@@ -56,8 +55,13 @@ def register(broker: Broker) -> None:
             if name is None and topic_id is not None:
                 topic = state.topics_by_id.get(topic_id)
                 if topic is None:
-                    topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
-                                   "topic_id": topic_id})
+                    topics.append(
+                        {
+                            "error_code": ErrorCode.unknown_topic_id,
+                            "name": None,
+                            "topic_id": topic_id,
+                        }
+                    )
                     continue
             else:
                 topic = state.topics.get(name or "")
@@ -70,8 +74,9 @@ def register(broker: Broker) -> None:
                         topics.append({"error_code": exc.code, "name": name})
                         continue
                 else:
-                    topics.append({"error_code": ErrorCode.unknown_topic_or_partition,
-                                   "name": name})
+                    topics.append(
+                        {"error_code": ErrorCode.unknown_topic_or_partition, "name": name}
+                    )
                     continue
             topics.append(_topic_entry(broker, topic))
         return {
@@ -86,8 +91,10 @@ def register(broker: Broker) -> None:
     async def describe_cluster(ctx: RequestContext, req: Any) -> dict[str, Any]:
         endpoint_type = getattr(req, "endpoint_type", 1)
         if endpoint_type not in (1, 2):
-            return {"error_code": ErrorCode.unsupported_endpoint_type,
-                    "error_message": f"Unknown endpoint type {endpoint_type}"}
+            return {
+                "error_code": ErrorCode.unsupported_endpoint_type,
+                "error_message": f"Unknown endpoint type {endpoint_type}",
+            }
         return {
             "error_code": ErrorCode.none,
             "endpoint_type": endpoint_type,
@@ -107,27 +114,48 @@ def register(broker: Broker) -> None:
             code, message = ErrorCode.none, None
         node = broker.node_id if code == ErrorCode.none else -1
         if ctx.api_version >= 4:
-            return {"coordinators": [
-                {"key": key, "node_id": node, "host": ep.host, "port": ep.port,
-                 "error_code": code, "error_message": message}
-                for key in req.coordinator_keys
-            ]}
-        return {"error_code": code, "error_message": message, "node_id": node,
-                "host": ep.host, "port": ep.port}
+            return {
+                "coordinators": [
+                    {
+                        "key": key,
+                        "node_id": node,
+                        "host": ep.host,
+                        "port": ep.port,
+                        "error_code": code,
+                        "error_message": message,
+                    }
+                    for key in req.coordinator_keys
+                ]
+            }
+        return {
+            "error_code": code,
+            "error_message": message,
+            "node_id": node,
+            "host": ep.host,
+            "port": ep.port,
+        }
 
     async def init_producer_id(ctx: RequestContext, req: Any) -> dict[str, Any]:
         if req.transactional_id is not None:
-            log.warning("transactions_unsupported", transactional_id=req.transactional_id,
-                        client_id=ctx.header.client_id)
-            return {"error_code": ErrorCode.transactional_id_authorization_failed,
-                    "producer_id": -1, "producer_epoch": -1}
+            log.warning(
+                "transactions_unsupported",
+                transactional_id=req.transactional_id,
+                client_id=ctx.header.client_id,
+            )
+            return {
+                "error_code": ErrorCode.transactional_id_authorization_failed,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
         producer_id = getattr(req, "producer_id", -1)
         producer_epoch = getattr(req, "producer_epoch", -1)
-        if producer_id >= 0:
-            # KIP-360: an idempotent producer may bump its epoch to reset sequences.
-            if producer_epoch < 32766:
-                return {"error_code": ErrorCode.none, "producer_id": producer_id,
-                        "producer_epoch": producer_epoch + 1}
+        # KIP-360: an idempotent producer may bump its epoch to reset sequences.
+        if producer_id >= 0 and producer_epoch < 32766:
+            return {
+                "error_code": ErrorCode.none,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch + 1,
+            }
         pid = await broker.metadata.allocate_producer_id()
         return {"error_code": ErrorCode.none, "producer_id": pid, "producer_epoch": 0}
 

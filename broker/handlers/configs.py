@@ -11,11 +11,11 @@ from broker.config import (
     BOOLEAN,
     BROKER_KEYS,
     INT,
-    STRING,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_BROKER,
     SOURCE_DYNAMIC_TOPIC,
     SOURCE_STATIC_BROKER,
+    STRING,
     TOPIC_KEYS,
     ConfigKey,
     format_value,
@@ -39,8 +39,9 @@ TOPIC, BROKER, GROUP = 2, 4, 32
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-def _entry(key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any]],
-           req: Any) -> dict[str, Any]:
+def _entry(
+    key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any]], req: Any
+) -> dict[str, Any]:
     return {
         "name": key.name,
         "value": format_value(value),
@@ -53,8 +54,9 @@ def _entry(key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any
     }
 
 
-def apply_ops(current: dict[str, str], ops: list[Any], keys: dict[str, ConfigKey],
-              resource: str) -> dict[str, str]:
+def apply_ops(
+    current: dict[str, str], ops: list[Any], keys: dict[str, ConfigKey], resource: str
+) -> dict[str, str]:
     """Apply IncrementalAlterConfigs operations to a copy of `current`."""
     updated = dict(current)
     for op in ops:
@@ -62,8 +64,10 @@ def apply_ops(current: dict[str, str], ops: list[Any], keys: dict[str, ConfigKey
         if key is None:
             raise KafkaError(ErrorCode.invalid_config, f"Unknown {resource} config name: {op.name}")
         if key.read_only:
-            raise KafkaError(ErrorCode.invalid_config,
-                             f"Cannot update {resource} config {op.name}: it is read-only")
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"Cannot update {resource} config {op.name}: it is read-only",
+            )
         if op.config_operation == SET:
             if op.value is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Null value for {op.name}")
@@ -85,8 +89,10 @@ def apply_ops(current: dict[str, str], ops: list[Any], keys: dict[str, ConfigKey
             joined = ",".join(items)
             updated[op.name] = format_value(parse_value(key, joined, resource=resource)) or ""
         else:
-            raise KafkaError(ErrorCode.invalid_request,
-                             f"Unknown config operation {op.config_operation} for {op.name}")
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"Unknown config operation {op.config_operation} for {op.name}",
+            )
     return updated
 
 
@@ -101,16 +107,18 @@ def register(broker: Broker) -> None:
     def describe_topic(req: Any, res: Any) -> list[dict[str, Any]]:
         topic = broker.metadata.state.topics.get(res.resource_name)
         if topic is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"Topic {res.resource_name!r} does not exist")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name!r} does not exist"
+            )
         settings = broker.logs.topic_settings(topic.configs)
         out = []
         for name, key in sorted(TOPIC_KEYS.items()):
             synonyms = []
             if name in topic.configs:
                 source = SOURCE_DYNAMIC_TOPIC
-                synonyms.append({"name": name, "value": topic.configs[name],
-                                 "source": SOURCE_DYNAMIC_TOPIC})
+                synonyms.append(
+                    {"name": name, "value": topic.configs[name], "source": SOURCE_DYNAMIC_TOPIC}
+                )
             else:
                 source = SOURCE_DEFAULT
             if key.broker_synonym:
@@ -118,12 +126,20 @@ def register(broker: Broker) -> None:
                 if bsrc != SOURCE_DEFAULT:
                     if name not in topic.configs:
                         source = bsrc
-                    synonyms.append({"name": key.broker_synonym,
-                                     "value": format_value(broker.config.get(key.broker_synonym)),
-                                     "source": bsrc})
-                synonyms.append({"name": key.broker_synonym,
-                                 "value": format_value(BROKER_KEYS[key.broker_synonym].default),
-                                 "source": SOURCE_DEFAULT})
+                    synonyms.append(
+                        {
+                            "name": key.broker_synonym,
+                            "value": format_value(broker.config.get(key.broker_synonym)),
+                            "source": bsrc,
+                        }
+                    )
+                synonyms.append(
+                    {
+                        "name": key.broker_synonym,
+                        "value": format_value(BROKER_KEYS[key.broker_synonym].default),
+                        "source": SOURCE_DEFAULT,
+                    }
+                )
             out.append(_entry(key, settings[name], source, synonyms, req))
         return out
 
@@ -132,8 +148,9 @@ def register(broker: Broker) -> None:
         out = []
         for name, key in sorted(BROKER_KEYS.items()):
             source = broker.config.source(name)
-            synonyms = [{"name": name, "value": format_value(broker.config.get(name)),
-                         "source": source}]
+            synonyms = [
+                {"name": name, "value": format_value(broker.config.get(name)), "source": source}
+            ]
             out.append(_entry(key, broker.config.get(name), source, synonyms, req))
         return out
 
@@ -142,22 +159,32 @@ def register(broker: Broker) -> None:
             raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
         out = []
         for e in broker.groups.configs.describe(res.resource_name):
-            out.append({
-                "name": e.name, "value": e.value, "read_only": False,
-                "config_source": e.source, "is_sensitive": False,
-                "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
-                if getattr(req, "include_synonyms", False) else [],
-                "config_type": _GROUP_TYPES.get(e.type, 2),
-                "documentation": e.doc if getattr(req, "include_documentation", False) else None,
-            })
+            out.append(
+                {
+                    "name": e.name,
+                    "value": e.value,
+                    "read_only": False,
+                    "config_source": e.source,
+                    "is_sensitive": False,
+                    "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
+                    if getattr(req, "include_synonyms", False)
+                    else [],
+                    "config_type": _GROUP_TYPES.get(e.type, 2),
+                    "documentation": e.doc
+                    if getattr(req, "include_documentation", False)
+                    else None,
+                }
+            )
         return out
 
     async def describe_configs(ctx: RequestContext, req: Any) -> dict[str, Any]:
         results = []
         for res in req.resources:
-            entry: dict[str, Any] = {"resource_type": res.resource_type,
-                                     "resource_name": res.resource_name,
-                                     "error_code": ErrorCode.none}
+            entry: dict[str, Any] = {
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+                "error_code": ErrorCode.none,
+            }
             try:
                 if res.resource_type == TOPIC:
                     configs = describe_topic(req, res)
@@ -166,8 +193,9 @@ def register(broker: Broker) -> None:
                 elif res.resource_type == GROUP:
                     configs = describe_group(req, res)
                 else:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Unsupported resource type {res.resource_type}")
+                    raise KafkaError(
+                        ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
+                    )
                 if res.configuration_keys is not None:
                     wanted = set(res.configuration_keys)
                     configs = [c for c in configs if c["name"] in wanted]
@@ -180,10 +208,12 @@ def register(broker: Broker) -> None:
     async def alter_topic(res: Any, validate_only: bool) -> None:
         topic = broker.metadata.state.topics.get(res.resource_name)
         if topic is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"Topic {res.resource_name!r} does not exist")
-        updated = validate_topic_configs(dict(apply_ops(topic.configs, res.configs, TOPIC_KEYS,
-                                                        "topic")))
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name!r} does not exist"
+            )
+        updated = validate_topic_configs(
+            dict(apply_ops(topic.configs, res.configs, TOPIC_KEYS, "topic"))
+        )
         if validate_only or updated == topic.configs:
             return
         changed = Topic(topic.name, topic.topic_id, topic.partitions, updated)
@@ -193,8 +223,9 @@ def register(broker: Broker) -> None:
 
     async def alter_broker(res: Any, validate_only: bool) -> None:
         check_broker_name(res.resource_name)
-        updated = apply_ops(broker.metadata.state.broker_configs, res.configs, BROKER_KEYS,
-                            "broker")
+        updated = apply_ops(
+            broker.metadata.state.broker_configs, res.configs, BROKER_KEYS, "broker"
+        )
         if validate_only:
             return
         await broker.metadata.commit([{"type": "broker_config", "configs": updated}])
@@ -204,14 +235,18 @@ def register(broker: Broker) -> None:
     async def incremental_alter_configs(ctx: RequestContext, req: Any) -> dict[str, Any]:
         responses = []
         for res in req.resources:
-            entry: dict[str, Any] = {"resource_type": res.resource_type,
-                                     "resource_name": res.resource_name,
-                                     "error_code": ErrorCode.none}
+            entry: dict[str, Any] = {
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+                "error_code": ErrorCode.none,
+            }
             try:
                 names = [c.name for c in res.configs]
                 if len(names) != len(set(names)):
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     "A config name appears more than once for one resource")
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        "A config name appears more than once for one resource",
+                    )
                 if res.resource_type == TOPIC:
                     await alter_topic(res, req.validate_only)
                 elif res.resource_type == BROKER:
@@ -223,8 +258,9 @@ def register(broker: Broker) -> None:
                         req.validate_only,
                     )
                 else:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Unsupported resource type {res.resource_type}")
+                    raise KafkaError(
+                        ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
+                    )
             except KafkaError as exc:
                 entry.update(error_code=exc.code, error_message=exc.message)
             responses.append(entry)
@@ -247,4 +283,4 @@ def apply_dynamic_broker_config(broker: Broker) -> None:
         broker.groups.configs.broker = broker.config.share_groups()
 
 
-__all__ = ["GROUP", "SOURCE_STATIC_BROKER", "SOURCE_DYNAMIC_BROKER", "apply_dynamic_broker_config"]
+__all__ = ["GROUP", "SOURCE_DYNAMIC_BROKER", "SOURCE_STATIC_BROKER", "apply_dynamic_broker_config"]

@@ -48,31 +48,47 @@ def register(broker: Broker) -> None:
             name, topic_id = _topic_name(broker, t)
             parts = []
             for p in t.partition_data:
-                entry: dict[str, Any] = {"index": p.index, "error_code": ErrorCode.none,
-                                         "base_offset": -1, "log_append_time": -1,
-                                         "log_start_offset": -1}
+                entry: dict[str, Any] = {
+                    "index": p.index,
+                    "error_code": ErrorCode.none,
+                    "base_offset": -1,
+                    "log_append_time": -1,
+                    "log_start_offset": -1,
+                }
                 try:
                     if acks not in (-1, 0, 1):
-                        raise KafkaError(ErrorCode.invalid_required_acks,
-                                         f"acks must be -1, 0 or 1, got {acks}")
+                        raise KafkaError(
+                            ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, got {acks}"
+                        )
                     if req.transactional_id is not None:
-                        raise KafkaError(ErrorCode.transactional_id_authorization_failed,
-                                         "Transactions are not supported by this broker yet")
+                        raise KafkaError(
+                            ErrorCode.transactional_id_authorization_failed,
+                            "Transactions are not supported by this broker yet",
+                        )
                     part = broker.logs.get(name, p.index) if name else None
                     if part is None:
-                        raise KafkaError(_unknown_topic_error(name),
-                                         f"This server does not host {name}-{p.index}")
+                        raise KafkaError(
+                            _unknown_topic_error(name),
+                            f"This server does not host {name}-{p.index}",
+                        )
                     data, batches = validate_produce_data(p.records or b"")
                     outcome = part.append(data, batches)
-                    entry.update(base_offset=outcome.base_offset,
-                                 log_append_time=outcome.log_append_time,
-                                 log_start_offset=outcome.log_start_offset)
+                    entry.update(
+                        base_offset=outcome.base_offset,
+                        log_append_time=outcome.log_append_time,
+                        log_start_offset=outcome.log_start_offset,
+                    )
                     if acks == -1:
                         waits.append((entry, part, outcome.last_offset))
                 except KafkaError as exc:
                     if exc.code == ErrorCode.corrupt_message:
-                        log.warning("corrupt_batch", topic=name, partition=p.index,
-                                    client_id=ctx.header.client_id, error=exc.message)
+                        log.warning(
+                            "corrupt_batch",
+                            topic=name,
+                            partition=p.index,
+                            client_id=ctx.header.client_id,
+                            error=exc.message,
+                        )
                     entry.update(error_code=exc.code, error_message=exc.message)
                 parts.append(entry)
             responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
@@ -99,8 +115,11 @@ def register(broker: Broker) -> None:
             # spool answers every fetch in full and never creates a fetch session
             # (KIP-227 allows session id 0); a client asking for one it was never
             # given gets Kafka's error and falls back to full fetches.
-            return {"error_code": ErrorCode.fetch_session_id_not_found, "session_id": 0,
-                    "responses": []}
+            return {
+                "error_code": ErrorCode.fetch_session_id_not_found,
+                "session_id": 0,
+                "responses": [],
+            }
         wanted: list[tuple[str | None, Any, Any]] = []
         for t in req.topics:
             name, topic_id = _topic_name(broker, t)
@@ -112,8 +131,12 @@ def register(broker: Broker) -> None:
             if total >= req.min_bytes or errors or remaining <= 0 or not wanted:
                 break
             await _wait_for_data(broker, wanted, remaining)
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
-                "responses": responses}
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "session_id": 0,
+            "responses": responses,
+        }
 
     async def list_offsets(ctx: RequestContext, req: Any) -> dict[str, Any]:
         committed_only = getattr(req, "isolation_level", 0) == READ_COMMITTED
@@ -121,9 +144,13 @@ def register(broker: Broker) -> None:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                entry: dict[str, Any] = {"partition_index": p.partition_index,
-                                         "error_code": ErrorCode.none,
-                                         "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                entry: dict[str, Any] = {
+                    "partition_index": p.partition_index,
+                    "error_code": ErrorCode.none,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": 0,
+                }
                 part = broker.logs.get(t.name, p.partition_index)
                 if part is None:
                     entry.update(error_code=ErrorCode.unknown_topic_or_partition)
@@ -139,15 +166,22 @@ def register(broker: Broker) -> None:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                entry: dict[str, Any] = {"partition_index": p.partition_index,
-                                         "low_watermark": -1, "error_code": ErrorCode.none}
+                entry: dict[str, Any] = {
+                    "partition_index": p.partition_index,
+                    "low_watermark": -1,
+                    "error_code": ErrorCode.none,
+                }
                 part = broker.logs.get(t.name, p.partition_index)
                 try:
                     if part is None:
                         raise KafkaError(ErrorCode.unknown_topic_or_partition)
                     entry["low_watermark"] = await part.delete_records_before(p.offset)
-                    log.info("records_deleted", topic=t.name, partition=p.partition_index,
-                             log_start_offset=entry["low_watermark"])
+                    log.info(
+                        "records_deleted",
+                        topic=t.name,
+                        partition=p.partition_index,
+                        log_start_offset=entry["low_watermark"],
+                    )
                 except KafkaError as exc:
                     entry["error_code"] = exc.code
                 parts.append(entry)
@@ -168,24 +202,39 @@ def _fetch_once(
     errors = False
     by_topic: dict[tuple[str | None, Any], list[dict[str, Any]]] = {}
     for name, topic_id, p in wanted:
-        entry: dict[str, Any] = {"partition_index": p.partition, "error_code": ErrorCode.none,
-                                 "high_watermark": -1, "last_stable_offset": -1,
-                                 "log_start_offset": -1, "aborted_transactions": None,
-                                 "preferred_read_replica": -1, "records": b""}
+        entry: dict[str, Any] = {
+            "partition_index": p.partition,
+            "error_code": ErrorCode.none,
+            "high_watermark": -1,
+            "last_stable_offset": -1,
+            "log_start_offset": -1,
+            "aborted_transactions": None,
+            "preferred_read_replica": -1,
+            "records": b"",
+        }
         part = broker.logs.get(name, p.partition) if name else None
         if part is None:
             entry["error_code"] = _unknown_topic_error(name)
             errors = True
         else:
-            entry.update(high_watermark=part.high_watermark,
-                         last_stable_offset=part.last_stable_offset,
-                         log_start_offset=part.log_start_offset,
-                         aborted_transactions=[] if committed_only else None)
+            entry.update(
+                high_watermark=part.high_watermark,
+                last_stable_offset=part.last_stable_offset,
+                log_start_offset=part.log_start_offset,
+                aborted_transactions=[] if committed_only else None,
+            )
             limit = min(p.partition_max_bytes, budget)
             try:
                 # The first partition may exceed max_bytes by one batch (KIP-74).
-                data = part.read(p.fetch_offset, max(limit, 1) if total == 0 else limit,
-                                 committed_only=committed_only) if limit > 0 or total == 0 else b""
+                data = (
+                    part.read(
+                        p.fetch_offset,
+                        max(limit, 1) if total == 0 else limit,
+                        committed_only=committed_only,
+                    )
+                    if limit > 0 or total == 0
+                    else b""
+                )
             except KafkaError as exc:
                 entry["error_code"] = exc.code
                 errors = True
@@ -235,8 +284,9 @@ def _offset_for(part: Partition, timestamp: int, committed_only: bool) -> tuple[
     if timestamp == LATEST_TIERED:
         return -1, -1
     if timestamp == MAX_TIMESTAMP:
-        found = part.log.max_timestamp_offset() if hasattr(part.log, "max_timestamp_offset") \
-            else None
+        found = (
+            part.log.max_timestamp_offset() if hasattr(part.log, "max_timestamp_offset") else None
+        )
         if not found:
             return -1, -1
         offset, ts = found

@@ -44,21 +44,39 @@ def register(broker: Broker) -> None:
                 ctx.client_host,
             )
         except KafkaError as exc:
-            log.info("share_heartbeat_refused", group=req.group_id, member=req.member_id,
-                     member_epoch=req.member_epoch, error=exc.code.name, reason=exc.message)
-            return {"error_code": exc.code, "error_message": exc.message,
-                    "member_id": req.member_id, "member_epoch": -1, "heartbeat_interval": 0,
-                    "assignment": None}
+            log.info(
+                "share_heartbeat_refused",
+                group=req.group_id,
+                member=req.member_id,
+                member_epoch=req.member_epoch,
+                error=exc.code.name,
+                reason=exc.message,
+            )
+            return {
+                "error_code": exc.code,
+                "error_message": exc.message,
+                "member_id": req.member_id,
+                "member_epoch": -1,
+                "heartbeat_interval": 0,
+                "assignment": None,
+            }
         assignment = None
         if result.assignment is not None:
-            assignment = {"topic_partitions": [
-                {"topic_id": topic_id, "partitions": sorted(parts)}
-                for topic_id, parts in sorted(result.assignment.items(), key=lambda i: str(i[0]))
-            ]}
-        return {"error_code": ErrorCode.none, "member_id": result.member_id,
-                "member_epoch": result.member_epoch,
-                "heartbeat_interval": result.heartbeat_interval_ms,
-                "assignment": assignment}
+            assignment = {
+                "topic_partitions": [
+                    {"topic_id": topic_id, "partitions": sorted(parts)}
+                    for topic_id, parts in sorted(
+                        result.assignment.items(), key=lambda i: str(i[0])
+                    )
+                ]
+            }
+        return {
+            "error_code": ErrorCode.none,
+            "member_id": result.member_id,
+            "member_epoch": result.member_epoch,
+            "heartbeat_interval": result.heartbeat_interval_ms,
+            "assignment": assignment,
+        }
 
     async def share_group_describe(ctx: RequestContext, req: Any) -> dict[str, Any]:
         names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
@@ -67,31 +85,48 @@ def register(broker: Broker) -> None:
             try:
                 d = broker.groups.describe(group_id)
             except KafkaError as exc:
-                groups.append({"group_id": group_id, "error_code": exc.code,
-                               "error_message": exc.message, "group_state": "Dead",
-                               "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+                groups.append(
+                    {
+                        "group_id": group_id,
+                        "error_code": exc.code,
+                        "error_message": exc.message,
+                        "group_state": "Dead",
+                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    }
+                )
                 continue
-            groups.append({
-                "error_code": ErrorCode.none,
-                "group_id": d.group_id,
-                "group_state": d.group_state,
-                "group_epoch": d.group_epoch,
-                "assignment_epoch": d.assignment_epoch,
-                "assignor_name": d.assignor_name,
-                "members": [
-                    {"member_id": m.member_id, "rack_id": m.rack_id,
-                     "member_epoch": m.member_epoch, "client_id": m.client_id,
-                     "client_host": m.client_host,
-                     "subscribed_topic_names": list(m.subscribed_topic_names),
-                     "assignment": {"topic_partitions": [
-                         {"topic_id": tid, "topic_name": names.get(tid, ""),
-                          "partitions": sorted(parts)}
-                         for tid, parts in m.assignment.items()
-                     ]}}
-                    for m in d.members
-                ],
-                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-            })
+            groups.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "group_id": d.group_id,
+                    "group_state": d.group_state,
+                    "group_epoch": d.group_epoch,
+                    "assignment_epoch": d.assignment_epoch,
+                    "assignor_name": d.assignor_name,
+                    "members": [
+                        {
+                            "member_id": m.member_id,
+                            "rack_id": m.rack_id,
+                            "member_epoch": m.member_epoch,
+                            "client_id": m.client_id,
+                            "client_host": m.client_host,
+                            "subscribed_topic_names": list(m.subscribed_topic_names),
+                            "assignment": {
+                                "topic_partitions": [
+                                    {
+                                        "topic_id": tid,
+                                        "topic_name": names.get(tid, ""),
+                                        "partitions": sorted(parts),
+                                    }
+                                    for tid, parts in m.assignment.items()
+                                ]
+                            },
+                        }
+                        for m in d.members
+                    ],
+                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
         return {"throttle_time": 0, "groups": groups}
 
     async def list_groups(ctx: RequestContext, req: Any) -> dict[str, Any]:
@@ -102,8 +137,14 @@ def register(broker: Broker) -> None:
             for g in broker.groups.list_groups():
                 if states and g.state.lower() not in states:
                     continue
-                groups.append({"group_id": g.group_id, "protocol_type": SHARE_PROTOCOL_TYPE,
-                               "group_state": g.state, "group_type": SHARE_GROUP_TYPE})
+                groups.append(
+                    {
+                        "group_id": g.group_id,
+                        "protocol_type": SHARE_PROTOCOL_TYPE,
+                        "group_state": g.state,
+                        "group_type": SHARE_GROUP_TYPE,
+                    }
+                )
         return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
     def topic_known(topic_id: uuid.UUID) -> bool:
@@ -119,17 +160,23 @@ def register(broker: Broker) -> None:
                     continue
                 tp = (t.topic_id, p.partition_index)
                 if not topic_known(t.topic_id):
-                    results[tp] = (ErrorCode.unknown_topic_id,
-                                   f"Topic id {t.topic_id} does not exist")
+                    results[tp] = (
+                        ErrorCode.unknown_topic_id,
+                        f"Topic id {t.topic_id} does not exist",
+                    )
                     continue
-                batches = [(b.first_offset, b.last_offset, tuple(b.acknowledge_types))
-                           for b in p.acknowledgement_batches]
+                batches = [
+                    (b.first_offset, b.last_offset, tuple(b.acknowledge_types))
+                    for b in p.acknowledgement_batches
+                ]
                 results[tp] = await broker.share.acknowledge(
-                    ShareStateKey(group_id, t.topic_id, p.partition_index), member_id, batches)
+                    ShareStateKey(group_id, t.topic_id, p.partition_index), member_id, batches
+                )
         return results
 
-    async def close_session(group_id: str, member_id: str,
-                            partitions: list[tuple[uuid.UUID, int]]) -> None:
+    async def close_session(
+        group_id: str, member_id: str, partitions: list[tuple[uuid.UUID, int]]
+    ) -> None:
         keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
         await broker.share.release_member(group_id, member_id, keys)
         broker.sessions.remove(group_id, member_id)
@@ -137,32 +184,51 @@ def register(broker: Broker) -> None:
     async def share_fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
         group_id, member_id = req.group_id or "", req.member_id or ""
         config = broker.groups.config(group_id)
-        base: dict[str, Any] = {"throttle_time": 0,
-                                "acquisition_lock_timeout": config.record_lock_duration_ms}
+        base: dict[str, Any] = {
+            "throttle_time": 0,
+            "acquisition_lock_timeout": config.record_lock_duration_ms,
+        }
         requested = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
         forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
         has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
         try:
             if not group_id or not member_id:
-                raise KafkaError(ErrorCode.invalid_request,
-                                 "ShareFetch needs a GroupId and a MemberId")
+                raise KafkaError(
+                    ErrorCode.invalid_request, "ShareFetch needs a GroupId and a MemberId"
+                )
             session_ctx = broker.sessions.share_fetch(
-                group_id, member_id, req.share_session_epoch, requested, forgotten, _now_ms(),
-                has_acknowledgements=has_acks, connection_id=str(ctx.connection_id))
+                group_id,
+                member_id,
+                req.share_session_epoch,
+                requested,
+                forgotten,
+                _now_ms(),
+                has_acknowledgements=has_acks,
+                connection_id=str(ctx.connection_id),
+            )
         except KafkaError as exc:
-            log.info("share_fetch_refused", group=group_id, member=member_id,
-                     epoch=req.share_session_epoch, error=exc.code.name, reason=exc.message)
-            return {**base, "error_code": exc.code, "error_message": exc.message,
-                    "responses": []}
+            log.info(
+                "share_fetch_refused",
+                group=group_id,
+                member=member_id,
+                epoch=req.share_session_epoch,
+                error=exc.code.name,
+                reason=exc.message,
+            )
+            return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
         ack_results = await apply_acknowledgements(group_id, member_id, req.topics)
         entries: dict[tuple[uuid.UUID, int], dict[str, Any]] = {}
 
         def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
             if tp not in entries:
-                entries[tp] = {"partition_index": tp[1], "error_code": ErrorCode.none,
-                               "acknowledge_error_code": ErrorCode.none,
-                               "current_leader": leader(broker), "records": None,
-                               "acquired_records": []}
+                entries[tp] = {
+                    "partition_index": tp[1],
+                    "error_code": ErrorCode.none,
+                    "acknowledge_error_code": ErrorCode.none,
+                    "current_leader": leader(broker),
+                    "records": None,
+                    "acquired_records": [],
+                }
             return entries[tp]
 
         for tp, (code, message) in ack_results.items():
@@ -186,9 +252,13 @@ def register(broker: Broker) -> None:
             await wait_for_work(group_id, partitions, remaining)
         return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
-    async def fetch_round(group_id: str, member_id: str, req: Any,
-                          partitions: list[tuple[uuid.UUID, int]],
-                          entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> bool:
+    async def fetch_round(
+        group_id: str,
+        member_id: str,
+        req: Any,
+        partitions: list[tuple[uuid.UUID, int]],
+        entries: dict[tuple[uuid.UUID, int], dict[str, Any]],
+    ) -> bool:
         """One pass over the session's partitions; True if anything was acquired or failed."""
         max_records = req.max_records if req.max_records > 0 else 500
         max_bytes = req.max_bytes
@@ -201,33 +271,59 @@ def register(broker: Broker) -> None:
                 break
             tp = (tid, p)
             if not topic_known(tid):
-                e = entries.setdefault(tp, {"partition_index": p, "current_leader":
-                                            leader(broker), "records": None,
-                                            "acquired_records": []})
-                e.update(error_code=ErrorCode.unknown_topic_id,
-                         error_message=f"Topic id {tid} does not exist")
+                e = entries.setdefault(
+                    tp,
+                    {
+                        "partition_index": p,
+                        "current_leader": leader(broker),
+                        "records": None,
+                        "acquired_records": [],
+                    },
+                )
+                e.update(
+                    error_code=ErrorCode.unknown_topic_id,
+                    error_message=f"Topic id {tid} does not exist",
+                )
                 got_any = True
                 continue
             fetched = await broker.share.acquire(
-                ShareStateKey(group_id, tid, p), member_id,
-                max_records=max_records, batch_size=max(req.batch_size, 1),
-                max_bytes=max_bytes)
+                ShareStateKey(group_id, tid, p),
+                member_id,
+                max_records=max_records,
+                batch_size=max(req.batch_size, 1),
+                max_bytes=max_bytes,
+            )
             if fetched.error_code != ErrorCode.none:
-                e = entries.setdefault(tp, {"partition_index": p, "current_leader":
-                                            leader(broker), "records": None,
-                                            "acquired_records": []})
+                e = entries.setdefault(
+                    tp,
+                    {
+                        "partition_index": p,
+                        "current_leader": leader(broker),
+                        "records": None,
+                        "acquired_records": [],
+                    },
+                )
                 e.update(error_code=fetched.error_code, error_message=fetched.error_message)
                 got_any = True
                 continue
             if not fetched.acquired:
                 continue
-            e = entries.setdefault(tp, {"partition_index": p, "error_code": ErrorCode.none,
-                                        "acknowledge_error_code": ErrorCode.none,
-                                        "current_leader": leader(broker)})
+            e = entries.setdefault(
+                tp,
+                {
+                    "partition_index": p,
+                    "error_code": ErrorCode.none,
+                    "acknowledge_error_code": ErrorCode.none,
+                    "current_leader": leader(broker),
+                },
+            )
             e["records"] = fetched.records
             e["acquired_records"] = [
-                {"first_offset": r.first_offset, "last_offset": r.last_offset,
-                 "delivery_count": r.delivery_count}
+                {
+                    "first_offset": r.first_offset,
+                    "last_offset": r.last_offset,
+                    "delivery_count": r.delivery_count,
+                }
                 for r in fetched.acquired
             ]
             got_any = True
@@ -235,8 +331,9 @@ def register(broker: Broker) -> None:
             max_bytes -= len(fetched.records)
         return got_any
 
-    async def wait_for_work(group_id: str, partitions: list[tuple[uuid.UUID, int]],
-                            timeout_s: float) -> None:
+    async def wait_for_work(
+        group_id: str, partitions: list[tuple[uuid.UUID, int]], timeout_s: float
+    ) -> None:
         """Park until a produce, a release or a lock expiry touches one of the partitions."""
         woken = asyncio.get_running_loop().create_future()
 
@@ -264,24 +361,33 @@ def register(broker: Broker) -> None:
     async def share_acknowledge(ctx: RequestContext, req: Any) -> dict[str, Any]:
         group_id, member_id = req.group_id or "", req.member_id or ""
         config = broker.groups.config(group_id)
-        base: dict[str, Any] = {"throttle_time": 0,
-                                "acquisition_lock_timeout": config.record_lock_duration_ms}
+        base: dict[str, Any] = {
+            "throttle_time": 0,
+            "acquisition_lock_timeout": config.record_lock_duration_ms,
+        }
         try:
             session = broker.sessions.share_acknowledge(
-                group_id, member_id, req.share_session_epoch, _now_ms())
+                group_id, member_id, req.share_session_epoch, _now_ms()
+            )
         except KafkaError as exc:
-            return {**base, "error_code": exc.code, "error_message": exc.message,
-                    "responses": []}
-        log.debug("share_acknowledge", group=group_id, member=member_id,
-                  epoch=req.share_session_epoch,
-                  batches=sum(len(p.acknowledgement_batches) for t in req.topics
-                              for p in t.partitions))
+            return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
+        log.debug(
+            "share_acknowledge",
+            group=group_id,
+            member=member_id,
+            epoch=req.share_session_epoch,
+            batches=sum(len(p.acknowledgement_batches) for t in req.topics for p in t.partitions),
+        )
         results = await apply_acknowledgements(group_id, member_id, req.topics)
         if req.share_session_epoch == -1:
             await close_session(group_id, member_id, session.partitions)
         entries = {
-            tp: {"partition_index": tp[1], "error_code": code, "error_message": message,
-                 "current_leader": leader(broker)}
+            tp: {
+                "partition_index": tp[1],
+                "error_code": code,
+                "error_message": message,
+                "current_leader": leader(broker),
+            }
             for tp, (code, message) in results.items()
         }
         return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}

@@ -88,13 +88,16 @@ def register(broker: Broker) -> None:
             result: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none}
             try:
                 if t.name in seen:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"Topic {t.name} appears more than once in the request")
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        f"Topic {t.name} appears more than once in the request",
+                    )
                 seen.add(t.name)
                 validate_topic_name(t.name)
                 if t.name in broker.metadata.state.topics:
-                    raise KafkaError(ErrorCode.topic_already_exists,
-                                     f"Topic '{t.name}' already exists.")
+                    raise KafkaError(
+                        ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists."
+                    )
                 assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
                 if assignments:
                     if t.num_partitions != -1 or t.replication_factor != -1:
@@ -106,8 +109,11 @@ def register(broker: Broker) -> None:
                     _check_assignments(broker, assignments)
                     partitions = len(assignments)
                 else:
-                    partitions = (broker.config.get("num.partitions")
-                                  if t.num_partitions == -1 else t.num_partitions)
+                    partitions = (
+                        broker.config.get("num.partitions")
+                        if t.num_partitions == -1
+                        else t.num_partitions
+                    )
                     _check_replication(broker, t.replication_factor)
                 _check_partitions(partitions)
                 configs = validate_topic_configs({c.name: c.value for c in t.configs})
@@ -122,16 +128,23 @@ def register(broker: Broker) -> None:
                     num_partitions=partitions,
                     replication_factor=1,
                     configs=[
-                        {"name": name, "value": format_value(settings[name]),
-                         "read_only": False,
-                         "config_source": 1 if name in configs else 5,
-                         "is_sensitive": False}
+                        {
+                            "name": name,
+                            "value": format_value(settings[name]),
+                            "read_only": False,
+                            "config_source": 1 if name in configs else 5,
+                            "is_sensitive": False,
+                        }
                         for name in sorted(TOPIC_KEYS)
                     ],
                 )
             except KafkaError as exc:
-                result.update(error_code=exc.code, error_message=exc.message,
-                              num_partitions=-1, replication_factor=-1)
+                result.update(
+                    error_code=exc.code,
+                    error_message=exc.message,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                )
             results.append(result)
         return {"throttle_time": 0, "topics": results}
 
@@ -143,27 +156,32 @@ def register(broker: Broker) -> None:
             wanted = [(name, None) for name in req.topic_names]
         responses = []
         for name, topic_id in wanted:
-            entry: dict[str, Any] = {"name": name, "topic_id": topic_id,
-                                     "error_code": ErrorCode.none}
+            entry: dict[str, Any] = {
+                "name": name,
+                "topic_id": topic_id,
+                "error_code": ErrorCode.none,
+            }
             try:
                 if not broker.config.get("delete.topic.enable"):
-                    raise KafkaError(ErrorCode.topic_deletion_disabled,
-                                     "Topic deletion is disabled (delete.topic.enable=false)")
+                    raise KafkaError(
+                        ErrorCode.topic_deletion_disabled,
+                        "Topic deletion is disabled (delete.topic.enable=false)",
+                    )
                 if name is None and topic_id is not None:
                     topic = state.topics_by_id.get(topic_id)
                     if topic is None:
-                        raise KafkaError(ErrorCode.unknown_topic_id,
-                                         f"No topic with id {topic_id}")
+                        raise KafkaError(ErrorCode.unknown_topic_id, f"No topic with id {topic_id}")
                 else:
                     topic = state.topics.get(name or "")
                     if topic is None:
-                        raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                                         f"This server does not host topic {name!r}")
+                        raise KafkaError(
+                            ErrorCode.unknown_topic_or_partition,
+                            f"This server does not host topic {name!r}",
+                        )
                 entry.update(name=topic.name, topic_id=topic.topic_id)
-                await broker.metadata.commit([
-                    {"type": "topic_deleted", "name": topic.name,
-                     "topic_id": str(topic.topic_id)}
-                ])
+                await broker.metadata.commit(
+                    [{"type": "topic_deleted", "name": topic.name, "topic_id": str(topic.topic_id)}]
+                )
                 broker.logs.remove_topic(topic.name)
                 log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
                 for hook in broker.topic_deleted_hooks:
@@ -181,8 +199,10 @@ def register(broker: Broker) -> None:
             try:
                 topic = state.topics.get(t.name)
                 if topic is None:
-                    raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                                     f"The topic '{t.name}' does not exist.")
+                    raise KafkaError(
+                        ErrorCode.unknown_topic_or_partition,
+                        f"The topic '{t.name}' does not exist.",
+                    )
                 if t.count <= topic.partitions:
                     raise KafkaError(
                         ErrorCode.invalid_partitions,
@@ -198,10 +218,13 @@ def register(broker: Broker) -> None:
                             f"{t.count - topic.partitions} but {len(t.assignments)} "
                             "assignments provided.",
                         )
-                    _check_assignments(broker, [
-                        (topic.partitions + i, list(a.broker_ids))
-                        for i, a in enumerate(t.assignments)
-                    ])
+                    _check_assignments(
+                        broker,
+                        [
+                            (topic.partitions + i, list(a.broker_ids))
+                            for i, a in enumerate(t.assignments)
+                        ],
+                    )
                 if not req.validate_only:
                     grown = Topic(topic.name, topic.topic_id, t.count, dict(topic.configs))
                     await broker.metadata.commit([topic_record(grown)])

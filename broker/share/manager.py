@@ -26,7 +26,7 @@ from broker.share.partition import (
     StateUpdate,
 )
 from coordinator.group_config import GroupConfig
-from coordinator.share_state import Persister, PersistedBatch, ShareStateKey
+from coordinator.share_state import PersistedBatch, Persister, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -59,8 +59,9 @@ class LogPartition(Protocol):
 
 class GroupConfigs(Protocol):
     def config(self, group_id: str) -> GroupConfig: ...
-    async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int
-                                 ) -> None: ...
+    async def ensure_initialized(
+        self, group_id: str, topic_id: uuid.UUID, partition: int
+    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ class SharePartitionManager:
         self._deadlines: list[tuple[int, ShareStateKey]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
+        self._expiring: asyncio.Future[None] | None = None
 
     # -- loading ----------------------------------------------------------------
 
@@ -126,13 +128,17 @@ class SharePartitionManager:
     async def _load(self, key: ShareStateKey) -> SharePartition:
         log_part = self.log_partition(key.topic_id, key.partition)
         if log_part is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"Partition {key.partition} of topic id {key.topic_id} does not exist")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"Partition {key.partition} of topic id {key.topic_id} does not exist",
+            )
         await self.groups.ensure_initialized(key.group_id, key.topic_id, key.partition)
         config = self.groups.config(key.group_id)
         state = await self.persister.read_state(key, LEADER_EPOCH)
         sp = SharePartition(
-            key.group_id, key.topic_id, key.partition,
+            key.group_id,
+            key.topic_id,
+            key.partition,
             config=partition_config(config),
             state_epoch=state.state_epoch,
             start_offset=state.start_offset,
@@ -141,12 +147,23 @@ class SharePartitionManager:
         if not sp.initialized:
             start = self._reset_offset(config, log_part)
             await self._persist(key, sp, sp.initialize(start))
-            log.info("share_partition_initialized", group=key.group_id, topic=log_part.topic,
-                     partition=key.partition, spso=start,
-                     reset=str(config.auto_offset_reset))
+            log.info(
+                "share_partition_initialized",
+                group=key.group_id,
+                topic=log_part.topic,
+                partition=key.partition,
+                spso=start,
+                reset=str(config.auto_offset_reset),
+            )
         else:
-            log.info("share_partition_loaded", group=key.group_id, topic=log_part.topic,
-                     partition=key.partition, spso=sp.spso, speo=sp.speo)
+            log.info(
+                "share_partition_loaded",
+                group=key.group_id,
+                topic=log_part.topic,
+                partition=key.partition,
+                spso=sp.spso,
+                speo=sp.speo,
+            )
         return sp
 
     def _reset_offset(self, config: GroupConfig, log_part: LogPartition) -> int:
@@ -159,12 +176,16 @@ class SharePartitionManager:
         found = self.offset_for_timestamp(log_part, target)
         return log_part.high_watermark if found is None else found
 
-    async def _persist(self, key: ShareStateKey, sp: SharePartition,
-                       update: StateUpdate | None) -> None:
+    async def _persist(
+        self, key: ShareStateKey, sp: SharePartition, update: StateUpdate | None
+    ) -> None:
         if update is None:
             return
         await self.persister.write_state(
-            key, sp.state_epoch, LEADER_EPOCH, update.start_offset,
+            key,
+            sp.state_epoch,
+            LEADER_EPOCH,
+            update.start_offset,
             [PersistedBatch(*b) for b in update.state_batches],
         )
 
@@ -219,15 +240,18 @@ class SharePartitionManager:
         chunks = []
         ranges = result.acquired
         for pos, h in headers:
-            if any(r.first_offset <= h.last_offset and r.last_offset >= h.base_offset
-                   for r in ranges):
-                chunks.append(data[pos:pos + h.size])
+            if any(
+                r.first_offset <= h.last_offset and r.last_offset >= h.base_offset for r in ranges
+            ):
+                chunks.append(data[pos : pos + h.size])
         return FetchedPartition(records=b"".join(chunks), acquired=list(ranges))
 
     # -- acknowledge --------------------------------------------------------------
 
     async def acknowledge(
-        self, key: ShareStateKey, member_id: str,
+        self,
+        key: ShareStateKey,
+        member_id: str,
         batches: list[tuple[int, int, tuple[int, ...]]],
     ) -> tuple[ErrorCode, str | None]:
         try:
@@ -235,12 +259,24 @@ class SharePartitionManager:
         except KafkaError as exc:
             return exc.code, exc.message
         result = sp.acknowledge(member_id, batches, now_ms())
-        log.debug("acknowledge", group=key.group_id, member=member_id, partition=key.partition,
-                  batches=len(batches), error=result.error_code.name)
+        log.debug(
+            "acknowledge",
+            group=key.group_id,
+            member=member_id,
+            partition=key.partition,
+            batches=len(batches),
+            error=result.error_code.name,
+        )
         if result.error_code != ErrorCode.none:
-            log.info("acknowledge_refused", group=key.group_id, member=member_id,
-                     topic_id=str(key.topic_id), partition=key.partition,
-                     error=result.error_code.name, reason=result.error_message)
+            log.info(
+                "acknowledge_refused",
+                group=key.group_id,
+                member=member_id,
+                topic_id=str(key.topic_id),
+                partition=key.partition,
+                error=result.error_code.name,
+                reason=result.error_message,
+            )
             return result.error_code, result.error_message
         try:
             await self._persist(key, sp, result.state_update)
@@ -251,13 +287,14 @@ class SharePartitionManager:
             self._notify(key)
         return ErrorCode.none, None
 
-    async def release_member(self, group_id: str, member_id: str,
-                             keys: list[ShareStateKey] | None = None) -> int:
+    async def release_member(
+        self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None
+    ) -> int:
         """Give back every record `member_id` holds (it left, timed out or closed)."""
         released = 0
-        targets = keys if keys is not None else [
-            k for k in self.partitions if k.group_id == group_id
-        ]
+        targets = (
+            keys if keys is not None else [k for k in self.partitions if k.group_id == group_id]
+        )
         for key in targets:
             sp = self.partitions.get(key)
             if sp is None:
@@ -268,14 +305,16 @@ class SharePartitionManager:
                 released += result.released
                 self._notify(key)
         if released:
-            log.info("member_records_released", group=group_id, member=member_id,
-                     records=released)
+            log.info("member_records_released", group=group_id, member=member_id, records=released)
         return released
 
     def drop(self, group_id: str | None, topic_id: uuid.UUID) -> None:
         """Forget share partitions of a deleted topic (or a group's deleted state)."""
-        for key in [k for k in self.partitions if k.topic_id == topic_id
-                    and (group_id is None or k.group_id == group_id)]:
+        for key in [
+            k
+            for k in self.partitions
+            if k.topic_id == topic_id and (group_id is None or k.group_id == group_id)
+        ]:
             del self.partitions[key]
             self._notify(key)
 
@@ -300,7 +339,7 @@ class SharePartitionManager:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        asyncio.ensure_future(self.expire_locks())
+        self._expiring = asyncio.ensure_future(self.expire_locks())
 
     async def expire_locks(self) -> None:
         current = now_ms()
@@ -317,11 +356,14 @@ class SharePartitionManager:
             except KafkaError as exc:
                 log.error("share_state_write_failed", group=key.group_id, error=exc.message)
             if result.available or result.archived:
-                log.info("acquisition_locks_expired", group=key.group_id,
-                         topic_id=str(key.topic_id), partition=key.partition,
-                         available=result.released,
-                         archived=sum(r.last_offset - r.first_offset + 1
-                                      for r in result.archived))
+                log.info(
+                    "acquisition_locks_expired",
+                    group=key.group_id,
+                    topic_id=str(key.topic_id),
+                    partition=key.partition,
+                    available=result.released,
+                    archived=sum(r.last_offset - r.first_offset + 1 for r in result.archived),
+                )
                 self._notify(key)
             self._arm(key, sp)
         if self._deadlines and self._timer_at is None:

@@ -192,7 +192,7 @@ class InFlightRange:
             self.state is other.state
             and self.delivery_count == other.delivery_count
             and self.member_id == other.member_id
-            and self.lock_deadline_ms == other.lock_deadline_ms
+
         )
 
 
@@ -539,7 +539,7 @@ class SharePartition:
             if remaining <= 0:
                 break
             current = self._range_at(first)
-            if current.delivery_count > limit:
+            if current.delivery_count >= limit:
                 # Persisted at (or over a since lowered) limit: never delivered again.
                 self._apply(first, last, Event.SKIP)
                 continue

@@ -8,6 +8,7 @@ of the log is attached to the report. Every wait in here is bounded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -197,9 +198,15 @@ def broker(broker_factory: Callable[..., Broker]) -> Broker:
 # --- client configs --------------------------------------------------------------
 
 
+# librdkafka logs go through Python logging, so pytest shows them with a failing test
+# (and a client outliving a stopped broker does not write to the terminal).
+CLIENT_LOGGER = logging.getLogger("librdkafka")
+
+
 def _base_config(broker: Broker) -> dict[str, Any]:
     return {
         "bootstrap.servers": broker.bootstrap,
+        "logger": CLIENT_LOGGER,
         "broker.address.family": "v4",
         "socket.timeout.ms": 10_000,
         "reconnect.backoff.ms": 50,
