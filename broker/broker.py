@@ -123,7 +123,7 @@ class Broker:
 
     def _start_share_groups(self) -> None:
         # Share state lives in memory until the durable share coordinator lands.
-        persister = InMemoryPersister()
+        persister = self.share_persister = InMemoryPersister()
         self.groups = GroupCoordinator(
             persister,
             self._topics_metadata,

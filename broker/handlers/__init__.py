@@ -9,10 +9,11 @@ if TYPE_CHECKING:
 
 
 def register_all(broker: Broker) -> None:
-    from broker.handlers import cluster, configs, produce_fetch, share, topics
+    from broker.handlers import cluster, configs, produce_fetch, share, share_state, topics
 
     cluster.register(broker)
     topics.register(broker)
     configs.register(broker)
     produce_fetch.register(broker)
     share.register(broker)
+    share_state.register(broker)
