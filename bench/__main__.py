@@ -1,7 +1,7 @@
 """`python -m bench`: start a broker, run the benchmarks, print records/s and MB/s.
 
-    python -m bench                      # defaults finish in about a minute
-    python -m bench --records 500000     # or SPOOL_BENCH_RECORDS=500000
+    python -m bench                      # 500k records per case, each capped at 60 s
+    python -m bench --records 2000000    # or SPOOL_BENCH_RECORDS=2000000
     python -m bench --only produce_fetch --sizes 100,1024 --set log.flush.interval.messages=1
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). To add a benchmark (share
@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import BenchContext, BrokerProcess, Result, format_table
@@ -92,7 +99,7 @@ def _fetch(ctx: BenchContext, topic: str, size: int) -> Result:
             "enable.auto.offset.store": False,
         }
     )
-    consumer.assign([TopicPartition(topic, p, -2) for p in range(ctx.partitions)])
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(ctx.partitions)])
     received = 0
     payload = 0
     errors = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from broker.share.session import ShareSessionCache
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
-from coordinator.share_state import InMemoryPersister
+from coordinator.share_state import InMemoryPersister, ShareStateKey
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
 from protocol import api
@@ -110,8 +111,10 @@ class Broker:
             self.dispatch,
             max_request_bytes=self.config.get("socket.request.max.bytes"),
         )
+        self.server.on_disconnect = self._on_disconnect
         await self.server.start()
         self._tasks.append(asyncio.create_task(self._retention_loop()))
+        self._tasks.append(asyncio.create_task(self._unload_loop()))
         log.info(
             "broker_started",
             node_id=self.node_id,
@@ -155,6 +158,13 @@ class Broker:
         self.sessions.remove(group_id, member_id)
         self._spawn(self.share.release_member(group_id, member_id))
 
+    def _on_disconnect(self, connection_id: int) -> None:
+        """A closed connection ends its share sessions and releases their records,
+        as Kafka's share session cache does on disconnect."""
+        for session in self.sessions.remove_connection(str(connection_id)):
+            keys = [ShareStateKey(session.group_id, tid, p) for tid, p in session.partitions]
+            self._spawn(self.share.release_member(session.group_id, session.member_id, keys))
+
     def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
         self.share.drop(None, topic_id)
         self._spawn(self.groups.on_topics_changed())
@@ -196,6 +206,11 @@ class Broker:
                     log.info("retention_deleted_segments", segments=deleted)
             except Exception:
                 log.exception("retention_failed")
+
+    async def _unload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            self.share.unload_idle(time.time_ns() // 1_000_000)
 
     # -- dispatch ---------------------------------------------------------------
 

@@ -50,6 +50,8 @@ class Server:
         self.dispatch = dispatch
         self.max_request_bytes = max_request_bytes
         self._server: asyncio.base_events.Server | None = None
+        # Called with the connection id when a client connection closes.
+        self.on_disconnect: Callable[[int], None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -133,6 +135,8 @@ class Connection:
         finally:
             _live_connections.discard(self)
             self.writer.close()
+            if self.server.on_disconnect is not None:
+                self.server.on_disconnect(self.id)
 
     async def _read_loop(self) -> None:
         while not self._stopping:

@@ -36,7 +36,13 @@ from pathlib import Path
 import structlog
 
 from persister.index import INT32_MAX
-from persister.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
+from persister.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    scan_batches,
+)
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
     NO_TIMESTAMP,
@@ -50,10 +56,13 @@ log = structlog.get_logger(__name__)
 
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+# A compacted copy of a segment's `.log`, before it is renamed over the original.
+CLEANED_SUFFIX = ".cleaned"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 _CHECKPOINT_VERSION = 0
-# Left behind by a crash in the middle of writing a checkpoint or deleting a segment.
-_STRAY_SUFFIXES = (".tmp", ".deleted")
+# Left behind by a crash in the middle of writing a checkpoint, deleting a segment or
+# compacting one (`replace_closed_segment`).
+_STRAY_SUFFIXES = (".tmp", ".deleted", CLEANED_SUFFIX)
 
 
 _TOPIC_CONFIG_FIELDS = {
@@ -288,6 +297,11 @@ class PartitionLog:
     @property
     def segment_base_offsets(self) -> list[int]:
         return list(self._base_offsets)
+
+    @property
+    def closed_segment_base_offsets(self) -> list[int]:
+        """Base offsets of the segments no longer written to (all but the active one)."""
+        return self._base_offsets[:-1]
 
     @property
     def _active(self) -> LogSegment:
@@ -590,6 +604,69 @@ class PartitionLog:
         self._base_offsets = [offset]
         self._unflushed = []
         self._directory_dirty = True
+
+    # -------------------------------------------------------------- compaction
+
+    def replace_closed_segment(self, base_offset: int, cleaned: Path, now_ms: int) -> None:
+        """Swap the `.log` of a closed segment for `cleaned` (a compacted copy) and rebuild
+        its indexes.
+
+        `cleaned` must be in the log directory and already fsynced; its batches must be
+        valid and lie in the segment's offset range (checked before anything changes).
+        The swap is one rename, so a crash leaves the old file or the new one; the old
+        indexes are removed before it, so the next open rebuilds them from whichever file
+        it finds, and a leftover `*.cleaned` is removed on open.
+        """
+        self._check_open()
+        slot = bisect.bisect_left(self._base_offsets, base_offset)
+        if slot >= len(self._segments) - 1 or self._base_offsets[slot] != base_offset:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"{self._directory.name} has no closed segment with base offset {base_offset}",
+            )
+        old = self._segments[slot]
+        limit = self._base_offsets[slot + 1]
+        fd = os.open(cleaned, os.O_RDONLY)
+        try:
+            for pos, header in scan_batches(fd, 0, os.fstat(fd).st_size, validate=True):
+                if header.base_offset < base_offset or header.last_offset >= limit:
+                    raise CorruptRecordError(
+                        f"compacted segment {cleaned.name}: batch at byte {pos} holds offsets "
+                        f"{header.base_offset}-{header.last_offset}, outside the segment's "
+                        f"{base_offset}-{limit - 1}"
+                    )
+        finally:
+            os.close(fd)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            old.path(suffix).unlink(missing_ok=True)
+        os.replace(cleaned, old.path(LOG_SUFFIX))
+        _fsync_directory(self._directory)
+        new, _, _ = LogSegment.load(
+            self._directory,
+            base_offset,
+            now_ms,
+            trusted=False,
+            index_interval_bytes=self.config.index_interval_bytes,
+        )
+        new.on_become_inactive()
+        with self._lock:
+            self._segments[slot] = new
+            # The new indexes are not fsynced yet: the next flush does it.
+            self._unflushed = [s for s in self._unflushed if s is not old]
+            self._unflushed.append(new)
+            in_flush = any(s is old for s in self._flushing)
+            if in_flush:
+                old.deleted = True
+            self._directory_dirty = True
+        if not in_flush:
+            old.close()
+        log.info(
+            "segment_replaced",
+            directory=str(self._directory),
+            base_offset=base_offset,
+            previous_size=old.size,
+            size=new.size,
+        )
 
     # -------------------------------------------------------------- durability
 

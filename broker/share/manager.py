@@ -35,6 +35,9 @@ log = structlog.get_logger("spool.share")
 Listener = Callable[[], None]
 # Kafka's leader epoch for share state writes; spool is one node and never changes leader.
 LEADER_EPOCH = 0
+# A share partition holding no acquired records and unused this long is unloaded; its
+# state is durable and is read back on next use, so memory follows the active ones.
+IDLE_UNLOAD_MS = 60_000
 
 
 def now_ms() -> int:
@@ -100,10 +103,12 @@ class SharePartitionManager:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._expiring: asyncio.Future[None] | None = None
+        self._last_used: dict[ShareStateKey, int] = {}
 
     # -- loading ----------------------------------------------------------------
 
     async def get(self, key: ShareStateKey) -> SharePartition:
+        self._last_used[key] = now_ms()
         sp = self.partitions.get(key)
         if sp is not None:
             sp.config = partition_config(self.groups.config(key.group_id))
@@ -308,6 +313,22 @@ class SharePartitionManager:
             log.info("member_records_released", group=group_id, member=member_id, records=released)
         return released
 
+    def unload_idle(self, at_ms: int, idle_ms: int = IDLE_UNLOAD_MS) -> int:
+        """Drop share partitions nobody uses and nothing holds; returns how many."""
+        idle = [
+            key
+            for key, sp in self.partitions.items()
+            if sp.acquired_count == 0
+            and key not in self._listeners
+            and at_ms - self._last_used.get(key, 0) >= idle_ms
+        ]
+        for key in idle:
+            del self.partitions[key]
+            self._last_used.pop(key, None)
+        if idle:
+            log.info("share_partitions_unloaded", count=len(idle), loaded=len(self.partitions))
+        return len(idle)
+
     def drop(self, group_id: str | None, topic_id: uuid.UUID) -> None:
         """Forget share partitions of a deleted topic (or a group's deleted state)."""
         for key in [
@@ -316,6 +337,7 @@ class SharePartitionManager:
             if k.topic_id == topic_id and (group_id is None or k.group_id == group_id)
         ]:
             del self.partitions[key]
+            self._last_used.pop(key, None)
             self._notify(key)
 
     # -- acquisition lock timeouts ---------------------------------------------------

@@ -192,7 +192,7 @@ class InFlightRange:
             self.state is other.state
             and self.delivery_count == other.delivery_count
             and self.member_id == other.member_id
-
+            and self.lock_deadline_ms == other.lock_deadline_ms
         )
 
 
@@ -657,6 +657,7 @@ class SharePartition:
             first: int = self._lock_deadlines[0][1]
             record = self._range_at(first)
             changes.extend(self._apply(first, record.last_offset, Event.LOCK_TIMEOUT))
+        self._lock_deadlines.clear()
         return self._release_result(changes)
 
     def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -369,7 +376,7 @@ def consume_assigned(
     """
     consumer = Consumer(consumer_config(broker, **config))
     try:
-        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # OFFSET_BEGINNING
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         out: list[Received] = []
         at_eof: set[int] = set()
         deadline = time.monotonic() + timeout

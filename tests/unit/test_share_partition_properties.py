@@ -166,6 +166,13 @@ class SharePartitionMachine(RuleBasedStateMachine):
     def tick(self, data: st.DataObject) -> None:
         self.now += data.draw(st.integers(0, 60))
 
+    @precondition(lambda self: self.sp.next_lock_deadline() is not None)
+    @rule()
+    def tick_to_next_lock_deadline(self) -> None:
+        deadline = self.sp.next_lock_deadline()
+        assert deadline is not None
+        self.now = max(self.now, deadline)
+
     @rule(
         member=st.sampled_from(MEMBERS),
         max_batches=st.integers(1, 6),

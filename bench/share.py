@@ -1,0 +1,265 @@
+"""Share-group consumption benchmark: records/s for ShareConsumers, next to plain Fetch.
+
+`bench_share(ctx)` has the registry signature of `bench.__main__` (add it to
+`BENCHMARKS` as "share"). It can also run alone:
+
+    python -m bench.share                       # about a minute
+    python -m bench.share --records 20000 --set group.share.partition.max.record.locks=4000
+
+For a 1-partition and a 4-partition topic it produces the records once, then reads
+them all with: a plain assign()/Fetch consumer; one ShareConsumer; four ShareConsumers
+in threads (one consumer per thread). Share consumers use implicit acknowledgement
+and a fresh group each, set to `share.auto.offset.reset=earliest`. A share case's
+clock starts at subscribe(), so it includes joining the group (the time to the
+first record is in the notes). Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, ShareConsumer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from bench import BenchContext, BrokerProcess, Result, format_table
+
+# Share consumption is much slower than plain Fetch: cap the per-case record count so
+# the whole benchmark (2 topics x 3 readers) stays around a minute.
+DEFAULT_SHARE_RECORDS = int(os.environ.get("SPOOL_BENCH_SHARE_RECORDS", "20000"))
+SHARE_PARTITIONS = (1, 4)
+SHARE_CONSUMERS = (1, 4)
+CASE_TIME_LIMIT_S = 30.0
+
+
+def _client_config(ctx: BenchContext) -> dict[str, object]:
+    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
+
+
+def _setup_topic(ctx: BenchContext, topic: str, partitions: int, count: int, size: int) -> int:
+    """Create `topic` and fill it round-robin; returns how many records were stored."""
+    admin = AdminClient(_client_config(ctx))
+    admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30)[topic].result(30)
+    producer = Producer(
+        {**_client_config(ctx), "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000}
+    )
+    value = os.urandom(size)
+    delivered = 0
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    deadline = time.monotonic() + 60
+    sent = 0
+    while sent < count and time.monotonic() < deadline:
+        try:
+            producer.produce(
+                topic, value=value, partition=sent % partitions, on_delivery=on_delivery
+            )
+            sent += 1
+        except BufferError:
+            producer.poll(0.01)
+            continue
+        if sent % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return delivered
+
+
+def _set_earliest(ctx: BenchContext, group: str) -> None:
+    admin = AdminClient(_client_config(ctx))
+    resource = ConfigResource(
+        "GROUP",
+        group,
+        incremental_configs=[
+            ConfigEntry(
+                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
+        future.result(timeout=30)
+
+
+def _plain_fetch(ctx: BenchContext, topic: str, partitions: int, expected: int) -> Result:
+    consumer = Consumer(
+        {
+            **_client_config(ctx),
+            "group.id": "spool-bench-share-plain",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
+    received = payload = errors = 0
+    start = time.perf_counter()
+    deadline = start + CASE_TIME_LIMIT_S
+    while received < expected and time.perf_counter() < deadline:
+        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+            if msg.error() is not None:
+                errors += 1
+                continue
+            received += 1
+            payload += len(msg.value() or b"")
+    seconds = time.perf_counter() - start
+    consumer.close()
+    notes = [f"{errors} errors"] if errors else []
+    if received < expected:
+        notes.append(f"time limit hit: {received} of {expected}")
+    return Result(
+        f"fetch {partitions}p (assign, 1 consumer)", received, seconds, payload, "; ".join(notes)
+    )
+
+
+class _Tally:
+    """Deliveries counted across consumer threads."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.lock = threading.Lock()
+        self.records = 0
+        self.payload = 0
+        self.offsets: set[tuple[int, int]] = set()
+        self.errors = 0
+        self.first_at: float | None = None
+        self.done_at: float | None = None
+        self.done = threading.Event()
+
+    def add(self, msgs: list[Message]) -> None:
+        with self.lock:
+            for msg in msgs:
+                if msg.error() is not None:
+                    self.errors += 1
+                    continue
+                self.records += 1
+                self.payload += len(msg.value() or b"")
+                self.offsets.add((msg.partition(), msg.offset()))
+            if self.first_at is None and self.records:
+                self.first_at = time.perf_counter()
+            if len(self.offsets) >= self.expected and not self.done.is_set():
+                self.done_at = time.perf_counter()
+                self.done.set()
+
+
+def _share_consume(
+    ctx: BenchContext, topic: str, partitions: int, consumers: int, expected: int, run: int
+) -> Result:
+    group = f"spool-bench-share-{partitions}p-{consumers}c-{run}"
+    _set_earliest(ctx, group)
+    tally = _Tally(expected)
+    start = time.perf_counter()
+    deadline = start + CASE_TIME_LIMIT_S
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            consumer = ShareConsumer(
+                {
+                    **_client_config(ctx),
+                    "group.id": group,
+                    "share.acknowledgement.mode": "implicit",
+                }
+            )
+            consumer.subscribe([topic])
+            try:
+                while not tally.done.is_set() and time.perf_counter() < deadline:
+                    tally.add(list(consumer.poll(0.5)))
+                # Accept the last poll's records (implicit mode accepts on the next poll).
+                consumer.poll(0.1)
+            finally:
+                consumer.close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(deadline - time.perf_counter(), 0) + 30)
+    # Up to the last new record (joins and closes after it are not consumption time).
+    seconds = (tally.done_at or time.perf_counter()) - start
+    notes = []
+    if tally.first_at is not None:
+        notes.append(f"first record after {tally.first_at - start:.2f}s")
+    if len(tally.offsets) < expected:
+        notes.append(f"time limit hit: {len(tally.offsets)} of {expected}")
+    if tally.records > len(tally.offsets):
+        notes.append(f"{tally.records - len(tally.offsets)} redeliveries")
+    if tally.errors:
+        notes.append(f"{tally.errors} error events")
+    if failures:
+        notes.append(f"consumer failed: {failures[0]!r}")
+    return Result(
+        f"share {partitions}p x{consumers} consumer{'s' if consumers > 1 else ''} implicit",
+        len(tally.offsets),
+        seconds,
+        tally.payload,
+        "; ".join(notes),
+    )
+
+
+def bench_share(ctx: BenchContext) -> list[Result]:
+    """Share consumption (1 and 4 ShareConsumers, implicit acks) on 1 and 4 partitions,
+    with a plain Fetch reading the same topic for comparison."""
+    records = min(ctx.records, DEFAULT_SHARE_RECORDS)
+    size = ctx.sizes[0] if ctx.sizes else 100
+    results: list[Result] = []
+    for partitions in SHARE_PARTITIONS:
+        topic = f"bench-share-{partitions}p"
+        stored = _setup_topic(ctx, topic, partitions, records, size)
+        results.append(_plain_fetch(ctx, topic, partitions, stored))
+        for run, consumers in enumerate(SHARE_CONSUMERS):
+            results.append(_share_consume(ctx, topic, partitions, consumers, stored, run))
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.share", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--records", type=int, default=DEFAULT_SHARE_RECORDS)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.set)
+    with tempfile.TemporaryDirectory(prefix="spool-bench-share-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", settings)
+        try:
+            broker.start()
+        except RuntimeError as e:
+            print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+        ctx = BenchContext(
+            broker=broker,
+            records=args.records,
+            sizes=(args.size,),
+            partitions=1,
+            time_limit_s=CASE_TIME_LIMIT_S,
+        )
+        print(f"spool share bench: broker {broker.bootstrap}, {args.records} records", flush=True)
+        try:
+            results = bench_share(ctx)
+        finally:
+            code = broker.stop()
+        print(format_table(results))
+        if code != 0:
+            print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,372 @@
+"""The share coordinator's state machine: share-partition state kept as replayed records.
+
+Like Kafka's `ShareCoordinatorShard`: every operation that may change state checks the
+request against the current state and returns `(records, result)` without touching that
+state; `replay(record)` is the only mutator, and the runtime calls it for each record
+once the records are durably appended, exactly as recovery does when it reads the log
+back. No I/O, no clock: the time comes in as `now_ms`.
+
+The rules, in one place:
+
+- initialize_state: FENCED_STATE_EPOCH for an older state epoch. Writes a ShareSnapshot
+  with the new state epoch and start offset, no batches, leader epoch -1 and the next
+  snapshot epoch.
+- write_state: UNKNOWN_TOPIC_OR_PARTITION for a key never initialized (or deleted);
+  FENCED_STATE_EPOCH / FENCED_LEADER_EPOCH for an older epoch (-1 skips either check);
+  INVALID_REQUEST for a malformed batch. Writes a ShareUpdate (the delta), or, once the key
+  has had `snapshot_update_records_per_snapshot` updates since its last snapshot, a
+  ShareSnapshot of the merged state instead.
+- read_state: UNKNOWN_TOPIC_OR_PARTITION; FENCED_LEADER_EPOCH for an older leader epoch
+  (-1 too, once one is known). A newer leader epoch is written down first, as a write of
+  that epoch with no batches (Kafka's readStateAndMaybeUpdateLeaderEpoch).
+- read_summary: UNKNOWN_TOPIC_OR_PARTITION. A read operation: returns the result alone.
+- delete_state: a ShareTombstone; nothing for a key that has no state.
+
+Replay: a snapshot replaces the key's state whole and resets its update count; an update
+moves the start offset and leader epoch (-1 = unchanged), merges its batches over the
+stored ones (`merge_batches`: newer wins, batches below the start offset dropped) and
+counts one more update; a tombstone forgets the key. The state epoch changes only
+through a snapshot from initialize (an admin reset); ShareUpdate has no state-epoch field.
+Because a snapshot or a tombstone determines a key's state on its own, compaction may
+drop everything of a key before its last one (persister.share_compaction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from coordinator.share_state import (
+    UNINITIALIZED_START_OFFSET,
+    PersistedBatch,
+    ShareState,
+    ShareStateKey,
+    merge_batches,
+)
+from persister.share_records import (
+    ShareKey,
+    ShareRecord,
+    ShareSnapshot,
+    ShareTombstone,
+    ShareUpdate,
+    StateBatch,
+)
+from protocol.errors import ErrorCode, KafkaError
+
+# share.coordinator.snapshot.update.records.per.snapshot
+DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT = 500
+NO_EPOCH = -1
+NO_TIMESTAMP = -1
+_DELIVERY_STATES = frozenset({0, 2, 4})  # Available, Acknowledged, Archived
+_INT16_MAX = 2**15 - 1
+
+Records = list[ShareRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What the shard holds per key (never handed out: accessors return copies)."""
+
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    batches: tuple[PersistedBatch, ...]
+    snapshot_epoch: int
+    create_timestamp_ms: int
+    write_timestamp_ms: int
+    updates_since_snapshot: int
+
+    def to_state(self, *, with_batches: bool = True) -> ShareState:
+        return ShareState(
+            state_epoch=self.state_epoch,
+            leader_epoch=self.leader_epoch,
+            start_offset=self.start_offset,
+            batches=list(self.batches) if with_batches else [],
+        )
+
+
+def _share_key(key: ShareStateKey) -> ShareKey:
+    return ShareKey(key.group_id, key.topic_id, key.partition)
+
+
+def _state_key(key: ShareKey) -> ShareStateKey:
+    return ShareStateKey(key.group_id, key.topic_id, key.partition)
+
+
+def _to_record_batches(batches: Iterable[PersistedBatch]) -> tuple[StateBatch, ...]:
+    return tuple(StateBatch(*batch) for batch in batches)
+
+
+def _to_persisted(batches: Iterable[StateBatch]) -> list[PersistedBatch]:
+    return [PersistedBatch(*batch) for batch in batches]
+
+
+def _describe(key: ShareStateKey) -> str:
+    return f"group {key.group_id!r} topic {key.topic_id} partition {key.partition}"
+
+
+class ShareCoordinatorShard:
+    """Share-partition state per (group, topic id, partition); see the module docstring."""
+
+    def __init__(
+        self,
+        snapshot_update_records_per_snapshot: int = DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
+    ) -> None:
+        if snapshot_update_records_per_snapshot < 0:
+            raise ValueError(
+                "share.coordinator.snapshot.update.records.per.snapshot must be >= 0, got "
+                f"{snapshot_update_records_per_snapshot}"
+            )
+        self.snapshot_update_records_per_snapshot = snapshot_update_records_per_snapshot
+        self._entries: dict[ShareStateKey, _Entry] = {}
+
+    # ------------------------------------------------------------ accessors
+
+    def state(self, key: ShareStateKey) -> ShareState | None:
+        """A copy of the key's state, or None if it has none."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.to_state()
+
+    def keys(self) -> Iterator[ShareStateKey]:
+        return iter(list(self._entries))
+
+    def updates_since_snapshot(self, key: ShareStateKey) -> int:
+        """ShareUpdate records replayed for the key since its last snapshot (0 if unknown)."""
+        entry = self._entries.get(key)
+        return 0 if entry is None else entry.updates_since_snapshot
+
+    def snapshot_epoch(self, key: ShareStateKey) -> int | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.snapshot_epoch
+
+    # ----------------------------------------------------------- operations
+
+    def initialize_state(
+        self, key: ShareStateKey, state_epoch: int, start_offset: int, now_ms: int
+    ) -> tuple[Records, None]:
+        """InitializeShareGroupState: a fresh snapshot at `start_offset` with `state_epoch`."""
+        self._check_key(key)
+        if start_offset < UNINITIALIZED_START_OFFSET:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"start offset {start_offset} for {_describe(key)} is negative",
+            )
+        entry = self._entries.get(key)
+        if entry is not None and state_epoch < entry.state_epoch:
+            raise KafkaError(
+                ErrorCode.fenced_state_epoch,
+                f"state epoch {state_epoch} for {_describe(key)} is older than the stored "
+                f"{entry.state_epoch}",
+            )
+        snapshot = ShareSnapshot(
+            key=_share_key(key),
+            snapshot_epoch=0 if entry is None else entry.snapshot_epoch + 1,
+            state_epoch=state_epoch,
+            leader_epoch=NO_EPOCH,
+            start_offset=start_offset,
+            create_timestamp_ms=now_ms,
+            write_timestamp_ms=now_ms,
+        )
+        return [snapshot], None
+
+    def write_state(
+        self,
+        key: ShareStateKey,
+        state_epoch: int,
+        leader_epoch: int,
+        start_offset: int,
+        batches: Sequence[PersistedBatch],
+        now_ms: int,
+    ) -> tuple[Records, None]:
+        """WriteShareGroupState: merge `batches` over the state, move the start offset
+        (-1 = unchanged)."""
+        self._check_key(key)
+        entry = self._require(key)
+        if state_epoch != NO_EPOCH and state_epoch < entry.state_epoch:
+            raise KafkaError(
+                ErrorCode.fenced_state_epoch,
+                f"state epoch {state_epoch} for {_describe(key)} is older than the stored "
+                f"{entry.state_epoch}",
+            )
+        self._check_leader_epoch(key, entry, leader_epoch, allow_none=True)
+        if start_offset < UNINITIALIZED_START_OFFSET:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"start offset {start_offset} for {_describe(key)} is negative",
+            )
+        for batch in batches:
+            self._check_batch(key, batch)
+        return [self._state_record(key, entry, leader_epoch, start_offset, batches, now_ms)], None
+
+    def read_state(
+        self, key: ShareStateKey, leader_epoch: int, now_ms: int
+    ) -> tuple[Records, ShareState]:
+        """ReadShareGroupState: the state; a newer leader epoch is written down first."""
+        self._check_key(key)
+        entry = self._require(key)
+        # As Kafka: -1 reads without recording anything, but is fenced once a leader
+        # epoch is known.
+        self._check_leader_epoch(key, entry, leader_epoch, allow_none=False)
+        state = entry.to_state()
+        if leader_epoch == NO_EPOCH or leader_epoch == entry.leader_epoch:
+            return [], state
+        state.leader_epoch = leader_epoch
+        record = self._state_record(
+            key, entry, leader_epoch, UNINITIALIZED_START_OFFSET, (), now_ms
+        )
+        return [record], state
+
+    def read_summary(self, key: ShareStateKey) -> ShareState:
+        """ReadShareGroupStateSummary: state epoch, leader epoch, start offset (no batches).
+
+        A read operation: it never writes, so it returns the result alone.
+        """
+        self._check_key(key)
+        return self._require(key).to_state(with_batches=False)
+
+    def delete_state(self, key: ShareStateKey) -> tuple[Records, None]:
+        """DeleteShareGroupState: a tombstone; nothing to write for an unknown key."""
+        self._check_key(key)
+        if key not in self._entries:
+            return [], None
+        return [ShareTombstone(_share_key(key))], None
+
+    # --------------------------------------------------------------- replay
+
+    def replay(self, record: ShareRecord) -> None:
+        """Apply one record: the only code that changes the state (live and on recovery)."""
+        key = _state_key(record.key)
+        if isinstance(record, ShareTombstone):
+            self._entries.pop(key, None)
+        elif isinstance(record, ShareSnapshot):
+            self._entries[key] = _Entry(
+                state_epoch=record.state_epoch,
+                leader_epoch=record.leader_epoch,
+                start_offset=record.start_offset,
+                batches=tuple(_to_persisted(record.batches)),
+                snapshot_epoch=record.snapshot_epoch,
+                create_timestamp_ms=record.create_timestamp_ms,
+                write_timestamp_ms=record.write_timestamp_ms,
+                updates_since_snapshot=0,
+            )
+        else:
+            entry = self._entries.get(key)
+            if entry is None:
+                # Only a log written by something else has an update before any snapshot;
+                # Kafka then starts the state from the update. Do the same.
+                entry = _Entry(
+                    state_epoch=0,
+                    leader_epoch=NO_EPOCH,
+                    start_offset=UNINITIALIZED_START_OFFSET,
+                    batches=(),
+                    snapshot_epoch=record.snapshot_epoch,
+                    create_timestamp_ms=NO_TIMESTAMP,
+                    write_timestamp_ms=NO_TIMESTAMP,
+                    updates_since_snapshot=0,
+                )
+            start = (
+                entry.start_offset
+                if record.start_offset == UNINITIALIZED_START_OFFSET
+                else record.start_offset
+            )
+            self._entries[key] = _Entry(
+                state_epoch=entry.state_epoch,
+                leader_epoch=(
+                    entry.leader_epoch if record.leader_epoch == NO_EPOCH else record.leader_epoch
+                ),
+                start_offset=start,
+                batches=tuple(merge_batches(entry.batches, _to_persisted(record.batches), start)),
+                snapshot_epoch=entry.snapshot_epoch,
+                create_timestamp_ms=entry.create_timestamp_ms,
+                write_timestamp_ms=entry.write_timestamp_ms,
+                updates_since_snapshot=entry.updates_since_snapshot + 1,
+            )
+
+    # -------------------------------------------------------------- helpers
+
+    def _state_record(
+        self,
+        key: ShareStateKey,
+        entry: _Entry,
+        leader_epoch: int,
+        start_offset: int,
+        batches: Iterable[PersistedBatch],
+        now_ms: int,
+    ) -> ShareSnapshot | ShareUpdate:
+        """The one snapshot-or-update decision (Kafka's generateShareStateRecord)."""
+        if entry.updates_since_snapshot >= self.snapshot_update_records_per_snapshot:
+            start = (
+                entry.start_offset if start_offset == UNINITIALIZED_START_OFFSET else start_offset
+            )
+            return ShareSnapshot(
+                key=_share_key(key),
+                snapshot_epoch=entry.snapshot_epoch + 1,
+                state_epoch=entry.state_epoch,
+                leader_epoch=entry.leader_epoch if leader_epoch == NO_EPOCH else leader_epoch,
+                start_offset=start,
+                create_timestamp_ms=entry.create_timestamp_ms,
+                write_timestamp_ms=now_ms,
+                batches=_to_record_batches(merge_batches(entry.batches, batches, start)),
+            )
+        # The request's batches may overlap each other: normalise them (newer wins), and
+        # drop what lies below a new start offset.
+        return ShareUpdate(
+            key=_share_key(key),
+            snapshot_epoch=entry.snapshot_epoch,
+            leader_epoch=leader_epoch,
+            start_offset=start_offset,
+            batches=_to_record_batches(merge_batches((), batches, start_offset)),
+        )
+
+    def _require(self, key: ShareStateKey) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"no share state for {_describe(key)}: it was never initialized or was deleted",
+            )
+        return entry
+
+    @staticmethod
+    def _check_key(key: ShareStateKey) -> None:
+        if key.partition < 0:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"partition {key.partition} of group {key.group_id!r} topic {key.topic_id} "
+                "is negative",
+            )
+
+    @staticmethod
+    def _check_leader_epoch(
+        key: ShareStateKey, entry: _Entry, leader_epoch: int, *, allow_none: bool
+    ) -> None:
+        if allow_none and leader_epoch == NO_EPOCH:
+            return
+        if leader_epoch < entry.leader_epoch:
+            raise KafkaError(
+                ErrorCode.fenced_leader_epoch,
+                f"leader epoch {leader_epoch} for {_describe(key)} is older than the stored "
+                f"{entry.leader_epoch}",
+            )
+
+    @staticmethod
+    def _check_batch(key: ShareStateKey, batch: PersistedBatch) -> None:
+        if not 0 <= batch.first_offset <= batch.last_offset:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"state batch {batch.first_offset}-{batch.last_offset} for {_describe(key)} "
+                "is not a valid offset range",
+            )
+        if batch.delivery_state not in _DELIVERY_STATES:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"state batch {batch.first_offset}-{batch.last_offset} for {_describe(key)} "
+                f"has delivery state {batch.delivery_state}; expected 0 (Available), "
+                "2 (Acknowledged) or 4 (Archived)",
+            )
+        if not 0 <= batch.delivery_count <= _INT16_MAX:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"state batch {batch.first_offset}-{batch.last_offset} for {_describe(key)} "
+                f"has delivery count {batch.delivery_count}, outside 0..{_INT16_MAX}",
+            )

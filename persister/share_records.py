@@ -1,0 +1,293 @@
+"""Records of the share-state log, in the layout of Kafka's `__share_group_state` records.
+
+The share coordinator (coordinator.share_coordinator) emits and replays these; the broker
+stores each as one record (key bytes, value bytes) in a v2 batch of the `share-state/` log.
+They are defined here, not in the coordinator, so that the persister (compaction, the
+Spark audit) can read the log without importing the coordinator.
+
+Kafka's coordinator-record framing: the key and the value each start with an int16
+version. The key's version is the record type (0 ShareSnapshot, 1 ShareUpdate); a
+tombstone is the ShareSnapshot key with a null value (Kafka's
+`newShareStateTombstoneRecord`).
+
+Key (ShareSnapshotKey / ShareUpdateKey; not flexible, all big-endian):
+
+    type int16 (0 snapshot, 1 update) | GroupId string (int16 length + UTF-8)
+    | TopicId uuid (16 bytes) | Partition int32
+
+ShareSnapshotValue (version 0, flexible):
+
+    version int16 (0) | SnapshotEpoch int32 | StateEpoch int32 | LeaderEpoch int32
+    | StartOffset int64 | CreateTimestamp int64 | WriteTimestamp int64
+    | StateBatches compact array (uvarint count + 1) of
+        (FirstOffset int64 | LastOffset int64 | DeliveryState int8 | DeliveryCount int16
+         | tagged fields)
+    | tagged fields
+
+ShareUpdateValue (version 0, flexible):
+
+    version int16 (0) | SnapshotEpoch int32 | LeaderEpoch int32 | StartOffset int64
+    | StateBatches compact array (as above) | tagged fields
+
+Tagged fields are written empty (uvarint 0) and skipped when read, so a record carrying
+Kafka 4.2's tagged DeliveryCompleteCount still decodes.
+
+Hand-written with `struct`: these are coordinator-record schemas (Kafka's
+share-coordinator module), not RPC messages, and kio generates only the RPC messages
+(`kio.schema` has no ShareSnapshotKey/Value or ShareUpdateKey/Value), so there is no
+library layout to reuse.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import NamedTuple
+
+SNAPSHOT_RECORD_TYPE = 0
+UPDATE_RECORD_TYPE = 1
+VALUE_VERSION = 0
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_KEY_TAIL = struct.Struct(">16si")  # TopicId, Partition
+_SNAPSHOT_HEAD = struct.Struct(">hiiiqqq")  # version .. WriteTimestamp
+_UPDATE_HEAD = struct.Struct(">hiiq")  # version, SnapshotEpoch, LeaderEpoch, StartOffset
+_STATE_BATCH = struct.Struct(">qqbh")
+_INT16_MAX = 2**15 - 1
+_MAX_UVARINT_BYTES = 5
+
+
+class ShareKey(NamedTuple):
+    """The key of a share partition's records: (group id, topic id, partition)."""
+
+    group_id: str
+    topic_id: uuid.UUID
+    partition: int
+
+
+class StateBatch(NamedTuple):
+    """A state batch as stored: offsets, delivery state (0/2/4), delivery count."""
+
+    first_offset: int
+    last_offset: int
+    delivery_state: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSnapshot:
+    """The full state of one share partition (ShareSnapshotKey + ShareSnapshotValue)."""
+
+    key: ShareKey
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    create_timestamp_ms: int
+    write_timestamp_ms: int
+    batches: tuple[StateBatch, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUpdate:
+    """A delta over the last snapshot (ShareUpdateKey + ShareUpdateValue).
+
+    `start_offset` and `leader_epoch` are -1 when unchanged.
+    """
+
+    key: ShareKey
+    snapshot_epoch: int
+    leader_epoch: int
+    start_offset: int
+    batches: tuple[StateBatch, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShareTombstone:
+    """The key's state is deleted (ShareSnapshotKey with a null value)."""
+
+    key: ShareKey
+
+
+ShareRecord = ShareSnapshot | ShareUpdate | ShareTombstone
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _write_uvarint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _encode_key(record_type: int, key: ShareKey) -> bytes:
+    group = key.group_id.encode()
+    if len(group) > _INT16_MAX:
+        raise ValueError(f"group id of {len(group)} bytes is longer than {_INT16_MAX}")
+    return b"".join(
+        (
+            _INT16.pack(record_type),
+            _INT16.pack(len(group)),
+            group,
+            _KEY_TAIL.pack(key.topic_id.bytes, key.partition),
+        )
+    )
+
+
+def _encode_batches(out: bytearray, batches: tuple[StateBatch, ...]) -> None:
+    _write_uvarint(out, len(batches) + 1)
+    for batch in batches:
+        out += _STATE_BATCH.pack(*batch)
+        out.append(0)  # no tagged fields
+
+
+def encode(record: ShareRecord) -> tuple[bytes, bytes | None]:
+    """(key bytes, value bytes or None for a tombstone); struct.error/ValueError when a
+    field does not fit its type."""
+    if isinstance(record, ShareTombstone):
+        return _encode_key(SNAPSHOT_RECORD_TYPE, record.key), None
+    if isinstance(record, ShareSnapshot):
+        value = bytearray(
+            _SNAPSHOT_HEAD.pack(
+                VALUE_VERSION,
+                record.snapshot_epoch,
+                record.state_epoch,
+                record.leader_epoch,
+                record.start_offset,
+                record.create_timestamp_ms,
+                record.write_timestamp_ms,
+            )
+        )
+        _encode_batches(value, record.batches)
+        value.append(0)
+        return _encode_key(SNAPSHOT_RECORD_TYPE, record.key), bytes(value)
+    value = bytearray(
+        _UPDATE_HEAD.pack(
+            VALUE_VERSION, record.snapshot_epoch, record.leader_epoch, record.start_offset
+        )
+    )
+    _encode_batches(value, record.batches)
+    value.append(0)
+    return _encode_key(UPDATE_RECORD_TYPE, record.key), bytes(value)
+
+
+# ------------------------------------------------------------------ decoding
+
+
+class _Reader:
+    """Bounds-checked cursor; every short read is a ValueError naming the field."""
+
+    def __init__(self, data: bytes, what: str) -> None:
+        self.data = data
+        self.pos = 0
+        self.what = what
+
+    def take(self, size: int, field: str) -> bytes:
+        end = self.pos + size
+        if size < 0 or end > len(self.data):
+            raise ValueError(
+                f"share-state {self.what} truncated in {field}: need {size} bytes at byte "
+                f"{self.pos}, {len(self.data) - self.pos} remain"
+            )
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def unpack(self, fmt: struct.Struct, field: str) -> tuple[int, ...]:
+        values: tuple[int, ...] = fmt.unpack(self.take(fmt.size, field))
+        return values
+
+    def uvarint(self, field: str) -> int:
+        value = 0
+        for i in range(_MAX_UVARINT_BYTES):
+            (b,) = self.take(1, field)
+            value |= (b & 0x7F) << (7 * i)
+            if b < 0x80:
+                return value
+        raise ValueError(f"share-state {self.what} has a varint longer than 5 bytes in {field}")
+
+    def skip_tagged_fields(self, field: str) -> None:
+        for _ in range(self.uvarint(field)):
+            self.uvarint(field)  # tag
+            self.take(self.uvarint(field), field)
+
+    def expect_end(self) -> None:
+        if self.pos != len(self.data):
+            raise ValueError(
+                f"share-state {self.what} has {len(self.data) - self.pos} bytes after its "
+                "last field"
+            )
+
+
+def _decode_key(data: bytes) -> tuple[int, ShareKey]:
+    reader = _Reader(data, "record key")
+    (record_type,) = reader.unpack(_INT16, "record type")
+    if record_type not in (SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE):
+        raise ValueError(
+            f"share-state record key has type {record_type}; expected 0 (ShareSnapshot) "
+            "or 1 (ShareUpdate)"
+        )
+    (length,) = reader.unpack(_INT16, "GroupId length")
+    if length < 0:
+        raise ValueError("share-state record key has a null GroupId")
+    raw_group = reader.take(length, "GroupId")
+    try:
+        group_id = raw_group.decode()
+    except UnicodeDecodeError:
+        raise ValueError("share-state record key has a GroupId that is not UTF-8") from None
+    topic_id = uuid.UUID(bytes=reader.take(16, "TopicId"))
+    (partition,) = reader.unpack(_INT32, "Partition")
+    reader.expect_end()
+    return record_type, ShareKey(group_id, topic_id, partition)
+
+
+def _decode_batches(reader: _Reader) -> tuple[StateBatch, ...]:
+    count = reader.uvarint("StateBatches length") - 1
+    if count < 0:
+        raise ValueError(f"share-state {reader.what} has null StateBatches")
+    # Each batch takes at least 20 bytes: reject absurd counts before allocating.
+    if count * (_STATE_BATCH.size + 1) > len(reader.data) - reader.pos:
+        raise ValueError(
+            f"share-state {reader.what} claims {count} state batches but only "
+            f"{len(reader.data) - reader.pos} bytes remain"
+        )
+    batches = []
+    for _ in range(count):
+        batches.append(StateBatch(*reader.unpack(_STATE_BATCH, "StateBatch")))
+        reader.skip_tagged_fields("StateBatch tagged fields")
+    return tuple(batches)
+
+
+def decode(key: bytes, value: bytes | None) -> ShareRecord:
+    """The record stored as (key, value); ValueError saying what is wrong if it is not one."""
+    record_type, share_key = _decode_key(bytes(key))
+    if value is None:
+        return ShareTombstone(share_key)
+    if record_type == SNAPSHOT_RECORD_TYPE:
+        reader = _Reader(bytes(value), "ShareSnapshotValue")
+        version, snapshot_epoch, state_epoch, leader_epoch, start, created, written = reader.unpack(
+            _SNAPSHOT_HEAD, "header fields"
+        )
+        _check_version(version, reader.what)
+        batches = _decode_batches(reader)
+        reader.skip_tagged_fields("tagged fields")
+        reader.expect_end()
+        return ShareSnapshot(
+            share_key, snapshot_epoch, state_epoch, leader_epoch, start, created, written, batches
+        )
+    reader = _Reader(bytes(value), "ShareUpdateValue")
+    version, snapshot_epoch, leader_epoch, start = reader.unpack(_UPDATE_HEAD, "header fields")
+    _check_version(version, reader.what)
+    batches = _decode_batches(reader)
+    reader.skip_tagged_fields("tagged fields")
+    reader.expect_end()
+    return ShareUpdate(share_key, snapshot_epoch, leader_epoch, start, batches)
+
+
+def _check_version(version: int, what: str) -> None:
+    if version != VALUE_VERSION:
+        raise ValueError(f"{what} version {version} is not supported (only {VALUE_VERSION})")

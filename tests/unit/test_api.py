@@ -1,0 +1,103 @@
+"""The API codec: building entities of any version, headers, error responses."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+import pytest
+
+from protocol import api
+from protocol.errors import ErrorCode
+
+
+def test_build_response_ignores_fields_a_version_lacks() -> None:
+    data = {
+        "topics": [{"name": "t", "topic_id": uuid.uuid4(), "error_code": 0, "partitions": []}],
+        "brokers": [],
+        "cluster_id": "c",
+    }
+    v0 = api.build_response(3, 0, data)
+    v12 = api.build_response(3, 12, data)
+    assert not hasattr(v0.topics[0], "topic_id")
+    assert v12.topics[0].topic_id == data["topics"][0]["topic_id"]
+
+
+@pytest.mark.parametrize("version", range(0, 14))
+def test_metadata_response_round_trips_every_version(version: int) -> None:
+    body = api.build_response(
+        3,
+        version,
+        {
+            "brokers": [{"node_id": 1, "host": "h", "port": 9092}],
+            "topics": [
+                {
+                    "name": "t",
+                    "topic_id": uuid.uuid4(),
+                    "error_code": 0,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "leader_id": 1,
+                            "replica_nodes": [1],
+                            "isr_nodes": [1],
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    frame = api.encode_response(3, version, 42, body)
+    (size,) = struct.unpack_from(">i", frame)
+    assert size == len(frame) - 4
+    correlation_id, decoded = api.decode_response(3, version, frame[4:])
+    assert correlation_id == 42
+    assert decoded == body
+
+
+def test_api_versions_response_always_uses_header_v0() -> None:
+    assert api.response_header_version(18, 3) == 0
+    assert api.response_header_version(3, 12) == 1
+    assert api.response_header_version(3, 8) == 0
+
+
+def test_request_header_round_trips_flexible_and_legacy() -> None:
+    for key, version in ((3, 12), (3, 4)):
+        body = api.build(api.request_class(key, version), {"topics": None})
+        frame = api.encode_request(key, version, 7, "client-x", body)[4:]
+        header, offset = api.decode_request_header(frame)
+        assert (header.api_key, header.api_version, header.correlation_id) == (key, version, 7)
+        assert header.client_id == "client-x"
+        assert api.decode_request(key, version, frame, offset) == body
+
+
+def test_trailing_bytes_after_a_body_are_ignored_as_kafka_does() -> None:
+    body = api.build(api.request_class(3, 12), {"topics": None})
+    frame = api.encode_request(3, 12, 1, "c", body)[4:] + b"\x01\x00\x00"
+    _, offset = api.decode_request_header(frame)
+    assert api.decode_request(3, 12, frame, offset) == body
+
+
+def test_error_response_sets_top_level_error_and_message() -> None:
+    body = api.error_response(60, 0, ErrorCode.unsupported_version, "nope")
+    assert body.error_code == ErrorCode.unsupported_version
+    assert body.error_message == "nope"
+
+
+def test_unknown_api_key_has_no_schema() -> None:
+    assert api.schema_versions(9999) is None
+    with pytest.raises(api.UnknownApi):
+        api.request_class(9999, 0)
+
+
+def test_api_table_refuses_versions_kio_cannot_encode() -> None:
+    table = api.ApiTable()
+
+    async def handler(ctx: object, req: object) -> None:
+        return None
+
+    with pytest.raises(ValueError):
+        table.register(3, 0, 99, handler)
+    table.register(3, 0, 12, handler)
+    assert table.lookup(3, 12) is not None
+    assert table.lookup(3, 13) is None
