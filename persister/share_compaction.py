@@ -75,7 +75,9 @@ class CompactionPlan:
 
 @dataclass(frozen=True, slots=True)
 class CompactionResult:
-    """What `compact_share_log` did."""
+    """What `compact_share_log` did: closed segments examined and rewritten, share records
+    and bytes in them before and after, and keys whose last record there was a tombstone
+    (their records are gone from the closed segments)."""
 
     segments_compacted: int
     segments_rewritten: int

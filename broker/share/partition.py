@@ -294,6 +294,10 @@ def _coalesce_batches(batches: Iterable[StateBatch]) -> list[StateBatch]:
     return out
 
 
+def _first_offset(offset_range: tuple[int, int]) -> int:
+    return offset_range[0]
+
+
 def _check_offset_ranges(what: str, ranges: Sequence[tuple[int, int]]) -> None:
     """Log batches and gaps handed to `acquire` must be ascending and disjoint."""
     previous_last = -1
@@ -307,7 +311,7 @@ def _split_by_gaps(
     first: int, last: int, gaps: Sequence[tuple[int, int]]
 ) -> Iterator[tuple[int, int, bool]]:
     """Cover [first, last] with pieces, each flagged whether it lies inside a gap."""
-    index = max(bisect_right(gaps, (first, first)) - 1, 0)
+    index = max(bisect_right(gaps, first, key=_first_offset) - 1, 0)
     cursor = first
     while cursor <= last:
         while index < len(gaps) and gaps[index][1] < cursor:
@@ -657,7 +661,6 @@ class SharePartition:
             first: int = self._lock_deadlines[0][1]
             record = self._range_at(first)
             changes.extend(self._apply(first, record.last_offset, Event.LOCK_TIMEOUT))
-        self._lock_deadlines.clear()
         return self._release_result(changes)
 
     def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:
@@ -912,11 +915,9 @@ class SharePartition:
 
 def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:
     """The last offset of the log batch holding `offset` (at most `bound`); `offset` if none."""
-    index = bisect_right(batches, (offset, offset)) - 1
-    if index >= 0 and batches[index][0] <= offset <= batches[index][1]:
+    index = bisect_right(batches, offset, key=_first_offset) - 1
+    if index >= 0 and offset <= batches[index][1]:
         return min(batches[index][1], bound)
-    if index + 1 < len(batches) and batches[index + 1][0] == offset:
-        return min(batches[index + 1][1], bound)
     return offset
 
 

@@ -19,6 +19,7 @@ from broker.share.partition import (
     SharePartitionConfig,
     StateBatch,
     StateUpdate,
+    _transition,
 )
 from protocol.errors import ErrorCode
 
@@ -79,7 +80,12 @@ def fetch(
 ) -> list[AcquiredRange]:
     return list(
         sp.acquire(
-            member, batches, max_records=max_records, batch_size=batch_size, now_ms=now_ms, gaps=gaps
+            member,
+            batches,
+            max_records=max_records,
+            batch_size=batch_size,
+            now_ms=now_ms,
+            gaps=gaps,
         ).acquired
     )
 
@@ -102,8 +108,6 @@ def test_only_acquired_records_can_be_acknowledged() -> None:
 
 
 def test_illegal_transition_is_a_bug_not_silently_ignored() -> None:
-    from broker.share.partition import _transition
-
     record = InFlightRange(0, 0, K, 1)
     with pytest.raises(IllegalStateTransition):
         _transition(record, Event.RELEASE, delivery_count_limit=5)
@@ -155,7 +159,9 @@ def test_persisted_batches_below_start_offset_are_dropped() -> None:
     [((0, 9, 1, 1),), ((0, 9, 3, 1),), ((0, 9, 0, 1), (5, 12, 0, 1)), ((9, 0, 0, 1),)],
     ids=["acquired", "unknown_state", "overlap", "first_after_last"],
 )
-def test_invalid_persisted_state_is_rejected(batches: tuple[tuple[int, int, int, int], ...]) -> None:
+def test_invalid_persisted_state_is_rejected(
+    batches: tuple[tuple[int, int, int, int], ...],
+) -> None:
     with pytest.raises(ValueError):
         make(0, batches)
 
@@ -258,9 +264,7 @@ def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one
         (5, 9, Q, 1, "m1"),
         (10, 19, Q, 1, "m2"),
     ]
-    assert result.state_update == StateUpdate(
-        0, (StateBatch(2, 4, 0, 2), StateBatch(10, 19, 0, 1))
-    )
+    assert result.state_update == StateUpdate(0, (StateBatch(2, 4, 0, 2), StateBatch(10, 19, 0, 1)))
 
 
 def test_acquire_of_available_records_respects_max_records() -> None:
@@ -290,7 +294,9 @@ def test_acquire_archives_gaps_and_never_delivers_them() -> None:
 
 def test_acquire_leading_gap_moves_spso() -> None:
     sp = make()
-    result = sp.acquire("m1", [(0, 4), (5, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((0, 4),))
+    result = sp.acquire(
+        "m1", [(0, 4), (5, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((0, 4),)
+    )
     assert result.acquired == (AcquiredRange(5, 9, 1),)
     assert sp.spso == 5
     assert result.state_update == StateUpdate(5, (StateBatch(5, 9, 0, 1),))

@@ -158,7 +158,9 @@ class SharePartitionMachine(RuleBasedStateMachine):
 
     def release_model(self, offset: int) -> None:
         _state, count, _member, _deadline = self.model[offset]
-        self.model[offset] = (A, count, None, None) if count < self.limit else (X, count, None, None)
+        self.model[offset] = (
+            (A, count, None, None) if count < self.limit else (X, count, None, None)
+        )
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -244,13 +246,16 @@ class SharePartitionMachine(RuleBasedStateMachine):
         lo, hi = max(sp.spso - 3, 0), sp.speo + 2
         points = sorted(data.draw(st.sets(st.integers(lo, hi), min_size=1, max_size=6)))
         batches: list[tuple[int, int, tuple[int, ...]]] = []
-        for first, last in zip(points[0::2], points[1::2] + [points[-1]], strict=False):
+        for first, last in zip(points[0::2], [*points[1::2], points[-1]], strict=False):
             if first > last:
                 continue
             if data.draw(st.booleans()):
                 types = tuple(
-                    data.draw(st.lists(st.integers(0, 4), min_size=last - first + 1,
-                                       max_size=last - first + 1))
+                    data.draw(
+                        st.lists(
+                            st.integers(0, 4), min_size=last - first + 1, max_size=last - first + 1
+                        )
+                    )
                 )
             else:
                 types = (data.draw(st.integers(0, 4)),)
@@ -394,8 +399,9 @@ class SharePartitionMachine(RuleBasedStateMachine):
                 assert r.member_id is None and r.lock_deadline_ms is None
         assert acquired == self.sp.acquired_count
         deadlines = [r.lock_deadline_ms for r in self.sp.in_flight_ranges() if r.state is Q]
-        assert self.sp.next_lock_deadline() == (min(d for d in deadlines if d is not None)
-                                                if deadlines else None)
+        assert self.sp.next_lock_deadline() == (
+            min(d for d in deadlines if d is not None) if deadlines else None
+        )
 
     @invariant()
     def next_fetch_offset_is_first_available(self) -> None:
