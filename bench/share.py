@@ -108,7 +108,7 @@ def _plain_fetch(ctx: BenchContext, topic: str, partitions: int, expected: int) 
     start = time.perf_counter()
     deadline = start + CASE_TIME_LIMIT_S
     while received < expected and time.perf_counter() < deadline:
-        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+        for msg in consumer.consume(num_messages=1000, timeout=0.1):
             if msg.error() is not None:
                 errors += 1
                 continue

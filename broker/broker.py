@@ -21,7 +21,8 @@ from broker.share.session import ShareSessionCache
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
-from coordinator.share_state import InMemoryPersister, ShareStateKey
+from coordinator.share_persister import DurablePersister
+from coordinator.share_state import ShareStateKey
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
 from protocol import api
@@ -115,6 +116,7 @@ class Broker:
         await self.server.start()
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._unload_loop()))
+        self._tasks.append(asyncio.create_task(self._compaction_loop()))
         log.info(
             "broker_started",
             node_id=self.node_id,
@@ -125,8 +127,15 @@ class Broker:
         )
 
     def _start_share_groups(self) -> None:
-        # Share state lives in memory until the durable share coordinator lands.
-        persister = self.share_persister = InMemoryPersister()
+        persister = self.share_persister = DurablePersister(
+            self.data_dir / "share-state",
+            self.commit,
+            snapshot_update_records_per_snapshot=self.config.get(
+                "share.coordinator.snapshot.update.records.per.snapshot"
+            ),
+            segment_bytes=self.config.get("share.coordinator.state.topic.segment.bytes"),
+        )
+        persister.load()
         self.groups = GroupCoordinator(
             persister,
             self._topics_metadata,
@@ -193,6 +202,8 @@ class Broker:
         await self.logs.flush_all()
         self.logs.close()
         self.metadata.close()
+        self.share_persister.close()
+        self.groups.close()
         await self.commit.stop()
         log.info("broker_stopped")
 
@@ -206,6 +217,15 @@ class Broker:
                     log.info("retention_deleted_segments", segments=deleted)
             except Exception:
                 log.exception("retention_failed")
+
+    async def _compaction_loop(self) -> None:
+        interval = self.config.get("log.cleaner.backoff.ms") / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.share_persister.compact()
+            except Exception:
+                log.exception("share_state_compaction_failed")
 
     async def _unload_loop(self) -> None:
         while True:

@@ -160,6 +160,27 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             "Expiry of idle idempotent producer state.",
             _at_least(1),
         ),
+        ConfigKey(
+            "share.coordinator.snapshot.update.records.per.snapshot",
+            INT,
+            500,
+            "Updates of a share partition's state between two snapshots in the share-state log.",
+            _at_least(0),
+        ),
+        ConfigKey(
+            "share.coordinator.state.topic.segment.bytes",
+            INT,
+            104857600,
+            "Segment size of the share-state log; closed segments are compacted.",
+            _at_least(1024),
+        ),
+        ConfigKey(
+            "log.cleaner.backoff.ms",
+            LONG,
+            15000,
+            "How often the broker looks for closed share-state segments to compact.",
+            _at_least(1),
+        ),
     ]
 }
 

@@ -44,6 +44,7 @@ class RecordLog(Protocol):
     def write(self, records: Sequence[tuple[bytes | None, bytes | None]]) -> None: ...
     async def sync(self) -> None: ...
     def replay(self) -> Iterator[tuple[bytes | None, bytes | None]]: ...
+    def close(self) -> None: ...
 
 
 TopicsProvider = Callable[[], Mapping[uuid.UUID, TopicMetadata]]
@@ -118,6 +119,10 @@ class GroupCoordinator:
             self._expiry_task.cancel()
         for task in list(self._initializing):
             task.cancel()
+
+    def close(self) -> None:
+        if self.record_log is not None:
+            self.record_log.close()
 
     # -- records ----------------------------------------------------------------
 

@@ -40,7 +40,7 @@ POLL_S = 0.5
 def share_consumer_config(
     broker: Broker, group: str, mode: str = "explicit", **overrides: Any
 ) -> dict[str, Any]:
-    """A ShareConsumer config; `overrides` use Kafka's dotted names via a dict splat."""
+    """A ShareConsumer config; pass dotted names as `**{"max.poll.records": 10}`."""
     return {
         "bootstrap.servers": broker.bootstrap,
         "broker.address.family": "v4",
@@ -77,11 +77,9 @@ def set_group_configs(broker: Broker, group: str, configs: dict[str, str]) -> No
         future.result(timeout=ADMIN_TIMEOUT_S)
 
 
-def earliest(broker: Broker, group: str, **more: str) -> None:
-    """Set `share.auto.offset.reset=earliest` (plus any `more`, dots as underscores)."""
-    configs = {"share.auto.offset.reset": "earliest"}
-    configs.update({k.replace("_", "."): v for k, v in more.items()})
-    set_group_configs(broker, group, configs)
+def earliest(broker: Broker, group: str) -> None:
+    """Set `share.auto.offset.reset=earliest` for `group` (before or after it exists)."""
+    set_group_configs(broker, group, {"share.auto.offset.reset": "earliest"})
 
 
 # --- producing ----------------------------------------------------------------------
@@ -173,10 +171,9 @@ def consume(
 ) -> PollLog:
     """Poll until `until(log)` or `timeout` s or `max_polls` polls.
 
-    Explicit mode: `decide(msg)` picks each record's acknowledgement (default ACCEPT);
-    acknowledgements are committed with commit_sync after every non-empty poll. In
-    implicit mode pass `decide=None` and `explicit=False` configs: nothing is
-    acknowledged here (the next poll accepts the previous one's records).
+    Explicit mode: `decide(msg)` picks each record's acknowledgement (None means
+    ACCEPT); they are committed with commit_sync after every non-empty poll. Implicit
+    mode: leave `decide` None; the next poll accepts the previous poll's records.
     """
     log = log if log is not None else PollLog()
     deadline = time.monotonic() + timeout
@@ -314,22 +311,3 @@ def wait_for_members(broker: Broker, group: str, count: int, timeout: float = 30
             return info
         time.sleep(0.1)
     raise AssertionError(f"group {group!r} never had {count} assigned members; last {info}")
-
-
-def background_poll(
-    consumers: Sequence[ShareConsumer], stop: threading.Event, logs: Sequence[PollLog]
-) -> list[threading.Thread]:
-    """Keep consumers polling (implicit mode) in threads until `stop`; bounded by 120 s."""
-
-    def run(consumer: ShareConsumer, log: PollLog) -> None:
-        deadline = time.monotonic() + 120
-        while not stop.is_set() and time.monotonic() < deadline:
-            poll_once(consumer, log, 0.2)
-
-    threads = [
-        threading.Thread(target=run, args=(c, lg), daemon=True)
-        for c, lg in zip(consumers, logs, strict=True)
-    ]
-    for t in threads:
-        t.start()
-    return threads

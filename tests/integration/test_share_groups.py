@@ -246,9 +246,11 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pytest.mark.timeout(120)
-def test_records_held_by_a_killed_consumer_go_to_another_after_the_lock_expires(
+def test_records_held_by_a_killed_consumer_are_redelivered_to_another(
     broker_factory: Callable[..., Broker],
 ) -> None:
+    # A short lock, so they come back soon even if the broker waits for it to expire
+    # (it may release them earlier, when the dead connection is noticed).
     broker = broker_factory(SHORT_LOCK)
     topic, group = "killed-holder", "g-killed-holder"
     create_topic(broker, topic)
@@ -484,6 +486,32 @@ def test_share_fetches_that_acquire_nothing_are_answered_without_server_error(
     )
     assert log.errors == []
     assert log.values() == values("i", 5)
+
+
+@pytest.mark.timeout(60)
+def test_records_acquired_on_one_partition_arrive_when_another_partition_is_empty(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    """One ShareFetch covers both partitions of the session: records acquired on the
+    busy one must reach the consumer then, not after their lock expires."""
+    lock_ms = 30_000
+    broker = broker_factory({"group.share.record.lock.duration.ms": str(lock_ms)})
+    topic, group = "half-empty", "g-half-empty"
+    create_topic(broker, topic, partitions=2)
+    earliest(broker, group)
+    sent = produce_values(broker, topic, values("b", 20), partition=0)
+    consumer = share_consumer(broker, group, [topic], "implicit")
+    try:
+        start = time.monotonic()
+        log = consume(consumer, until=lambda lg: len(lg.deliveries) >= 20, timeout=10)
+        waited = time.monotonic() - start
+    finally:
+        close_quietly(consumer)
+    assert sorted(log.offsets()) == [(0, s.offset) for s in sent], (
+        f"got {len(log.deliveries)} of 20 records within 10 s (lock {lock_ms} ms)"
+        f"{diagnostics(broker, group)}\n" + "\n".join(log_lines(broker, "request_failed")[:3])
+    )
+    assert waited < lock_ms / 1000
 
 
 @pytest.mark.timeout(120)
