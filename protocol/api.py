@@ -280,7 +280,7 @@ def _zero(plan: _FieldPlan) -> Any:
     if plan.kind == "entities":
         return ()
     if plan.kind == "entity":
-        return None
+        return build(plan.target, {})
     kt = plan.kafka_type
     if kt == "error_code":
         return ErrorCode.none

@@ -226,7 +226,7 @@ def register(broker: Broker) -> None:
                     "error_code": ErrorCode.none,
                     "acknowledge_error_code": ErrorCode.none,
                     "current_leader": leader(broker),
-                    "records": None,
+                    "records": b"",
                     "acquired_records": [],
                 }
             return entries[tp]
@@ -276,7 +276,7 @@ def register(broker: Broker) -> None:
                     {
                         "partition_index": p,
                         "current_leader": leader(broker),
-                        "records": None,
+                        "records": b"",
                         "acquired_records": [],
                     },
                 )
@@ -299,7 +299,7 @@ def register(broker: Broker) -> None:
                     {
                         "partition_index": p,
                         "current_leader": leader(broker),
-                        "records": None,
+                        "records": b"",
                         "acquired_records": [],
                     },
                 )

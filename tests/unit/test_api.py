@@ -101,3 +101,19 @@ def test_api_table_refuses_versions_kio_cannot_encode() -> None:
     table.register(3, 0, 12, handler)
     assert table.lookup(3, 12) is not None
     assert table.lookup(3, 13) is None
+
+
+def test_required_nested_entities_get_their_defaults() -> None:
+    # A ShareFetch partition without `current_leader` must still encode.
+    body = api.build_response(
+        78,
+        1,
+        {
+            "responses": [
+                {"topic_id": uuid.uuid4(), "partitions": [{"partition_index": 0, "records": b""}]}
+            ]
+        },
+    )
+    frame = api.encode_response(78, 1, 5, body)
+    _, decoded = api.decode_response(78, 1, frame[4:])
+    assert decoded.responses[0].partitions[0].current_leader.leader_id == 0
