@@ -30,6 +30,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import BenchContext, BrokerProcess, Result, format_table
+from bench.share import bench_share
 
 DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
@@ -137,6 +138,7 @@ def bench_produce_fetch(ctx: BenchContext) -> list[Result]:
 
 BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "produce_fetch": bench_produce_fetch,
+    "share": bench_share,
 }
 
 

@@ -35,6 +35,11 @@ log = structlog.get_logger("spool.share")
 Listener = Callable[[], None]
 # Kafka's leader epoch for share state writes; spool is one node and never changes leader.
 LEADER_EPOCH = 0
+# Bytes read from one partition's log per share fetch, like Kafka's default
+# max.partition.fetch.bytes: a fetch needs only MaxRecords records, and reading (and
+# parsing the batch headers of) the whole MaxBytes would make every fetch cost as much
+# as the backlog.
+PARTITION_READ_BYTES = 1024 * 1024
 # A share partition holding no acquired records and unused this long is unloaded; its
 # state is durable and is read back on next use, so memory follows the active ones.
 IDLE_UNLOAD_MS = 60_000
@@ -222,7 +227,11 @@ class SharePartitionManager:
         if offset >= upper:
             return FetchedPartition()
         try:
-            data = log_part.read(offset, max(max_bytes, 1), committed_only=committed_only)
+            data = log_part.read(
+                offset,
+                max(min(max_bytes, PARTITION_READ_BYTES), 1),
+                committed_only=committed_only,
+            )
         except KafkaError as exc:
             return FetchedPartition(error_code=exc.code, error_message=exc.message)
         headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
