@@ -14,10 +14,10 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -369,3 +369,28 @@ class LogManager:
     def close(self) -> None:
         for part in self:
             part.log.close(clean=True)
+
+
+class Subscribable(Protocol):
+    def add_listener(self, listener: Listener) -> None: ...
+    def remove_listener(self, listener: Listener) -> None: ...
+
+
+async def wait_for_any(sources: Iterable[Subscribable], timeout_s: float) -> None:
+    """Park until any source calls its listeners, or the timeout passes (long polls)."""
+    woken = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    live = list(sources)
+    for source in live:
+        source.add_listener(wake)
+    try:
+        await asyncio.wait_for(woken, timeout_s)
+    except TimeoutError:
+        pass
+    finally:
+        for source in live:
+            source.remove_listener(wake)

@@ -35,45 +35,15 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class DurablePersister:
-    def __init__(
-        self,
-        directory: Path,
-        commit: GroupCommit,
-        *,
-        snapshot_update_records_per_snapshot: int = 500,
-        segment_bytes: int = 104857600,
-    ) -> None:
-        self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
-        self.records = RecordLog(
-            directory,
-            commit,
-            LogConfig(segment_bytes=segment_bytes, retention_ms=-1, segment_ms=2**62),
-        )
-        self._compacted_segments: tuple[int, ...] = ()
+class _ShardPersister:
+    """`Persister` over a `ShareCoordinatorShard`; subclasses decide where records go."""
 
-    def load(self) -> int:
-        """Rebuild the shard by replaying the log; returns the records replayed."""
-        started = time.monotonic()
-        count = 0
-        for _, record in read_share_records(self.records.log):
-            self.shard.replay(record)
-            count += 1
-        log.info(
-            "share_state_loaded",
-            records=count,
-            keys=len(tuple(self.shard.keys())),
-            seconds=round(time.monotonic() - started, 3),
-        )
-        return count
+    def __init__(self, snapshot_update_records_per_snapshot: int = 500) -> None:
+        self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
 
     async def _commit(self, records: Sequence[share_records.ShareRecord]) -> None:
-        if not records:
-            return
-        self.records.write([share_records.encode(r) for r in records])
         for record in records:
             self.shard.replay(record)
-        await self.records.sync()
 
     async def initialize_state(
         self, key: ShareStateKey, state_epoch: int, start_offset: int
@@ -105,6 +75,53 @@ class DurablePersister:
 
     async def read_summary(self, key: ShareStateKey) -> ShareState:
         return self.shard.read_summary(key)
+
+
+class InMemoryPersister(_ShardPersister):
+    """The share coordinator without a log: for unit tests of its callers."""
+
+
+class DurablePersister(_ShardPersister):
+    """The share coordinator on `data/share-state/`: every change fsynced first."""
+
+    def __init__(
+        self,
+        directory: Path,
+        commit: GroupCommit,
+        *,
+        snapshot_update_records_per_snapshot: int = 500,
+        segment_bytes: int = 104857600,
+    ) -> None:
+        super().__init__(snapshot_update_records_per_snapshot)
+        self.records = RecordLog(
+            directory,
+            commit,
+            LogConfig(segment_bytes=segment_bytes, retention_ms=-1, segment_ms=2**62),
+        )
+        self._compacted_segments: tuple[int, ...] = ()
+
+    def load(self) -> int:
+        """Rebuild the shard by replaying the log; returns the records replayed."""
+        started = time.monotonic()
+        count = 0
+        for _, record in read_share_records(self.records.log):
+            self.shard.replay(record)
+            count += 1
+        log.info(
+            "share_state_loaded",
+            records=count,
+            keys=len(tuple(self.shard.keys())),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return count
+
+    async def _commit(self, records: Sequence[share_records.ShareRecord]) -> None:
+        if not records:
+            return
+        self.records.write([share_records.encode(r) for r in records])
+        for record in records:
+            self.shard.replay(record)
+        await self.records.sync()
 
     async def compact(self) -> int:
         """Compact closed segments not compacted yet; returns segments rewritten."""

@@ -3,8 +3,8 @@
 The share-partition leader reads and writes its durable state only through
 `Persister`, whose calls mirror the share coordinator's RPCs
 (InitializeShareGroupState, ReadShareGroupState, WriteShareGroupState,
-DeleteShareGroupState, ReadShareGroupStateSummary). `InMemoryPersister` keeps the
-state in a dict; the durable share coordinator implements the same interface.
+DeleteShareGroupState, ReadShareGroupStateSummary); `coordinator.share_persister`
+implements it, durably or in memory.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
-
-from protocol.errors import ErrorCode, KafkaError
 
 UNINITIALIZED_START_OFFSET = -1
 
@@ -100,79 +98,3 @@ class Persister(Protocol):
     async def delete_state(self, key: ShareStateKey) -> None: ...
 
     async def read_summary(self, key: ShareStateKey) -> ShareState: ...
-
-
-class InMemoryPersister:
-    """A Persister that keeps state in memory (lost on restart)."""
-
-    def __init__(self) -> None:
-        self.states: dict[ShareStateKey, ShareState] = {}
-
-    async def initialize_state(
-        self, key: ShareStateKey, state_epoch: int, start_offset: int
-    ) -> None:
-        current = self.states.get(key)
-        if current is not None and state_epoch < current.state_epoch:
-            raise KafkaError(
-                ErrorCode.fenced_state_epoch,
-                f"state epoch {state_epoch} is older than {current.state_epoch}",
-            )
-        self.states[key] = ShareState(state_epoch=state_epoch, start_offset=start_offset)
-
-    async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState:
-        current = self.states.get(key)
-        if current is None:
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
-            )
-        if leader_epoch < current.leader_epoch:
-            raise KafkaError(
-                ErrorCode.fenced_leader_epoch,
-                f"leader epoch {leader_epoch} is older than {current.leader_epoch}",
-            )
-        current.leader_epoch = leader_epoch
-        return ShareState(
-            current.state_epoch, current.leader_epoch, current.start_offset, list(current.batches)
-        )
-
-    async def write_state(
-        self,
-        key: ShareStateKey,
-        state_epoch: int,
-        leader_epoch: int,
-        start_offset: int,
-        batches: Sequence[PersistedBatch],
-    ) -> None:
-        current = self.states.get(key)
-        if current is None:
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
-            )
-        if state_epoch < current.state_epoch:
-            raise KafkaError(
-                ErrorCode.fenced_state_epoch,
-                f"state epoch {state_epoch} is older than {current.state_epoch}",
-            )
-        if leader_epoch < current.leader_epoch:
-            raise KafkaError(
-                ErrorCode.fenced_leader_epoch,
-                f"leader epoch {leader_epoch} is older than {current.leader_epoch}",
-            )
-        if start_offset != UNINITIALIZED_START_OFFSET:
-            current.start_offset = start_offset
-        current.leader_epoch = leader_epoch
-        current.batches = merge_batches(current.batches, batches, current.start_offset)
-
-    async def delete_state(self, key: ShareStateKey) -> None:
-        self.states.pop(key, None)
-
-    async def read_summary(self, key: ShareStateKey) -> ShareState:
-        current = self.states.get(key)
-        if current is None:
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"no share state for {key.group_id} {key.topic_id}-{key.partition}",
-            )
-        return ShareState(current.state_epoch, current.leader_epoch, current.start_offset, [])

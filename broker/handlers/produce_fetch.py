@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from broker.logs import Partition, validate_produce_data
+from broker.logs import Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
 
@@ -254,24 +254,8 @@ async def _wait_for_data(
     broker: Broker, wanted: list[tuple[str | None, Any, Any]], timeout_s: float
 ) -> None:
     """Park until any fetched partition's high watermark moves, or the timeout."""
-    loop = asyncio.get_running_loop()
-    woken = loop.create_future()
-
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
-
     parts = [broker.logs.get(name, p.partition) for name, _, p in wanted if name]
-    live = [part for part in parts if part is not None]
-    for part in live:
-        part.add_listener(wake)
-    try:
-        await asyncio.wait_for(woken, timeout_s)
-    except TimeoutError:
-        pass
-    finally:
-        for part in live:
-            part.remove_listener(wake)
+    await wait_for_any([part for part in parts if part is not None], timeout_s)
 
 
 def _offset_for(part: Partition, timestamp: int, committed_only: bool) -> tuple[int, int]:

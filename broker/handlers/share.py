@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.logs import Subscribable, wait_for_any
 from broker.server import RequestContext
 from coordinator.share_state import ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
@@ -22,6 +22,7 @@ SHARE_GROUP_TYPE = "share"
 # Share groups report "share" as their protocol type in ListGroups, as Kafka does.
 SHARE_PROTOCOL_TYPE = "share"
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+Entries = dict[tuple[uuid.UUID, int], dict[str, Any]]
 
 
 def _now_ms() -> int:
@@ -31,6 +32,19 @@ def _now_ms() -> int:
 def register(broker: Broker) -> None:
     def leader(broker: Broker) -> dict[str, int]:
         return {"leader_id": broker.node_id, "leader_epoch": 0}
+
+    def partition_entry(entries: Entries, tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
+        """The response entry of a partition, created empty on first use."""
+        if tp not in entries:
+            entries[tp] = {
+                "partition_index": tp[1],
+                "error_code": ErrorCode.none,
+                "acknowledge_error_code": ErrorCode.none,
+                "current_leader": leader(broker),
+                "records": b"",
+                "acquired_records": [],
+            }
+        return entries[tp]
 
     async def share_group_heartbeat(ctx: RequestContext, req: Any) -> dict[str, Any]:
         try:
@@ -217,19 +231,10 @@ def register(broker: Broker) -> None:
             )
             return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
         ack_results = await apply_acknowledgements(group_id, member_id, req.topics)
-        entries: dict[tuple[uuid.UUID, int], dict[str, Any]] = {}
+        entries: Entries = {}
 
         def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
-            if tp not in entries:
-                entries[tp] = {
-                    "partition_index": tp[1],
-                    "error_code": ErrorCode.none,
-                    "acknowledge_error_code": ErrorCode.none,
-                    "current_leader": leader(broker),
-                    "records": b"",
-                    "acquired_records": [],
-                }
-            return entries[tp]
+            return partition_entry(entries, tp)
 
         for tp, (code, message) in ack_results.items():
             entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
@@ -257,7 +262,7 @@ def register(broker: Broker) -> None:
         member_id: str,
         req: Any,
         partitions: list[tuple[uuid.UUID, int]],
-        entries: dict[tuple[uuid.UUID, int], dict[str, Any]],
+        entries: Entries,
     ) -> bool:
         """One pass over the session's partitions; True if anything was acquired or failed."""
         max_records = req.max_records if req.max_records > 0 else 500
@@ -271,16 +276,7 @@ def register(broker: Broker) -> None:
                 break
             tp = (tid, p)
             if not topic_known(tid):
-                e = entries.setdefault(
-                    tp,
-                    {
-                        "partition_index": p,
-                        "current_leader": leader(broker),
-                        "records": b"",
-                        "acquired_records": [],
-                    },
-                )
-                e.update(
+                partition_entry(entries, tp).update(
                     error_code=ErrorCode.unknown_topic_id,
                     error_message=f"Topic id {tid} does not exist",
                 )
@@ -294,29 +290,14 @@ def register(broker: Broker) -> None:
                 max_bytes=max_bytes,
             )
             if fetched.error_code != ErrorCode.none:
-                e = entries.setdefault(
-                    tp,
-                    {
-                        "partition_index": p,
-                        "current_leader": leader(broker),
-                        "records": b"",
-                        "acquired_records": [],
-                    },
+                partition_entry(entries, tp).update(
+                    error_code=fetched.error_code, error_message=fetched.error_message
                 )
-                e.update(error_code=fetched.error_code, error_message=fetched.error_message)
                 got_any = True
                 continue
             if not fetched.acquired:
                 continue
-            e = entries.setdefault(
-                tp,
-                {
-                    "partition_index": p,
-                    "error_code": ErrorCode.none,
-                    "acknowledge_error_code": ErrorCode.none,
-                    "current_leader": leader(broker),
-                },
-            )
+            e = partition_entry(entries, tp)
             e["records"] = fetched.records
             e["acquired_records"] = [
                 {
@@ -335,28 +316,12 @@ def register(broker: Broker) -> None:
         group_id: str, partitions: list[tuple[uuid.UUID, int]], timeout_s: float
     ) -> None:
         """Park until a produce, a release or a lock expiry touches one of the partitions."""
-        woken = asyncio.get_running_loop().create_future()
-
-        def wake() -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
+        sources: list[Subscribable] = [
+            broker.share.listeners(ShareStateKey(group_id, tid, p)) for tid, p in partitions
+        ]
         logs = [broker.log_partition(tid, p) for tid, p in partitions]
-        live_logs = [lp for lp in logs if lp is not None]
-        for key in keys:
-            broker.share.add_listener(key, wake)
-        for lp in live_logs:
-            lp.add_listener(wake)
-        try:
-            await asyncio.wait_for(woken, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            for key in keys:
-                broker.share.remove_listener(key, wake)
-            for lp in live_logs:
-                lp.remove_listener(wake)
+        sources += [lp for lp in logs if lp is not None]
+        await wait_for_any(sources, timeout_s)
 
     async def share_acknowledge(ctx: RequestContext, req: Any) -> dict[str, Any]:
         group_id, member_id = req.group_id or "", req.member_id or ""

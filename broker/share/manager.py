@@ -412,6 +412,10 @@ class SharePartitionManager:
             if not listeners:
                 del self._listeners[key]
 
+    def listeners(self, key: ShareStateKey) -> _KeyListeners:
+        """The wake-ups of one share partition, as a source for `wait_for_any`."""
+        return _KeyListeners(self, key)
+
     def _notify(self, key: ShareStateKey) -> None:
         for listener in list(self._listeners.get(key, ())):
             listener()
@@ -419,3 +423,15 @@ class SharePartitionManager:
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyListeners:
+    manager: SharePartitionManager
+    key: ShareStateKey
+
+    def add_listener(self, listener: Listener) -> None:
+        self.manager.add_listener(self.key, listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self.manager.remove_listener(self.key, listener)

@@ -67,9 +67,7 @@ def initialize(
     return _only_partition(call(broker, INITIALIZE, 0, body))
 
 
-def read(
-    broker: Broker, group: str, topic_id: uuid.UUID, partition: int, leader_epoch: int
-) -> Any:
+def read(broker: Broker, group: str, topic_id: uuid.UUID, partition: int, leader_epoch: int) -> Any:
     body = {
         "group_id": group,
         "topics": [
@@ -223,7 +221,11 @@ def test_written_batches_merge_over_stored_ones_newer_winning_and_start_offset_t
     got = read(broker, g, tid, 3, leader_epoch=0)
     assert_ok(got, "read 2")
     assert got.start_offset == 0, "start offset -1 must leave it unchanged"
-    assert batches_of(got) == [(0, 4, AVAILABLE, 1), (5, 14, ARCHIVED, 2), (15, 19, ACKNOWLEDGED, 1)]
+    assert batches_of(got) == [
+        (0, 4, AVAILABLE, 1),
+        (5, 14, ARCHIVED, 2),
+        (15, 19, ACKNOWLEDGED, 1),
+    ]
 
     # Moving the start offset drops what lies below it and trims the batch it falls in.
     assert_ok(write(broker, g, tid, 3, state_epoch=0, leader_epoch=0, start=8), "w3")
@@ -235,7 +237,9 @@ def test_written_batches_merge_over_stored_ones_newer_winning_and_start_offset_t
     # A batch wholly below the start offset is dropped even when it arrives in the write.
     fourth = [(2, 6, ACKNOWLEDGED, 1), (20, 24, AVAILABLE, 3)]
     assert_ok(
-        write(broker, g, tid, 3, state_epoch=0, leader_epoch=0, start=-1, batches=fourth, version=0),
+        write(
+            broker, g, tid, 3, state_epoch=0, leader_epoch=0, start=-1, batches=fourth, version=0
+        ),
         "w4 (v0)",
     )
     got = read(broker, g, tid, 3, leader_epoch=0)
@@ -290,9 +294,7 @@ def test_read_and_write_with_an_older_leader_epoch_are_fenced(broker: Broker) ->
         "read with leader epoch 4 < 5",
     )
     assert_error(
-        write(
-            broker, g, tid, 1, state_epoch=0, leader_epoch=4, start=0, batches=[(0, 0, 2, 1)]
-        ),
+        write(broker, g, tid, 1, state_epoch=0, leader_epoch=4, start=0, batches=[(0, 0, 2, 1)]),
         ErrorCode.fenced_leader_epoch,
         "write with leader epoch 4 < 5",
     )

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coordinator.share_persister import InMemoryPersister
 from coordinator.share_state import (
-    InMemoryPersister,
     PersistedBatch,
     ShareStateKey,
     merge_batches,
