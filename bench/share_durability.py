@@ -1,0 +1,351 @@
+"""Share-state durability benchmarks: acknowledgement latency, share-state log bytes per
+acknowledged record, and the time to recover a share-state log of a million updates.
+
+Two functions with the registry signature of `bench.__main__` (add them to `BENCHMARKS`):
+
+- `bench_share_ack_latency(ctx)`: one explicit-mode ShareConsumer on a 1-partition topic
+  accepts every record of each poll and calls `commit_sync()`; each commit is a round
+  trip that the broker answers only after the share state is fsynced. Reports the
+  median and p99 commit round trip, and the growth of `<data>/share-state` divided by
+  the records accepted.
+- `bench_share_state_recovery(ctx)`: no broker. Builds a share-state log of
+  1,000,000 WriteShareGroupState-equivalent records in a temp dir with the share
+  coordinator's own code (`ShareCoordinatorShard.write_state` over 100 keys, so a
+  ShareSnapshot every 500 updates per key, as the broker writes them), then times
+  `DurablePersister(...)` open + `load()` (the broker's startup replay), once after a
+  clean close and once without the clean-shutdown marker (as after kill -9).
+
+Standalone:
+
+    python -m bench.share_durability
+    python -m bench.share_durability --records 2000 --updates 200000
+
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import (
+    AcknowledgeType,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    ShareConsumer,
+)
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from bench import BenchContext, BrokerProcess, Result, format_table
+
+ACK_RECORDS = int(os.environ.get("SPOOL_BENCH_ACK_RECORDS", "5000"))
+ACK_BATCH_RECORDS = 10  # producer batch size: acquisition is per log batch
+ACK_TIME_LIMIT_S = 45.0
+RECOVERY_UPDATES = int(os.environ.get("SPOOL_BENCH_RECOVERY_UPDATES", "1000000"))
+RECOVERY_KEYS = 100
+RECOVERY_RECORDS_PER_BATCH = 100  # share records per appended batch (one write each)
+
+
+def _client_config(ctx: BenchContext) -> dict[str, object]:
+    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
+
+
+def _dir_bytes(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.suffix == ".log")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def _setup(ctx: BenchContext, topic: str, group: str, count: int, size: int) -> int:
+    admin = AdminClient(_client_config(ctx))
+    admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=30)[topic].result(30)
+    resource = ConfigResource(
+        "GROUP",
+        group,
+        incremental_configs=[
+            ConfigEntry(
+                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
+        future.result(timeout=30)
+    producer = Producer(
+        {
+            **_client_config(ctx),
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.num.messages": ACK_BATCH_RECORDS,
+            "message.timeout.ms": 60_000,
+        }
+    )
+    value = os.urandom(size)
+    delivered = 0
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    deadline = time.monotonic() + 60
+    sent = 0
+    while sent < count and time.monotonic() < deadline:
+        try:
+            producer.produce(topic, value=value, partition=0, on_delivery=on_delivery)
+            sent += 1
+        except BufferError:
+            producer.poll(0.01)
+            continue
+        if sent % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return delivered
+
+
+def bench_share_ack_latency(ctx: BenchContext) -> list[Result]:
+    """commit_sync round trips (explicit mode, fsynced share state) and share-state log
+    bytes per accepted record."""
+    records = min(ctx.records, ACK_RECORDS)
+    size = ctx.sizes[0] if ctx.sizes else 100
+    topic, group = "bench-share-ack", "spool-bench-share-ack"
+    stored = _setup(ctx, topic, group, records, size)
+    state_dir = ctx.broker.data_dir / "share-state"
+    bytes_before = _dir_bytes(state_dir)
+
+    consumer = ShareConsumer(
+        {
+            **_client_config(ctx),
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+            "max.poll.records": ACK_BATCH_RECORDS,
+        }
+    )
+    consumer.subscribe([topic])
+    latencies: list[float] = []
+    accepted: set[int] = set()
+    failed_commits = 0
+    payload = 0
+    start = time.perf_counter()
+    deadline = start + min(ctx.time_limit_s, ACK_TIME_LIMIT_S)
+    first_at: float | None = None
+    try:
+        while len(accepted) < stored and time.perf_counter() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
+            if not msgs:
+                continue
+            if first_at is None:
+                first_at = time.perf_counter()
+            for m in msgs:
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            t0 = time.perf_counter()
+            try:
+                result = consumer.commit_sync(30.0)
+            except KafkaException:
+                failed_commits += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            if result and all(err is None for err in result.values()):
+                accepted.update(m.offset() for m in msgs)
+                payload += sum(len(m.value() or b"") for m in msgs)
+            else:
+                failed_commits += 1
+    finally:
+        consumer.close()
+    seconds = time.perf_counter() - (first_at or start)
+    grown = _dir_bytes(state_dir) - bytes_before
+
+    ordered = sorted(latencies)
+    notes = [
+        f"median {statistics.median(ordered) * 1e3:.2f} ms" if ordered else "no commits",
+        f"p99 {_percentile(ordered, 0.99) * 1e3:.2f} ms",
+        f"{len(ordered)} commits of ~{len(accepted) / max(len(ordered), 1):.0f} records",
+    ]
+    if failed_commits:
+        notes.append(f"{failed_commits} failed commits")
+    if len(accepted) < stored:
+        notes.append(f"time limit hit: {len(accepted)} of {stored}")
+    per_record = grown / len(accepted) if accepted else float("nan")
+    return [
+        Result("share ack commit_sync (fsync)", len(accepted), seconds, payload, ", ".join(notes)),
+        Result(
+            "share-state log bytes per ack",
+            len(accepted),
+            seconds,
+            grown,
+            f"{per_record:.1f} B/record ({grown} B for {len(accepted)} records, "
+            f"{len(ordered)} commits); MB/s = share-state log write rate",
+        ),
+    ]
+
+
+# --- recovery of a share-state log, no broker ------------------------------------------
+
+
+def build_share_state_log(directory: Path, updates: int, keys: int = RECOVERY_KEYS) -> int:
+    """Write `updates` WriteShareGroupState-equivalent records (plus one initializing
+    snapshot per key) with the share coordinator's code; returns the records written.
+
+    Each update acknowledges the next 10 offsets of its key and moves the start offset
+    past the previous ones, as a share-partition leader's writes do, so the state stays
+    small and a snapshot replaces the updates every 500 of them.
+    """
+    from coordinator.share_coordinator import ShareCoordinatorShard
+    from coordinator.share_state import PersistedBatch, ShareStateKey
+    from persister import share_records
+    from persister.commit import GroupCommit
+    from persister.log import LogConfig
+    from persister.record_log import RecordLog
+
+    shard = ShareCoordinatorShard()
+    state_keys = [ShareStateKey("bench-group", uuid.uuid4(), p) for p in range(keys)]
+    # The GroupCommit is never started: RecordLog.write only appends; close() flushes.
+    records_log = RecordLog(
+        directory,
+        GroupCommit(),
+        LogConfig(segment_bytes=104857600, retention_ms=-1, segment_ms=2**62),
+    )
+    pending: list[tuple[bytes, bytes | None]] = []
+    written = 0
+
+    def emit(records: list[share_records.ShareRecord]) -> None:
+        nonlocal written
+        for record in records:
+            shard.replay(record)
+            pending.append(share_records.encode(record))
+        written += len(records)
+        if len(pending) >= RECOVERY_RECORDS_PER_BATCH:
+            records_log.write(pending)
+            pending.clear()
+
+    try:
+        for key in state_keys:
+            emit(shard.initialize_state(key, 0, 0, 0)[0])
+        for i in range(updates):
+            key = state_keys[i % keys]
+            step = i // keys
+            first = step * 10
+            batches = [
+                PersistedBatch(first, first + 6, 2, 1),
+                PersistedBatch(first + 7, first + 9, 0, 2),
+            ]
+            emit(shard.write_state(key, 0, 0, first, batches, 0)[0])
+        if pending:
+            records_log.write(pending)
+    finally:
+        records_log.close()
+    return written
+
+
+def _timed_load(directory: Path) -> tuple[float, float, int, int]:
+    """(open seconds, load seconds, records replayed, keys) of a DurablePersister."""
+    from coordinator.share_persister import DurablePersister
+    from persister.commit import GroupCommit
+
+    t0 = time.perf_counter()
+    persister = DurablePersister(directory, GroupCommit())
+    t1 = time.perf_counter()
+    try:
+        replayed = persister.load()
+        t2 = time.perf_counter()
+        keys = len(tuple(persister.shard.keys()))
+    finally:
+        persister.close()
+    return t1 - t0, t2 - t1, replayed, keys
+
+
+def bench_share_state_recovery(ctx: BenchContext) -> list[Result]:
+    """Open + replay a share-state log of RECOVERY_UPDATES updates (no broker)."""
+    import structlog.testing
+
+    updates = RECOVERY_UPDATES
+    results = []
+    with tempfile.TemporaryDirectory(prefix="spool-bench-share-state-") as tmp:
+        directory = Path(tmp) / "share-state"
+        with structlog.testing.capture_logs():
+            t0 = time.perf_counter()
+            written = build_share_state_log(directory, updates)
+            built_s = time.perf_counter() - t0
+            log_bytes = _dir_bytes(directory)
+            for label, clean in (("clean shutdown", True), ("after kill -9", False)):
+                if not clean:
+                    # As after a crash: the log is scanned and every batch CRC-checked.
+                    (directory / ".kafka_cleanshutdown").unlink(missing_ok=True)
+                    (directory / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+                open_s, load_s, replayed, keys = _timed_load(directory)
+                total = open_s + load_s
+                results.append(
+                    Result(
+                        f"share-state recovery, {label}",
+                        replayed,
+                        total,
+                        log_bytes,
+                        f"{updates} updates, {written} records, {keys} keys, "
+                        f"{log_bytes / 1e6:.1f} MB; open {open_s:.2f}s + replay {load_s:.2f}s; "
+                        f"log built in {built_s:.1f}s",
+                    )
+                )
+    return results
+
+
+def main(argv: list[str]) -> int:
+    global RECOVERY_UPDATES
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.share_durability", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--records", type=int, default=ACK_RECORDS)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--updates", type=int, default=RECOVERY_UPDATES)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    RECOVERY_UPDATES = args.updates
+    settings = dict(item.split("=", 1) for item in args.set)
+    with tempfile.TemporaryDirectory(prefix="spool-bench-share-durability-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", settings)
+        try:
+            broker.start()
+        except RuntimeError as e:
+            print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+        ctx = BenchContext(
+            broker=broker,
+            records=args.records,
+            sizes=(args.size,),
+            partitions=1,
+            time_limit_s=ACK_TIME_LIMIT_S,
+        )
+        print(f"spool share durability bench: broker {broker.bootstrap}", flush=True)
+        try:
+            results = bench_share_ack_latency(ctx)
+        finally:
+            code = broker.stop()
+        results += bench_share_state_recovery(ctx)
+        print(format_table(results))
+        if code != 0:
+            print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
