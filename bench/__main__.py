@@ -31,6 +31,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import BenchContext, BrokerProcess, Result, format_table
 from bench.share import bench_share
+from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
 
 DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
@@ -139,6 +140,8 @@ def bench_produce_fetch(ctx: BenchContext) -> list[Result]:
 BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "produce_fetch": bench_produce_fetch,
     "share": bench_share,
+    "share_ack": bench_share_ack_latency,
+    "share_recovery": bench_share_state_recovery,
 }
 
 

@@ -64,6 +64,7 @@ class Seen:
     seq: int
     cycle: int
     count: int
+    life: int = 0  # broker incarnation (kills so far) when it was seen
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Ledger:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     seq: int = 0
+    life: int = 0
     deliveries: dict[Key, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     confirmed: dict[Key, Seen] = field(default_factory=dict)
     redelivered_after_confirm: list[str] = field(default_factory=list)
@@ -93,7 +95,7 @@ class Ledger:
             for m in msgs:
                 self.seq += 1
                 key = (m.partition(), m.offset())
-                seen = Seen(self.seq, cycle, m.delivery_count())
+                seen = Seen(self.seq, cycle, m.delivery_count(), self.life)
                 if key in self.confirmed:
                     c = self.confirmed[key]
                     self.redelivered_after_confirm.append(
@@ -299,6 +301,8 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
             delay = rng.uniform(0.2, 1.5)
             time.sleep(delay)
             broker.kill9()
+            with ledger.lock:
+                ledger.life += 1
             kills.append(f"cycle {cycle}: kill -9 {delay:.2f}s into traffic")
             broker.start()
         finally:
@@ -331,18 +335,19 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
     # 3. Delivery counts carry over: every redelivery of a record, across crashes too,
     #    has a higher count than the delivery before it.
     not_increasing = {
-        k: [(s.cycle, s.count) for s in seen]
+        k: [(s.cycle, s.life, s.count) for s in seen]
         for k, seen in ledger.deliveries.items()
         if any(b.count <= a.count for a, b in itertools.pairwise(seen))
     }
     assert not not_increasing, (
         f"{len(not_increasing)} records redelivered without a higher delivery count "
-        f"((cycle, count) per delivery): {dict(list(not_increasing.items())[:15])}{context}"
+        f"((cycle, broker life, count) per delivery): "
+        f"{dict(list(not_increasing.items())[:15])}{context}"
     )
     across_crash = [
         k
         for k, seen in ledger.deliveries.items()
-        if any(b.cycle > a.cycle and b.count > 1 for a, b in itertools.pairwise(seen))
+        if any(b.life > a.life and b.count > 1 for a, b in itertools.pairwise(seen))
     ]
     assert across_crash, f"no record was in flight at a crash and redelivered after it{context}"
     released = [k for k in everything if k[1] % 10 == 3]
