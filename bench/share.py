@@ -1,10 +1,7 @@
 """Share-group consumption benchmark: records/s for ShareConsumers, next to plain Fetch.
 
-`bench_share(ctx)` has the registry signature of `bench.__main__` (add it to
-`BENCHMARKS` as "share"). It can also run alone:
-
-    python -m bench.share                       # about a minute
-    python -m bench.share --records 20000 --set group.share.partition.max.record.locks=4000
+`bench_share(ctx)` is registered in `bench.__main__` as "share"; run it alone with
+`python -m bench --only share [--records N] [--set key=value]`.
 
 For a 1-partition and a 4-partition topic it produces the records once, then reads
 them all with: a plain assign()/Fetch consumer; one ShareConsumer; four ShareConsumers
@@ -16,13 +13,9 @@ first record is in the notes). Figures are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, ShareConsumer, TopicPartition
 from confluent_kafka.admin import (
@@ -33,7 +26,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from bench import BenchContext, BrokerProcess, Result, format_table
+from bench import BenchContext, Result
 
 # Share consumption is much slower than plain Fetch: cap the per-case record count so
 # the whole benchmark (2 topics x 3 readers) stays around a minute.
@@ -232,42 +225,3 @@ def bench_share(ctx: BenchContext, records: int | None = None) -> list[Result]:
         for run, consumers in enumerate(SHARE_CONSUMERS):
             results.append(_share_consume(ctx, topic, partitions, consumers, stored, run))
     return results
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.share", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--records", type=int, default=DEFAULT_SHARE_RECORDS)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    settings = dict(item.split("=", 1) for item in args.set)
-    with tempfile.TemporaryDirectory(prefix="spool-bench-share-") as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", settings)
-        try:
-            broker.start()
-        except RuntimeError as e:
-            print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
-            return 1
-        ctx = BenchContext(
-            broker=broker,
-            records=args.records,
-            sizes=(args.size,),
-            partitions=1,
-            time_limit_s=CASE_TIME_LIMIT_S,
-        )
-        print(f"spool share bench: broker {broker.bootstrap}, {args.records} records", flush=True)
-        try:
-            results = bench_share(ctx, args.records)
-        finally:
-            code = broker.stop()
-        print(format_table(results))
-        if code != 0:
-            print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
-            return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,8 @@
 """Share-state durability benchmarks: acknowledgement latency, share-state log bytes per
 acknowledged record, and the time to recover a share-state log of a million updates.
 
-Two functions with the registry signature of `bench.__main__` (add them to `BENCHMARKS`):
+Two functions registered in `bench.__main__` as "share_ack" and "share_recovery"
+(`python -m bench --only share_ack --only share_recovery`):
 
 - `bench_share_ack_latency(ctx)`: one explicit-mode ShareConsumer on a 1-partition topic
   accepts every record of each poll and calls `commit_sync()`; each commit is a round
@@ -15,20 +16,13 @@ Two functions with the registry signature of `bench.__main__` (add them to `BENC
   `DurablePersister(...)` open + `load()` (the broker's startup replay), once after a
   clean close and once without the clean-shutdown marker (as after kill -9).
 
-Standalone:
-
-    python -m bench.share_durability
-    python -m bench.share_durability --records 2000 --updates 200000
-
 Figures are printed, never asserted.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -50,7 +44,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from bench import BenchContext, BrokerProcess, Result, format_table
+from bench import BenchContext, Result
 
 ACK_RECORDS = int(os.environ.get("SPOOL_BENCH_ACK_RECORDS", "5000"))
 ACK_BATCH_RECORDS = 10  # producer batch size: acquisition is per log batch
@@ -306,46 +300,3 @@ def bench_share_state_recovery(ctx: BenchContext) -> list[Result]:
                     )
                 )
     return results
-
-
-def main(argv: list[str]) -> int:
-    global RECOVERY_UPDATES
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.share_durability", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--records", type=int, default=ACK_RECORDS)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--updates", type=int, default=RECOVERY_UPDATES)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    RECOVERY_UPDATES = args.updates
-    settings = dict(item.split("=", 1) for item in args.set)
-    with tempfile.TemporaryDirectory(prefix="spool-bench-share-durability-") as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", settings)
-        try:
-            broker.start()
-        except RuntimeError as e:
-            print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
-            return 1
-        ctx = BenchContext(
-            broker=broker,
-            records=args.records,
-            sizes=(args.size,),
-            partitions=1,
-            time_limit_s=ACK_TIME_LIMIT_S,
-        )
-        print(f"spool share durability bench: broker {broker.bootstrap}", flush=True)
-        try:
-            results = bench_share_ack_latency(ctx)
-        finally:
-            code = broker.stop()
-        results += bench_share_state_recovery(ctx)
-        print(format_table(results))
-        if code != 0:
-            print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
-            return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
