@@ -40,6 +40,7 @@ library layout to reuse.
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 from dataclasses import dataclass
@@ -202,6 +203,10 @@ class _Reader:
         return values
 
     def uvarint(self, field: str) -> int:
+        # Fast path: almost every varint here (counts, empty tag sections) is one byte.
+        if self.pos < len(self.data) and self.data[self.pos] < 0x80:
+            self.pos += 1
+            return self.data[self.pos - 1]
         value = 0
         for i in range(_MAX_UVARINT_BYTES):
             (b,) = self.take(1, field)
@@ -223,7 +228,9 @@ class _Reader:
             )
 
 
+@functools.lru_cache(maxsize=65536)
 def _decode_key(data: bytes) -> tuple[int, ShareKey]:
+    # Cached: a log holds many records for few keys, and keys are immutable.
     reader = _Reader(data, "record key")
     (record_type,) = reader.unpack(_INT16, "record type")
     if record_type not in (SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE):
@@ -256,7 +263,14 @@ def _decode_batches(reader: _Reader) -> tuple[StateBatch, ...]:
             f"{len(reader.data) - reader.pos} bytes remain"
         )
     batches = []
+    data, size = reader.data, _STATE_BATCH.size
     for _ in range(count):
+        pos = reader.pos
+        if pos + size < len(data) and data[pos + size] == 0:
+            # Common case, no tagged fields: one unpack, no per-field bookkeeping.
+            batches.append(StateBatch._make(_STATE_BATCH.unpack_from(data, pos)))
+            reader.pos = pos + size + 1
+            continue
         batches.append(StateBatch(*reader.unpack(_STATE_BATCH, "StateBatch")))
         reader.skip_tagged_fields("StateBatch tagged fields")
     return tuple(batches)
