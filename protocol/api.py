@@ -213,6 +213,7 @@ class _FieldPlan:
     kafka_type: str | None
     required: bool
     default: Any
+    nullable: bool = False
 
 
 _plans: dict[type[Any], tuple[_FieldPlan, ...]] = {}
@@ -226,15 +227,22 @@ def _plan(cls: type[Any]) -> tuple[_FieldPlan, ...]:
     for f in dataclasses.fields(cls):
         kind, target = "scalar", None
         tp = f.type
+        nullable = False
         origin = typing.get_origin(tp)
         if origin is tuple:
             (item, *_rest) = typing.get_args(tp)
             if dataclasses.is_dataclass(item):
                 kind, target = "entities", item
         elif origin in (types.UnionType, typing.Union):
+            nullable = type(None) in typing.get_args(tp)
             for arg in typing.get_args(tp):
                 if dataclasses.is_dataclass(arg):
                     kind, target = "entity", arg
+                elif typing.get_origin(arg) is tuple:
+                    # A nullable array of entities: `tuple[X, ...] | None`.
+                    (item, *_rest) = typing.get_args(arg)
+                    if dataclasses.is_dataclass(item):
+                        kind, target = "entities", item
         elif dataclasses.is_dataclass(tp):
             kind, target = "entity", tp
         has_default = f.default is not dataclasses.MISSING
@@ -246,6 +254,7 @@ def _plan(cls: type[Any]) -> tuple[_FieldPlan, ...]:
                 kafka_type=f.metadata.get("kafka_type"),
                 required=not has_default and f.default_factory is dataclasses.MISSING,
                 default=f.default if has_default else None,
+                nullable=nullable,
             )
         )
     _plans[cls] = tuple(plans)
@@ -315,10 +324,11 @@ def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
         else:
             continue
         if plan.kind == "entities":
-            value = tuple(
-                item if isinstance(item, plan.target) else build(plan.target, item)
-                for item in (value or ())
-            )
+            if value is not None or not plan.nullable:
+                value = tuple(
+                    item if isinstance(item, plan.target) else build(plan.target, item)
+                    for item in (value or ())
+                )
         elif plan.kind == "entity":
             if value is not None and not isinstance(value, plan.target):
                 value = build(plan.target, value)

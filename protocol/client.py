@@ -75,6 +75,7 @@ class KafkaClient:
         for _, _, future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
+                future.exception()  # the waiter re-raises it; nobody else must
         self._pending.clear()
 
     async def close(self) -> None:

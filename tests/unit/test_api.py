@@ -117,3 +117,13 @@ def test_required_nested_entities_get_their_defaults() -> None:
     frame = api.encode_response(78, 1, 5, body)
     _, decoded = api.decode_response(78, 1, frame[4:])
     assert decoded.responses[0].partitions[0].current_leader.leader_id == 0
+
+
+def test_null_and_empty_arrays_stay_distinct() -> None:
+    # Metadata: a null topic list means every topic, an empty one means none.
+    every = api.build(api.request_class(3, 12), {"topics": None})
+    none = api.build(api.request_class(3, 12), {"topics": []})
+    named = api.build(api.request_class(3, 12), {"topics": [{"name": "t"}]})
+    assert every.topics is None
+    assert none.topics == ()
+    assert named.topics[0].name == "t"
