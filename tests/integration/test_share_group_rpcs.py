@@ -298,3 +298,44 @@ def test_renew_keeps_records_locked_past_their_first_deadline(
         assert [(a.first_offset, a.delivery_count) for a in redelivered] == [(0, 2)]
 
     run(broker, scenario)
+
+
+def test_groups_and_group_configs_survive_a_restart(broker: Broker) -> None:
+    create_topic(broker, "durable-group", partitions=2)
+    earliest(broker, "g-durable")
+
+    async def join(client: KafkaClient) -> None:
+        joined = await heartbeat(client, "g-durable", "m-durable", 0, ["durable-group"])
+        assert joined.error_code == ErrorCode.none
+
+    run(broker, join)
+    broker.kill9()
+    broker.start()
+
+    async def after(client: KafkaClient) -> None:
+        described = await client.request(
+            DESCRIBE, 1, {"group_ids": ["g-durable"], "include_authorized_operations": False}
+        )
+        (group,) = described.groups
+        assert group.error_code == ErrorCode.none
+        assert [m.member_id for m in group.members] == ["m-durable"]
+        assert sorted(group.members[0].assignment.topic_partitions[0].partitions) == [0, 1]
+        configs = await client.request(
+            32,
+            4,
+            {
+                "resources": [
+                    {
+                        "resource_type": 32,
+                        "resource_name": "g-durable",
+                        "configuration_keys": ["share.auto.offset.reset"],
+                    }
+                ],
+                "include_synonyms": False,
+                "include_documentation": False,
+            },
+        )
+        (entry,) = configs.results[0].configs
+        assert (entry.name, entry.value) == ("share.auto.offset.reset", "earliest")
+
+    run(broker, after)
