@@ -132,3 +132,73 @@ def format_table(results: list[Result]) -> str:
             f"{r.mb_per_s:>8.2f}  {r.notes}"
         )
     return "\n".join(lines)
+
+
+# --- setup shared by the benchmarks ---------------------------------------------------
+
+
+def client_config(ctx: BenchContext) -> dict[str, object]:
+    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
+
+
+def fill_topic(
+    ctx: BenchContext,
+    topic: str,
+    count: int,
+    size: int,
+    *,
+    partitions: int = 1,
+    producer_config: dict[str, object] | None = None,
+) -> int:
+    """Create `topic` and write `count` records of `size` random bytes round-robin over
+    its partitions (acks=all); returns how many were stored. Setup, not a measurement."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(client_config(ctx))
+    admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30)[topic].result(30)
+    producer = Producer(
+        {
+            **client_config(ctx),
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 60_000,
+            **(producer_config or {}),
+        }
+    )
+    value = os.urandom(size)
+    delivered = 0
+
+    def on_delivery(err: object, _msg: object) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    deadline = time.monotonic() + 60
+    sent = 0
+    while sent < count and time.monotonic() < deadline:
+        try:
+            producer.produce(
+                topic, value=value, partition=sent % partitions, on_delivery=on_delivery
+            )
+            sent += 1
+        except BufferError:
+            producer.poll(0.01)
+            continue
+        if sent % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return delivered
+
+
+def share_group_from_earliest(ctx: BenchContext, group: str) -> None:
+    """Set `share.auto.offset.reset=earliest` for a (possibly future) share group."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(client_config(ctx))
+    entry = ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource("GROUP", group, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
+        future.result(timeout=30)

@@ -29,7 +29,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench import BenchContext, BrokerProcess, Result, format_table
+from bench import BenchContext, BrokerProcess, Result, client_config, format_table
 from bench.share import bench_share
 from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
 
@@ -37,19 +37,15 @@ DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
 
 
-def _client_config(ctx: BenchContext) -> dict[str, object]:
-    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
-
-
 def _create_topic(ctx: BenchContext, topic: str) -> None:
-    admin = AdminClient(_client_config(ctx))
+    admin = AdminClient(client_config(ctx))
     futures = admin.create_topics([NewTopic(topic, ctx.partitions, 1)], request_timeout=30)
     futures[topic].result(timeout=30)
 
 
 def _produce(ctx: BenchContext, topic: str, size: int) -> Result:
     producer = Producer(
-        {**_client_config(ctx), "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000}
+        {**client_config(ctx), "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000}
     )
     value = os.urandom(size)
     delivered = 0
@@ -95,7 +91,7 @@ def _fetch(ctx: BenchContext, topic: str, size: int) -> Result:
     expected = ctx.produced.get(topic, 0)
     consumer = Consumer(
         {
-            **_client_config(ctx),
+            **client_config(ctx),
             "group.id": "spool-bench",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

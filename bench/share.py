@@ -17,16 +17,9 @@ import os
 import threading
 import time
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, ShareConsumer, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewTopic,
-)
+from confluent_kafka import Consumer, Message, ShareConsumer, TopicPartition
 
-from bench import BenchContext, Result
+from bench import BenchContext, Result, client_config, fill_topic, share_group_from_earliest
 
 # Share consumption is much slower than plain Fetch: cap the per-case record count so
 # the whole benchmark (2 topics x 3 readers) stays around a minute.
@@ -40,61 +33,10 @@ def _limit(ctx: BenchContext) -> float:
     return min(ctx.time_limit_s, CASE_TIME_LIMIT_S)
 
 
-def _client_config(ctx: BenchContext) -> dict[str, object]:
-    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
-
-
-def _setup_topic(ctx: BenchContext, topic: str, partitions: int, count: int, size: int) -> int:
-    """Create `topic` and fill it round-robin; returns how many records were stored."""
-    admin = AdminClient(_client_config(ctx))
-    admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30)[topic].result(30)
-    producer = Producer(
-        {**_client_config(ctx), "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000}
-    )
-    value = os.urandom(size)
-    delivered = 0
-
-    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-        nonlocal delivered
-        if err is None:
-            delivered += 1
-
-    deadline = time.monotonic() + 60
-    sent = 0
-    while sent < count and time.monotonic() < deadline:
-        try:
-            producer.produce(
-                topic, value=value, partition=sent % partitions, on_delivery=on_delivery
-            )
-            sent += 1
-        except BufferError:
-            producer.poll(0.01)
-            continue
-        if sent % 1000 == 0:
-            producer.poll(0)
-    producer.flush(60)
-    return delivered
-
-
-def _set_earliest(ctx: BenchContext, group: str) -> None:
-    admin = AdminClient(_client_config(ctx))
-    resource = ConfigResource(
-        "GROUP",
-        group,
-        incremental_configs=[
-            ConfigEntry(
-                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
-            )
-        ],
-    )
-    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
-        future.result(timeout=30)
-
-
 def _plain_fetch(ctx: BenchContext, topic: str, partitions: int, expected: int) -> Result:
     consumer = Consumer(
         {
-            **_client_config(ctx),
+            **client_config(ctx),
             "group.id": "spool-bench-share-plain",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -156,7 +98,7 @@ def _share_consume(
     ctx: BenchContext, topic: str, partitions: int, consumers: int, expected: int, run: int
 ) -> Result:
     group = f"spool-bench-share-{partitions}p-{consumers}c-{run}"
-    _set_earliest(ctx, group)
+    share_group_from_earliest(ctx, group)
     tally = _Tally(expected)
     start = time.perf_counter()
     deadline = start + _limit(ctx)
@@ -166,7 +108,7 @@ def _share_consume(
         try:
             consumer = ShareConsumer(
                 {
-                    **_client_config(ctx),
+                    **client_config(ctx),
                     "group.id": group,
                     "share.acknowledgement.mode": "implicit",
                 }
@@ -220,7 +162,7 @@ def bench_share(ctx: BenchContext, records: int | None = None) -> list[Result]:
     results: list[Result] = []
     for partitions in SHARE_PARTITIONS:
         topic = f"bench-share-{partitions}p"
-        stored = _setup_topic(ctx, topic, partitions, records, size)
+        stored = fill_topic(ctx, topic, records, size, partitions=partitions)
         results.append(_plain_fetch(ctx, topic, partitions, stored))
         for run, consumers in enumerate(SHARE_CONSUMERS):
             results.append(_share_consume(ctx, topic, partitions, consumers, stored, run))

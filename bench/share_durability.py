@@ -30,21 +30,11 @@ from pathlib import Path
 
 from confluent_kafka import (
     AcknowledgeType,
-    KafkaError,
     KafkaException,
-    Message,
-    Producer,
     ShareConsumer,
 )
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewTopic,
-)
 
-from bench import BenchContext, Result
+from bench import BenchContext, Result, client_config, fill_topic, share_group_from_earliest
 
 ACK_RECORDS = int(os.environ.get("SPOOL_BENCH_ACK_RECORDS", "5000"))
 ACK_BATCH_RECORDS = 10  # producer batch size: acquisition is per log batch
@@ -52,10 +42,6 @@ ACK_TIME_LIMIT_S = 45.0
 RECOVERY_UPDATES = int(os.environ.get("SPOOL_BENCH_RECOVERY_UPDATES", "1000000"))
 RECOVERY_KEYS = 100
 RECOVERY_RECORDS_PER_BATCH = 100  # share records per appended batch (one write each)
-
-
-def _client_config(ctx: BenchContext) -> dict[str, object]:
-    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
 
 
 def _dir_bytes(path: Path) -> int:
@@ -72,49 +58,10 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _setup(ctx: BenchContext, topic: str, group: str, count: int, size: int) -> int:
-    admin = AdminClient(_client_config(ctx))
-    admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=30)[topic].result(30)
-    resource = ConfigResource(
-        "GROUP",
-        group,
-        incremental_configs=[
-            ConfigEntry(
-                "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
-            )
-        ],
+    share_group_from_earliest(ctx, group)
+    return fill_topic(
+        ctx, topic, count, size, producer_config={"batch.num.messages": ACK_BATCH_RECORDS}
     )
-    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
-        future.result(timeout=30)
-    producer = Producer(
-        {
-            **_client_config(ctx),
-            "acks": "all",
-            "linger.ms": 5,
-            "batch.num.messages": ACK_BATCH_RECORDS,
-            "message.timeout.ms": 60_000,
-        }
-    )
-    value = os.urandom(size)
-    delivered = 0
-
-    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-        nonlocal delivered
-        if err is None:
-            delivered += 1
-
-    deadline = time.monotonic() + 60
-    sent = 0
-    while sent < count and time.monotonic() < deadline:
-        try:
-            producer.produce(topic, value=value, partition=0, on_delivery=on_delivery)
-            sent += 1
-        except BufferError:
-            producer.poll(0.01)
-            continue
-        if sent % 1000 == 0:
-            producer.poll(0)
-    producer.flush(60)
-    return delivered
 
 
 def bench_share_ack_latency(ctx: BenchContext) -> list[Result]:
@@ -129,7 +76,7 @@ def bench_share_ack_latency(ctx: BenchContext) -> list[Result]:
 
     consumer = ShareConsumer(
         {
-            **_client_config(ctx),
+            **client_config(ctx),
             "group.id": group,
             "share.acknowledgement.mode": "explicit",
             "max.poll.records": ACK_BATCH_RECORDS,
