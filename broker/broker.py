@@ -251,7 +251,13 @@ class Broker:
                 size=len(frame),
                 head=bytes(frame[:96]).hex(),
             )
-            return error_frame(ctx, ErrorCode.invalid_request, f"malformed request: {exc}")
+            return error_frame(
+                h.api_key,
+                h.api_version,
+                h.correlation_id,
+                ErrorCode.invalid_request,
+                f"malformed request: {exc}",
+            )
         log.debug(
             "request",
             api=api.api_name(h.api_key),
@@ -291,21 +297,13 @@ class Broker:
                 },
             )
             return api.encode_response(h.api_key, 0, h.correlation_id, body)
-        entry = (
-            self.table.lookup(h.api_key, self.table_range(h.api_key)[1])
-            if self.table.supports(h.api_key)
-            else None
-        )
+        entry = self.table.entry(h.api_key)
         message = f"{api.api_name(h.api_key)} v{h.api_version} is not supported" + (
             f"; supported versions are {entry.min_version}-{entry.max_version}" if entry else ""
         )
-        return error_frame(ctx, ErrorCode.unsupported_version, message)
-
-    def table_range(self, api_key: int) -> tuple[int, int]:
-        for e in self.table.entries():
-            if e.api_key == api_key:
-                return e.min_version, e.max_version
-        return (-1, -1)
+        return error_frame(
+            h.api_key, h.api_version, h.correlation_id, ErrorCode.unsupported_version, message
+        )
 
     def api_version_entries(self) -> list[dict[str, int]]:
         return [

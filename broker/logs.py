@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from broker.config import BrokerConfig
+from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
 from persister.commit import GroupCommit
 from persister.log import LogConfig, PartitionLog
 from persister.producer_state import ProducerStateManager
@@ -265,8 +265,6 @@ class LogManager:
         directory.mkdir(parents=True, exist_ok=True)
 
     def topic_settings(self, overrides: dict[str, str]) -> dict[str, Any]:
-        from broker.config import TOPIC_KEYS, parse_value
-
         out: dict[str, Any] = {}
         for name, key in TOPIC_KEYS.items():
             if name in overrides:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from protocol import api
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import ErrorCode
 
 log = structlog.get_logger("spool.server")
 
@@ -179,9 +179,7 @@ class Connection:
             return await self.server.dispatch(ctx, frame, body_offset)
         except Exception:
             self.log.exception("request_failed", api=api.api_name(api_key), api_version=api_version)
-            return _error_frame(
-                api_key, api_version, correlation_id, ErrorCode.unknown_server_error
-            )
+            return error_frame(api_key, api_version, correlation_id, ErrorCode.unknown_server_error)
 
     async def _send_loop(self) -> None:
         while True:
@@ -206,22 +204,12 @@ def _bare_error(correlation_id: int, code: ErrorCode) -> bytes:
     return struct.pack(">iih", 6, correlation_id, int(code))
 
 
-def _error_frame(api_key: int, api_version: int, correlation_id: int, code: ErrorCode) -> bytes:
+def error_frame(
+    api_key: int, api_version: int, correlation_id: int, code: ErrorCode, message: str | None = None
+) -> bytes:
+    """An encoded error response for a request; a bare code if the api has no schema."""
     try:
-        body = api.error_response(api_key, api_version, code)
+        body = api.error_response(api_key, api_version, code, message)
         return api.encode_response(api_key, api_version, correlation_id, body)
     except Exception:
         return _bare_error(correlation_id, code)
-
-
-def error_frame(ctx: RequestContext, code: ErrorCode, message: str | None = None) -> bytes:
-    """An encoded error response for the request in `ctx` (used by the dispatcher)."""
-    h = ctx.header
-    try:
-        body = api.error_response(h.api_key, h.api_version, code, message)
-        return api.encode_response(h.api_key, h.api_version, h.correlation_id, body)
-    except Exception:
-        return _bare_error(h.correlation_id, code)
-
-
-__all__ = ["Connection", "KafkaError", "RequestContext", "Server", "error_frame"]

@@ -354,15 +354,6 @@ def error_response(
     return build_response(api_key, version, data)
 
 
-def to_dict(entity: Entity) -> Any:
-    """A kio entity as plain dicts / lists (for logs, tests and the CLI)."""
-    if dataclasses.is_dataclass(entity) and not isinstance(entity, type):
-        return {f.name: to_dict(getattr(entity, f.name)) for f in dataclasses.fields(entity)}
-    if isinstance(entity, tuple):
-        return [to_dict(e) for e in entity]
-    return entity
-
-
 @dataclass(slots=True, frozen=True)
 class ApiEntry:
     api_key: int
@@ -398,5 +389,6 @@ class ApiTable:
     def entries(self) -> list[ApiEntry]:
         return sorted(self._entries.values(), key=lambda e: e.api_key)
 
-    def supports(self, api_key: int) -> bool:
-        return api_key in self._entries
+    def entry(self, api_key: int) -> ApiEntry | None:
+        """The api's entry whatever the version (for error messages)."""
+        return self._entries.get(api_key)

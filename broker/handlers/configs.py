@@ -12,9 +12,7 @@ from broker.config import (
     BROKER_KEYS,
     INT,
     SOURCE_DEFAULT,
-    SOURCE_DYNAMIC_BROKER,
     SOURCE_DYNAMIC_TOPIC,
-    SOURCE_STATIC_BROKER,
     STRING,
     TOPIC_KEYS,
     ConfigKey,
@@ -281,6 +279,3 @@ def apply_dynamic_broker_config(broker: Broker) -> None:
         broker.logs.reconfigure_topic(topic.name, topic.configs)
     if hasattr(broker, "groups"):
         broker.groups.configs.broker = broker.config.share_groups()
-
-
-__all__ = ["GROUP", "SOURCE_DYNAMIC_BROKER", "SOURCE_STATIC_BROKER", "apply_dynamic_broker_config"]

@@ -223,16 +223,14 @@ def _fetch_once(
                 log_start_offset=part.log_start_offset,
                 aborted_transactions=[] if committed_only else None,
             )
+            # KIP-74: the first partition returns at least one whole batch even past
+            # max_bytes; later ones only what is left of the budget.
             limit = min(p.partition_max_bytes, budget)
+            size = max(limit, 1) if total == 0 else limit
             try:
-                # The first partition may exceed max_bytes by one batch (KIP-74).
                 data = (
-                    part.read(
-                        p.fetch_offset,
-                        max(limit, 1) if total == 0 else limit,
-                        committed_only=committed_only,
-                    )
-                    if limit > 0 or total == 0
+                    part.read(p.fetch_offset, size, committed_only=committed_only)
+                    if size > 0
                     else b""
                 )
             except KafkaError as exc:
