@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,3 +203,17 @@ def share_group_from_earliest(ctx: BenchContext, group: str) -> None:
     resource = ConfigResource("GROUP", group, incremental_configs=[entry])
     for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
         future.result(timeout=30)
+
+
+def drain(consumer: Any, expected: int, deadline: float, batch: int = 1000) -> tuple[int, int, int]:
+    """Consume with a plain Consumer until `expected` records or `deadline`
+    (perf_counter); returns (records, payload bytes, error events)."""
+    received = payload = errors = 0
+    while received < expected and time.perf_counter() < deadline:
+        for msg in consumer.consume(num_messages=batch, timeout=0.1):
+            if msg.error() is not None:
+                errors += 1
+                continue
+            received += 1
+            payload += len(msg.value() or b"")
+    return received, payload, errors

@@ -29,7 +29,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench import BenchContext, BrokerProcess, Result, client_config, format_table
+from bench import BenchContext, BrokerProcess, Result, client_config, drain, format_table
 from bench.share import bench_share
 from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
 
@@ -98,18 +98,8 @@ def _fetch(ctx: BenchContext, topic: str, size: int) -> Result:
         }
     )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(ctx.partitions)])
-    received = 0
-    payload = 0
-    errors = 0
     start = time.perf_counter()
-    deadline = start + ctx.time_limit_s
-    while received < expected and time.perf_counter() < deadline:
-        for msg in consumer.consume(num_messages=10_000, timeout=0.5):
-            if msg.error() is not None:
-                errors += 1
-                continue
-            received += 1
-            payload += len(msg.value() or b"")
+    received, payload, errors = drain(consumer, expected, start + ctx.time_limit_s, 10_000)
     seconds = time.perf_counter() - start
     consumer.close()
     notes = []

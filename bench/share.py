@@ -19,7 +19,7 @@ import time
 
 from confluent_kafka import Consumer, Message, ShareConsumer, TopicPartition
 
-from bench import BenchContext, Result, client_config, fill_topic, share_group_from_earliest
+from bench import BenchContext, Result, client_config, drain, fill_topic, share_group_from_earliest
 
 # Share consumption is much slower than plain Fetch: cap the per-case record count so
 # the whole benchmark (2 topics x 3 readers) stays around a minute.
@@ -43,16 +43,8 @@ def _plain_fetch(ctx: BenchContext, topic: str, partitions: int, expected: int) 
         }
     )
     consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
-    received = payload = errors = 0
     start = time.perf_counter()
-    deadline = start + _limit(ctx)
-    while received < expected and time.perf_counter() < deadline:
-        for msg in consumer.consume(num_messages=1000, timeout=0.1):
-            if msg.error() is not None:
-                errors += 1
-                continue
-            received += 1
-            payload += len(msg.value() or b"")
+    received, payload, errors = drain(consumer, expected, start + _limit(ctx))
     seconds = time.perf_counter() - start
     consumer.close()
     notes = [f"{errors} errors"] if errors else []
