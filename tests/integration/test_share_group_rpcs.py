@@ -339,3 +339,37 @@ def test_groups_and_group_configs_survive_a_restart(broker: Broker) -> None:
         assert (entry.name, entry.value) == ("share.auto.offset.reset", "earliest")
 
     run(broker, after)
+
+
+def test_closing_the_connection_releases_the_members_records_at_once(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    # A 60 s lock: only the disconnect, not lock expiry, can hand the record over in time.
+    broker = broker_factory({"group.share.record.lock.duration.ms": "60000"})
+    create_topic(broker, "hangup", partitions=1)
+    earliest(broker, "g-hangup")
+    produce_values(broker, "hangup", [b"held"])
+
+    async def holder(client: KafkaClient) -> None:
+        assert (await heartbeat(client, "g-hangup", "m-gone", 0, ["hangup"])).error_code == 0
+        tid = await topic_id(client, "hangup")
+        got = await client.request(FETCH, 1, fetch_body("g-hangup", "m-gone", 0, tid))
+        assert len(got.responses[0].partitions[0].acquired_records) == 1
+        # `run` closes the connection without closing the share session.
+
+    run(broker, holder)
+
+    async def other(client: KafkaClient) -> None:
+        assert (await heartbeat(client, "g-hangup", "m-next", 0, ["hangup"])).error_code == 0
+        tid = await topic_id(client, "hangup")
+        epoch, acquired = 0, ()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not acquired:
+            r = await client.request(
+                FETCH, 1, fetch_body("g-hangup", "m-next", epoch, tid, max_wait=500)
+            )
+            epoch += 1
+            acquired = r.responses[0].partitions[0].acquired_records if r.responses else ()
+        assert [(a.first_offset, a.delivery_count) for a in acquired] == [(0, 2)]
+
+    run(broker, other)
