@@ -43,6 +43,17 @@ class UnknownApi(Exception):
     """The api key or version has no schema at all (kio does not know it)."""
 
 
+class MalformedRequest(Exception):
+    """A request whose bytes cannot be parsed: the connection must be closed, as Kafka
+    closes it (an error response could not be trusted by the client either)."""
+
+    def __init__(self, api_key: int, api_version: int, reason: str) -> None:
+        super().__init__(reason)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.reason = reason
+
+
 def api_name(api_key: int) -> str:
     """Kafka's snake_case name of an api key, or 'unknown(<key>)'."""
     return api_key_map.get(api_key, f"unknown({api_key})")

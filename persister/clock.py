@@ -1,0 +1,89 @@
+"""Time for the shells: the one place spool reads the wall clock.
+
+The sans-IO cores take `now_ms` as an argument; the shells around them (the share
+partition manager, the coordinator runtime, the persister, the broker's timers) take a
+`Clock` instead of calling `time` or `loop.call_later` themselves, so unit tests drive
+lock expiry, session timeouts and idle unloading with a `ManualClock` and no sleeps,
+as Kafka's tests do with its MockTime and MockTimer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch."""
+
+    def call_at(self, at_ms: int, callback: Callable[[], None]) -> Timer:
+        """Run `callback` on the event loop once `now_ms()` has reached `at_ms`."""
+
+
+class SystemClock:
+    """The wall clock and the running event loop's timers."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def call_at(self, at_ms: int, callback: Callable[[], None]) -> Timer:
+        delay_s = max(at_ms - self.now_ms(), 0) / 1000
+        return asyncio.get_running_loop().call_later(delay_s, callback)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+class _ManualTimer:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A clock that moves only when told to: `advance` fires the timers that fell due,
+    in deadline order, synchronously (callbacks that start tasks need the test to await
+    them, e.g. with `await asyncio.sleep(0)` or by awaiting what they return)."""
+
+    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
+        self._now_ms = now_ms
+        self._timers: list[tuple[int, int, _ManualTimer, Callable[[], None]]] = []
+        self._sequence = itertools.count()
+
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    def call_at(self, at_ms: int, callback: Callable[[], None]) -> Timer:
+        timer = _ManualTimer()
+        heapq.heappush(self._timers, (at_ms, next(self._sequence), timer, callback))
+        return timer
+
+    def advance(self, ms: int) -> int:
+        """Move time forward by `ms` and fire every timer now due; returns how many fired."""
+        if ms < 0:
+            raise ValueError("a clock does not go back")
+        self._now_ms += ms
+        fired = 0
+        while self._timers and self._timers[0][0] <= self._now_ms:
+            _, _, timer, callback = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                fired += 1
+                callback()
+        return fired
+
+    @property
+    def pending_timers(self) -> int:
+        return sum(1 for _, _, timer, _ in self._timers if not timer.cancelled)
