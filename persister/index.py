@@ -17,7 +17,7 @@ import os
 import struct
 import sys
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 OFFSET_ENTRY = struct.Struct(">ii")
@@ -119,6 +119,12 @@ class OffsetIndex(_IndexFile):
     def last_position(self) -> int:
         return self.positions[-1] if self.positions else 0
 
+    def truncate_to_position(self, position: int) -> None:
+        """Drop the entries pointing at or past `position` (the log was cut there)."""
+        keep = bisect_left(self.positions, position)
+        if keep < len(self.positions):
+            self.rewrite(self.relative_offsets[:keep], self.positions[:keep])
+
     def rewrite(self, relative_offsets: array[int], positions: array[int]) -> None:
         """Replace the whole index (after recovery rebuilt it from the log)."""
         self.relative_offsets = relative_offsets
@@ -182,6 +188,12 @@ class TimeIndex(_IndexFile):
         if not self.timestamps:
             return None
         return self.timestamps[-1], self.relative_offsets[-1]
+
+    def truncate_to_offset(self, relative_offset: int) -> None:
+        """Drop the entries for offsets at or past `relative_offset` (the log was cut there)."""
+        keep = bisect_left(self.relative_offsets, relative_offset)
+        if keep < len(self.relative_offsets):
+            self.rewrite(self.timestamps[:keep], self.relative_offsets[:keep])
 
     def rewrite(self, timestamps: list[int], relative_offsets: list[int]) -> None:
         """Replace the whole index (after recovery rebuilt it from the log)."""

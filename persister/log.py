@@ -27,9 +27,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import re
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,11 @@ _CHECKPOINT_VERSION = 0
 # Left behind by a crash in the middle of writing a checkpoint, deleting a segment or
 # compacting one (`replace_closed_segment`).
 _STRAY_SUFFIXES = (".tmp", ".deleted", CLEANED_SUFFIX)
+# A compacted copy of a run of closed segments, fsynced and named by the offsets it
+# covers, [first, limit): once it exists it replaces them (`replace_closed_segments`),
+# and opening the log finishes a replacement a crash interrupted.
+SWAP_SUFFIX = ".swap"
+_SWAP_NAME = re.compile(r"^(\d{20})\.(\d{20})\.swap$")
 
 
 _TOPIC_CONFIG_FIELDS = {
@@ -259,6 +265,7 @@ class PartitionLog:
     @staticmethod
     def _scan_directory(directory: Path) -> list[int]:
         """Sorted base offsets of the `.log` files; removes leftovers of interrupted work."""
+        PartitionLog._finish_swaps(directory)
         names = os.listdir(directory)
         base_offsets: set[int] = set()
         for name in names:
@@ -274,6 +281,31 @@ class PartitionLog:
                 # An index whose log was deleted before a crash finished the job.
                 (directory / name).unlink(missing_ok=True)
         return sorted(base_offsets)
+
+    @staticmethod
+    def _finish_swaps(directory: Path) -> None:
+        """Complete a `replace_closed_segments` a crash interrupted: the swap file is whole
+        (it was fsynced before it got its name), so the segments it covers go and it
+        takes the first one's place."""
+        for name in sorted(os.listdir(directory)):
+            match = _SWAP_NAME.match(name)
+            if match is None:
+                continue
+            first, limit = int(match.group(1)), int(match.group(2))
+            for other in os.listdir(directory):
+                stem, _, suffix = other.partition(".")
+                if (
+                    f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+                    and len(stem) == 20
+                    and stem.isdigit()
+                    and first <= int(stem) < limit
+                ):
+                    (directory / other).unlink()
+            os.replace(directory / name, directory / f"{first:020d}{LOG_SUFFIX}")
+            _fsync_directory(directory)
+            log.warning(
+                "segment_swap_completed", directory=str(directory), first=first, limit=limit
+            )
 
     # -------------------------------------------------------------- properties
 
@@ -605,7 +637,133 @@ class PartitionLog:
         self._unflushed = []
         self._directory_dirty = True
 
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch from `offset` (a batch boundary) on; return the bytes removed.
+
+        For undoing a write whose append or fsync failed: the log end offset goes back to
+        `offset`, segments starting at or after it are deleted, the one holding it is cut
+        and its indexes follow (Kafka's LocalLog.truncateTo). Waits for a running flush,
+        so no fd it holds changes under it. Raises OSError if the disk refuses; the log's
+        in-memory view may then be ahead of its files, and it must not be written again.
+        """
+        self._check_open()
+        if offset < self._log_start_offset:
+            raise _offset_out_of_range(
+                offset, self._log_start_offset, self.log_end_offset, self._directory
+            )
+        with self._flush_lock:
+            removed: list[LogSegment] = []
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                removed.append(self._segments.pop())
+                self._base_offsets.pop()
+            target = self._segments[-1]
+            removed_bytes = target.truncate_to(offset)
+            with self._lock:
+                gone = [target, *removed]
+                self._unflushed = [s for s in self._unflushed if all(s is not g for g in gone)]
+                self._directory_dirty |= bool(removed)
+            for segment in removed:
+                removed_bytes += segment.size
+                segment.unlink()
+                segment.close()
+            if removed:
+                _fsync_directory(self._directory)
+            if (
+                self._persisted_recovery_point is not None
+                and self._persisted_recovery_point > target.base_offset
+            ):
+                # The checkpoint names a segment that is gone: a crash now must not trust
+                # the cut segment once it is no longer the last one.
+                _write_checkpoint(self._directory / RECOVERY_POINT_CHECKPOINT, target.base_offset)
+                self._persisted_recovery_point = target.base_offset
+        log.warning(
+            "log_truncated",
+            directory=str(self._directory),
+            offset=offset,
+            log_end_offset=self.log_end_offset,
+            removed_bytes=removed_bytes,
+            removed_segments=len(removed),
+        )
+        return removed_bytes
+
     # -------------------------------------------------------------- compaction
+
+    def replace_closed_segments(
+        self, base_offsets: Sequence[int], cleaned: Path, now_ms: int
+    ) -> None:
+        """Replace a run of consecutive closed segments by one: `cleaned`, a compacted copy
+        of all of them, becomes the first one's `.log` and the others are deleted.
+
+        `cleaned` must be in the log directory and already fsynced; its batches must be
+        valid and lie in the run's offset range (checked before anything changes). It is
+        first renamed to `<first>.<limit>.swap` (the range it covers), then the old files
+        go, then it takes the first segment's name; a crash in between leaves the swap
+        file, which `open` uses to finish the job, so replay sees either the old segments
+        or the new one.
+        """
+        self._check_open()
+        if not base_offsets:
+            raise ValueError("no segments to replace")
+        slot = bisect.bisect_left(self._base_offsets, base_offsets[0])
+        last_slot = slot + len(base_offsets) - 1
+        if last_slot >= len(self._segments) - 1 or self._base_offsets[slot : last_slot + 1] != list(
+            base_offsets
+        ):
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"{self._directory.name} has no run of closed segments {list(base_offsets)}",
+            )
+        first, limit = base_offsets[0], self._base_offsets[last_slot + 1]
+        self._check_cleaned(cleaned, first, limit)
+        swap = self._directory / f"{first:020d}.{limit:020d}{SWAP_SUFFIX}"
+        os.replace(cleaned, swap)
+        _fsync_directory(self._directory)
+        old = self._segments[slot : last_slot + 1]
+        for segment in old:
+            segment.unlink()
+        os.replace(swap, self._directory / f"{first:020d}{LOG_SUFFIX}")
+        _fsync_directory(self._directory)
+        new, _, _ = LogSegment.load(
+            self._directory,
+            first,
+            now_ms,
+            trusted=False,
+            index_interval_bytes=self.config.index_interval_bytes,
+        )
+        new.on_become_inactive()
+        with self._lock:
+            self._segments[slot : last_slot + 1] = [new]
+            self._base_offsets[slot : last_slot + 1] = [first]
+            self._unflushed = [s for s in self._unflushed if all(s is not o for o in old)]
+            # The new indexes are not fsynced yet: the next flush does it.
+            self._unflushed.append(new)
+            in_flush = [o for o in old if any(s is o for s in self._flushing)]
+            for segment in in_flush:
+                segment.deleted = True
+            self._directory_dirty = True
+        for segment in old:
+            if all(segment is not s for s in in_flush):
+                segment.close()
+        log.info(
+            "segments_replaced",
+            directory=str(self._directory),
+            base_offsets=list(base_offsets),
+            previous_size=sum(s.size for s in old),
+            size=new.size,
+        )
+
+    def _check_cleaned(self, cleaned: Path, first: int, limit: int) -> None:
+        fd = os.open(cleaned, os.O_RDONLY)
+        try:
+            for pos, header in scan_batches(fd, 0, os.fstat(fd).st_size, validate=True):
+                if header.base_offset < first or header.last_offset >= limit:
+                    raise CorruptRecordError(
+                        f"compacted segment {cleaned.name}: batch at byte {pos} holds offsets "
+                        f"{header.base_offset}-{header.last_offset}, outside "
+                        f"{first}-{limit - 1}"
+                    )
+        finally:
+            os.close(fd)
 
     def replace_closed_segment(self, base_offset: int, cleaned: Path, now_ms: int) -> None:
         """Swap the `.log` of a closed segment for `cleaned` (a compacted copy) and rebuild

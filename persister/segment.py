@@ -291,6 +291,48 @@ class LogSegment:
         self.next_offset = batches[-1][1].next_offset
         self.last_modified_ms = now_ms
 
+    def truncate_to(self, offset: int) -> int:
+        """Cut the segment before the batch holding `offset` (a batch boundary); return the
+        bytes removed.
+
+        Also cuts whatever a failed append may have left past the segment's known size, so
+        at or past `next_offset` it only tidies the file end. The indexes lose the entries
+        for what was cut and the max timestamp is recomputed from what remains, as Kafka's
+        LogSegment.truncateTo does.
+        """
+        position, new_next = self.size, self.next_offset
+        if offset < self.next_offset:
+            found = self.translate_offset(offset)
+            if found is not None:
+                position, header = found
+                if header.base_offset < offset:
+                    raise ValueError(
+                        f"offset {offset} is inside the batch {header.base_offset}-"
+                        f"{header.last_offset} of {self.path(LOG_SUFFIX).name}, not at its start"
+                    )
+                new_next = max(header.base_offset, self.base_offset)
+        removed = os.fstat(self.fd).st_size - position
+        os.ftruncate(self.fd, position)
+        self.offset_index.truncate_to_position(position)
+        self.time_index.truncate_to_offset(new_next - self.base_offset)
+        self.size = position
+        self.next_offset = new_next
+        last_time = self.time_index.last_entry()
+        if last_time is None:
+            self.max_timestamp, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
+        else:
+            self.max_timestamp = last_time[0]
+            self.offset_of_max_timestamp = self.base_offset + last_time[1]
+        # Batches after the last index entry are not covered by the time index.
+        for _, header in scan_batches(
+            self.fd, self.offset_index.last_position(), position, validate=False
+        ):
+            self._observe_timestamp(header)
+        self._bytes_since_last_index_entry = position - self.offset_index.last_position()
+        if position == 0:
+            self.rolling_timestamp = None
+        return removed
+
     def on_become_inactive(self) -> None:
         """Record the segment's max timestamp in its time index (retention reads it there)."""
         self._append_final_time_entry()

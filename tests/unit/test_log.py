@@ -609,6 +609,161 @@ def test_log_config_from_kafka_names() -> None:
     assert config.retention_bytes == -1 and config.max_message_bytes == 1048588
 
 
+# ------------------------------------------------ truncation (undoing a failed write)
+
+
+def batch_offsets(plog: PartitionLog) -> list[int]:
+    return [h.base_offset for h in headers(read_all(plog))]
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_truncate_to_cuts_the_active_segment_and_appends_continue(
+    log_dir: Path, clean: bool
+) -> None:
+    config = small_config(segment_bytes=100_000, index_interval_bytes=60)
+    plog = PartitionLog.open(log_dir, config, NOW)
+    written = fill(plog, 20)
+    cut = batch_offsets(plog)[12]
+    plog.truncate_to(cut)
+    assert plog.log_end_offset == cut
+    assert read_all(plog) == b"".join(written[:12])
+    # Index entries pointing past the cut are gone: every remaining offset reads back.
+    for offset in range(cut):
+        first = headers(plog.read(offset, 1))[0]
+        assert first.base_offset <= offset <= first.last_offset
+    fresh = make_batch(2)
+    assert plog.append(fresh, NOW).first_offset == cut
+    plog.flush()
+    plog.close(clean=clean)
+    reopened = PartitionLog.open(log_dir, config, NOW)
+    assert read_all(reopened) == b"".join(written[:12]) + fresh
+    reopened.close()
+
+
+def test_truncate_to_across_segments_deletes_later_ones_and_survives_a_crash(
+    log_dir: Path,
+) -> None:
+    plog = PartitionLog.open(log_dir, small_config(), NOW)
+    written = fill(plog, 40)
+    plog.flush()  # the recovery point names a segment the truncation deletes
+    bases = plog.segment_base_offsets
+    assert len(bases) >= 4
+    offsets = batch_offsets(plog)
+    cut_index = next(i for i, o in enumerate(offsets) if o > bases[1]) + 1
+    cut = offsets[cut_index]
+    assert bases[1] < cut < bases[2]
+    plog.truncate_to(cut)
+    assert plog.segment_base_offsets == bases[:2]
+    assert sorted(p.name for p in segment_files(log_dir, LOG_SUFFIX)) == [
+        f"{b:020d}.log" for b in bases[:2]
+    ]
+    assert plog.log_end_offset == cut
+    more = fill(plog, 10, start_ts=NOW + 1000)
+    expected = b"".join(written[:cut_index]) + b"".join(more)
+    assert read_all(plog) == expected
+    plog.flush()
+    plog.close(clean=False)
+    reopened = PartitionLog.open(log_dir, small_config(), NOW)
+    assert read_all(reopened) == expected
+    reopened.close()
+
+
+def test_truncate_to_recomputes_the_max_timestamp(log_dir: Path) -> None:
+    plog = PartitionLog.open(log_dir, small_config(segment_bytes=100_000), NOW)
+    fill(plog, 5)
+    cut = plog.log_end_offset
+    plog.append(make_batch(timestamp=NOW + 10_000), NOW)
+    assert plog.offset_for_timestamp(NOW + 10_000) is not None
+    plog.truncate_to(cut)
+    assert plog.offset_for_timestamp(NOW + 10_000) is None
+    assert plog.max_timestamp_offset() == (batch_offsets(plog)[-1], NOW + 4)
+    plog.close()
+
+
+def test_truncate_to_removes_the_leftovers_of_a_failed_append(log_dir: Path) -> None:
+    plog = PartitionLog.open(log_dir, small_config(segment_bytes=100_000), NOW)
+    written = fill(plog, 5)
+    segment = segment_files(log_dir, LOG_SUFFIX)[-1]
+    size = segment.stat().st_size
+    with segment.open("r+b") as f:  # a partial batch the failed append left behind
+        f.seek(size)
+        f.write(bytes(make_batch(3))[:40])
+    plog.truncate_to(plog.log_end_offset)
+    assert segment.stat().st_size == size
+    plog.close(clean=False)
+    reopened = PartitionLog.open(log_dir, small_config(segment_bytes=100_000), NOW)
+    assert read_all(reopened) == b"".join(written)
+    reopened.close()
+
+
+def test_truncate_to_inside_a_batch_is_refused(log_dir: Path) -> None:
+    plog = PartitionLog.open(log_dir, small_config(segment_bytes=100_000), NOW)
+    plog.append(make_batch(4), NOW)
+    with pytest.raises(ValueError, match="not at its start"):
+        plog.truncate_to(2)
+    assert plog.log_end_offset == 4
+    plog.close()
+
+
+# ------------------------------------------------ replacing a run of segments
+
+
+def _concatenated(log_dir: Path, bases: list[int], name: str) -> Path:
+    path = log_dir / name
+    path.write_bytes(b"".join((log_dir / f"{b:020d}.log").read_bytes() for b in bases))
+    return path
+
+
+def test_replace_closed_segments_merges_a_run_into_one(log_dir: Path) -> None:
+    plog = PartitionLog.open(log_dir, small_config(), NOW)
+    fill(plog, 40)
+    content = read_all(plog)
+    bases = plog.segment_base_offsets
+    run = bases[:3]
+    cleaned = _concatenated(log_dir, run, f"{run[0]:020d}.log.cleaned")
+    plog.replace_closed_segments(run, cleaned, NOW)
+    assert plog.segment_base_offsets == [run[0], *bases[3:]]
+    assert read_all(plog) == content
+    assert not list(log_dir.glob("*.swap")) and not cleaned.exists()
+    plog.close(clean=False)
+    reopened = PartitionLog.open(log_dir, small_config(), NOW)
+    assert reopened.segment_base_offsets == [run[0], *bases[3:]]
+    assert read_all(reopened) == content
+    reopened.close()
+
+
+def test_replace_closed_segments_refuses_the_active_segment(log_dir: Path) -> None:
+    plog = PartitionLog.open(log_dir, small_config(), NOW)
+    fill(plog, 20)
+    bases = plog.segment_base_offsets
+    cleaned = _concatenated(log_dir, bases[-2:], "x.cleaned")
+    with pytest.raises(KafkaError):
+        plog.replace_closed_segments(bases[-2:], cleaned, NOW)
+    plog.close()
+
+
+@pytest.mark.parametrize("deleted_before_crash", [0, 1, 3])
+def test_open_finishes_a_segment_swap_a_crash_interrupted(
+    log_dir: Path, deleted_before_crash: int
+) -> None:
+    plog = PartitionLog.open(log_dir, small_config(), NOW)
+    fill(plog, 40)
+    content = read_all(plog)
+    bases = plog.segment_base_offsets
+    run, limit = bases[:3], bases[3]
+    plog.close()
+    # The swap file was written and named; the crash came while old files were removed.
+    _concatenated(log_dir, run, f"{run[0]:020d}.{limit:020d}.swap")
+    for base in run[:deleted_before_crash]:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (log_dir / f"{base:020d}{suffix}").unlink()
+    reopened = PartitionLog.open(log_dir, small_config(), NOW)
+    assert reopened.segment_base_offsets == [run[0], *bases[3:]]
+    assert read_all(reopened) == content
+    assert not list(log_dir.glob("*.swap"))
+    reopened.close()
+
+
 # ------------------------------------------------------------------ property
 
 
