@@ -25,7 +25,7 @@ from coordinator.share_persister import DurablePersister
 from coordinator.share_state import ShareStateKey
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
-from protocol import api
+from protocol import api, guard
 from protocol.errors import ErrorCode
 
 log = structlog.get_logger("spool.broker")
@@ -239,25 +239,22 @@ class Broker:
         entry = self.table.lookup(h.api_key, h.api_version)
         if entry is None:
             return self._unsupported(ctx)
+        # The structure check first: kio's reader aborts the process on lying lengths.
+        # MalformedRequest (from either) propagates: the server closes the connection.
         try:
-            request = api.decode_request(h.api_key, h.api_version, frame, body_offset)
-        except Exception as exc:
+            frame = guard.check_request(h.api_key, h.api_version, frame, body_offset)
+        except guard.InvalidRequest as exc:
             log.warning(
-                "malformed_request",
+                "invalid_request",
                 api=api.api_name(h.api_key),
                 api_version=h.api_version,
                 client_id=h.client_id,
                 error=str(exc),
-                size=len(frame),
-                head=bytes(frame[:96]).hex(),
             )
             return error_frame(
-                h.api_key,
-                h.api_version,
-                h.correlation_id,
-                ErrorCode.invalid_request,
-                f"malformed request: {exc}",
+                h.api_key, h.api_version, h.correlation_id, ErrorCode.invalid_request, str(exc)
             )
+        request = api.decode_request(h.api_key, h.api_version, frame, body_offset)
         log.debug(
             "request",
             api=api.api_name(h.api_key),

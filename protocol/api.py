@@ -117,25 +117,25 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
 
 
 def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
-    """Parse a request header; returns the header and the offset of the body."""
-    api_key, api_version, _ = HEADER_PREFIX.unpack_from(frame, 0)
+    """Parse a request header; returns the header and the offset of the body.
+
+    Raises `MalformedRequest` when the header's bytes cannot be parsed (a client id
+    length past the end of the frame, bad header tags).
+    """
+    # The guard checks the structure of request bytes; it imports this module.
+    from protocol.guard import read_request_header
+
+    if len(frame) < HEADER_PREFIX.size:
+        raise MalformedRequest(-1, -1, f"request header of {len(frame)} bytes is cut short")
+    api_key, api_version, correlation_id = HEADER_PREFIX.unpack_from(frame, 0)
     try:
         flexible = is_flexible(api_key, api_version)
     except UnknownApi:
         # Unknown version of a known api (or unknown api): only the fixed part and the
         # client id can be trusted; Kafka reads ApiVersions beyond its range as flexible.
         flexible = api_key == API_VERSIONS_KEY
-    reader = _read_header_v2 if flexible else _read_header_v1
-    header, size = reader(frame, 0)
-    return (
-        RequestHeader(
-            api_key=int(header.request_api_key),
-            api_version=int(header.request_api_version),
-            correlation_id=int(header.correlation_id),
-            client_id=header.client_id,
-        ),
-        size,
-    )
+    client_id, size = read_request_header(frame, api_key, api_version, flexible)
+    return RequestHeader(api_key, api_version, correlation_id, client_id), size
 
 
 def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset: int) -> Entity:
@@ -145,7 +145,11 @@ def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset
     some, e.g. a v8-10 Metadata field on later versions).
     """
     cls = request_class(api_key, version)
-    entity, _ = _reader(cls)(frame, offset)
+    try:
+        entity, _ = _reader(cls)(frame, offset)
+    except Exception as exc:
+        # Run `protocol.guard` first: kio aborts the process on some bad lengths.
+        raise MalformedRequest(api_key, version, f"{type(exc).__name__}: {exc}") from exc
     return entity
 
 
