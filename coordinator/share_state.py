@@ -25,7 +25,8 @@ class ShareStateKey(NamedTuple):
 
 class PersistedBatch(NamedTuple):
     """A state batch: offsets, delivery state (0 Available, 2 Acknowledged, 4 Archived),
-    delivery count."""
+    delivery count; as in Read/WriteShareGroupState. The one batch type of share state: the
+    share-partition leader builds its StateUpdates from it and the coordinator stores it."""
 
     first_offset: int
     last_offset: int

@@ -26,7 +26,7 @@ from broker.share.partition import (
     StateUpdate,
 )
 from coordinator.group_config import GroupConfig
-from coordinator.share_state import PersistedBatch, Persister, ShareStateKey
+from coordinator.share_state import Persister, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -196,7 +196,7 @@ class SharePartitionManager:
             sp.state_epoch,
             LEADER_EPOCH,
             update.start_offset,
-            [PersistedBatch(*b) for b in update.state_batches],
+            update.state_batches,
         )
 
     # -- fetch ------------------------------------------------------------------

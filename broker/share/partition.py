@@ -29,6 +29,7 @@ from typing import Final, Literal, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList, SortedSet
 
+from coordinator.share_state import PersistedBatch
 from protocol.errors import ErrorCode
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
     "ReleaseResult",
     "SharePartition",
     "SharePartitionConfig",
-    "StateBatch",
     "StateUpdate",
 ]
 
@@ -137,15 +137,6 @@ class SharePartitionConfig:
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
 
 
-class StateBatch(NamedTuple):
-    """A persisted state batch, as in Read/WriteShareGroupState (state 0, 2 or 4)."""
-
-    first_offset: int
-    last_offset: int
-    delivery_state: int
-    delivery_count: int
-
-
 @dataclass(frozen=True, slots=True)
 class StateUpdate:
     """What to write through WriteShareGroupState before answering.
@@ -155,7 +146,7 @@ class StateUpdate:
     """
 
     start_offset: int
-    state_batches: tuple[StateBatch, ...]
+    state_batches: tuple[PersistedBatch, ...]
 
 
 class AcquiredRange(NamedTuple):
@@ -278,8 +269,8 @@ def _merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _coalesce_batches(batches: Iterable[StateBatch]) -> list[StateBatch]:
-    out: list[StateBatch] = []
+def _coalesce_batches(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
+    out: list[PersistedBatch] = []
     for batch in batches:
         if out:
             prev = out[-1]
@@ -406,7 +397,7 @@ class SharePartition:
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
         self._spso_before = UNINITIALIZED_START_OFFSET
-        batches = sorted(StateBatch(*batch) for batch in state_batches)
+        batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
                 raise ValueError("state batches without a start offset")
@@ -478,7 +469,7 @@ class SharePartition:
         deadline: int = self._lock_deadlines[0][0]
         return deadline
 
-    def snapshot_state(self) -> tuple[int, list[StateBatch]]:
+    def snapshot_state(self) -> tuple[int, list[PersistedBatch]]:
         """The full durable state: (SPSO, state batches), as a snapshot would store it."""
         self._require_initialized()
         if self._speo <= self._spso:
@@ -711,7 +702,7 @@ class SharePartition:
                 "offset yet; call initialize() with the share.auto.offset.reset offset"
             )
 
-    def _load(self, start_offset: int, batches: list[StateBatch]) -> None:
+    def _load(self, start_offset: int, batches: list[PersistedBatch]) -> None:
         self._spso = self._speo = start_offset
         cursor = start_offset
         for batch in batches:
@@ -874,7 +865,7 @@ class SharePartition:
         self._changed = []
         if self._spso == self._spso_before and not changed:
             return None
-        batches: list[StateBatch] = []
+        batches: list[PersistedBatch] = []
         for first, last in changed:
             first = max(first, self._spso)
             last = min(last, self._speo - 1)
@@ -882,14 +873,14 @@ class SharePartition:
                 batches.extend(self._durable_batches(first, last))
         return StateUpdate(self._spso, tuple(_coalesce_batches(batches)))
 
-    def _durable_batches(self, first: int, last: int) -> list[StateBatch]:
+    def _durable_batches(self, first: int, last: int) -> list[PersistedBatch]:
         pieces = []
         for record in self._ranges_overlapping(first, last):
             state, delivery_count = _durable(record)
             if state is _AVAILABLE and delivery_count == 0:
                 continue  # never delivered: no state batch needed
             pieces.append(
-                StateBatch(
+                PersistedBatch(
                     max(record.first_offset, first),
                     min(record.last_offset, last),
                     int(state),

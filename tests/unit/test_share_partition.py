@@ -17,10 +17,10 @@ from broker.share.partition import (
     RecordState,
     SharePartition,
     SharePartitionConfig,
-    StateBatch,
     StateUpdate,
     _transition,
 )
+from coordinator.share_state import PersistedBatch
 from protocol.errors import ErrorCode
 
 TOPIC_ID = uuid.UUID("6d1f9c1e-0000-4000-8000-000000000001")
@@ -139,14 +139,14 @@ def test_persisted_state_is_loaded_as_ranges() -> None:
 def test_persisted_leading_done_records_move_spso() -> None:
     sp = make(100, ((100, 104, 2, 1), (105, 109, 4, 2), (110, 119, 0, 1)))
     assert sp.spso == 110
-    assert sp.snapshot_state() == (110, [StateBatch(110, 119, 0, 1)])
+    assert sp.snapshot_state() == (110, [PersistedBatch(110, 119, 0, 1)])
 
 
 def test_persisted_gap_is_available_never_delivered() -> None:
     sp = make(100, ((105, 109, 2, 1),))
     assert states(sp) == [(100, 104, A, 0, None), (105, 109, K, 1, None)]
     assert sp.next_fetch_offset() == 100
-    assert sp.snapshot_state() == (100, [StateBatch(105, 109, 2, 1)])
+    assert sp.snapshot_state() == (100, [PersistedBatch(105, 109, 2, 1)])
 
 
 def test_persisted_batches_below_start_offset_are_dropped() -> None:
@@ -206,8 +206,8 @@ def test_acquire_new_records_from_speo() -> None:
 def test_acquire_persists_acquired_as_available_with_delivery_count() -> None:
     sp = make()
     result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
-    assert result.state_update == StateUpdate(0, (StateBatch(0, 9, 0, 1),))
-    assert sp.snapshot_state() == (0, [StateBatch(0, 9, 0, 1)])
+    assert result.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),))
+    assert sp.snapshot_state() == (0, [PersistedBatch(0, 9, 0, 1)])
 
 
 def test_acquire_finishes_log_batch_beyond_max_records() -> None:
@@ -264,7 +264,9 @@ def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one
         (5, 9, Q, 1, "m1"),
         (10, 19, Q, 1, "m2"),
     ]
-    assert result.state_update == StateUpdate(0, (StateBatch(2, 4, 0, 2), StateBatch(10, 19, 0, 1)))
+    assert result.state_update == StateUpdate(
+        0, (PersistedBatch(2, 4, 0, 2), PersistedBatch(10, 19, 0, 1))
+    )
 
 
 def test_acquire_of_available_records_respects_max_records() -> None:
@@ -278,7 +280,7 @@ def test_acquire_archives_available_records_at_delivery_limit() -> None:
     result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
     assert result.acquired == (AcquiredRange(5, 9, 2),)
     assert sp.spso == 5
-    assert result.state_update == StateUpdate(5, (StateBatch(5, 9, 0, 2),))
+    assert result.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 2),))
 
 
 def test_acquire_archives_gaps_and_never_delivers_them() -> None:
@@ -289,7 +291,7 @@ def test_acquire_archives_gaps_and_never_delivers_them() -> None:
     assert result.acquired == (AcquiredRange(0, 4, 1), AcquiredRange(6, 9, 1))
     assert states(sp)[1] == (5, 5, X, 0, None)
     assert result.state_update is not None
-    assert StateBatch(5, 5, 4, 0) in result.state_update.state_batches
+    assert PersistedBatch(5, 5, 4, 0) in result.state_update.state_batches
 
 
 def test_acquire_leading_gap_moves_spso() -> None:
@@ -299,7 +301,7 @@ def test_acquire_leading_gap_moves_spso() -> None:
     )
     assert result.acquired == (AcquiredRange(5, 9, 1),)
     assert sp.spso == 5
-    assert result.state_update == StateUpdate(5, (StateBatch(5, 9, 0, 1),))
+    assert result.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 1),))
 
 
 def test_acquire_archives_offsets_missing_before_first_batch() -> None:
@@ -366,7 +368,7 @@ def test_accept_inside_a_range_splits_it() -> None:
     fetch(sp, "m1", [(0, 499)])
     result = sp.acknowledge("m1", [(250, 250, ACCEPT)], now_ms=0)
     assert states(sp) == [(0, 249, Q, 1, "m1"), (250, 250, K, 1, None), (251, 499, Q, 1, "m1")]
-    assert result.state_update == StateUpdate(0, (StateBatch(250, 250, 2, 1),))
+    assert result.state_update == StateUpdate(0, (PersistedBatch(250, 250, 2, 1),))
     assert sp.acquired_count == 499
 
 
@@ -413,7 +415,7 @@ def test_reject_archives() -> None:
     fetch(sp, "m1", [(0, 9)])
     result = sp.acknowledge("m1", [(5, 9, REJECT)], now_ms=0)
     assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, X, 1, None)]
-    assert result.state_update == StateUpdate(0, (StateBatch(5, 9, 4, 1),))
+    assert result.state_update == StateUpdate(0, (PersistedBatch(5, 9, 4, 1),))
 
 
 def test_gap_archives() -> None:
@@ -673,7 +675,7 @@ def test_snapshot_writes_acquired_as_available() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     sp.acknowledge("m1", [(5, 9, ACCEPT)], now_ms=0)
-    assert sp.snapshot_state() == (0, [StateBatch(0, 4, 0, 1), StateBatch(5, 9, 2, 1)])
+    assert sp.snapshot_state() == (0, [PersistedBatch(0, 4, 0, 1), PersistedBatch(5, 9, 2, 1)])
 
 
 def test_snapshot_roundtrips_through_constructor() -> None:
