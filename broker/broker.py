@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from broker.logs import LogManager
 from broker.server import RequestContext, Server, error_frame
 from broker.share.manager import SharePartitionManager
 from broker.share.session import ShareSessionCache
+from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
@@ -115,7 +115,6 @@ class Broker:
         self.server.on_disconnect = self._on_disconnect
         await self.server.start()
         self._tasks.append(asyncio.create_task(self._retention_loop()))
-        self._tasks.append(asyncio.create_task(self._unload_loop()))
         self._tasks.append(asyncio.create_task(self._compaction_loop()))
         log.info(
             "broker_started",
@@ -149,6 +148,7 @@ class Broker:
             self.log_partition,
             lambda part, ts: found[0] if (found := part.offset_for_timestamp(ts)) else None,
         )
+        self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
         self.groups.member_removed_hooks.append(self._on_member_removed)
         self.groups.state_deleted_hooks.append(
@@ -158,10 +158,10 @@ class Broker:
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
         self.groups.start()
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, coro: Any, **context: object) -> None:
+        """Run `coro` in the background; a failure is logged with what it was, not lost."""
+        what = getattr(coro, "__qualname__", type(coro).__name__)
+        spawn(coro, what=what, tasks=self._background, **context)
 
     def _on_member_removed(self, group_id: str, member_id: str) -> None:
         self.sessions.remove(group_id, member_id)
@@ -226,11 +226,6 @@ class Broker:
                 await self.share_persister.compact()
             except Exception:
                 log.exception("share_state_compaction_failed")
-
-    async def _unload_loop(self) -> None:
-        while True:
-            await asyncio.sleep(10)
-            self.share.unload_idle(time.time_ns() // 1_000_000)
 
     # -- dispatch ---------------------------------------------------------------
 

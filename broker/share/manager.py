@@ -3,30 +3,39 @@
 It loads a share partition's state from the persister the first time it is used
 (resolving `share.auto.offset.reset` when the state has no start offset yet), reads
 log batches for acquisition, persists every durable change before the caller
-answers, fires acquisition-lock timeouts, and wakes parked share fetches when
-records become available again.
+answers, fires acquisition-lock timeouts, unloads idle partitions, and wakes parked
+share fetches when records become available again.
+
+Every change of a share partition is two-phase: the core applies it in memory, the
+manager writes its StateUpdate through the persister, then commits it, or rolls it
+back when the write fails, so memory is never ahead of the share coordinator. Changes
+of one share partition are serialized (one lock per partition held from the call into
+the core until commit or rollback), so none is built on one that may yet be undone.
+Time comes from an injected `Clock`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import TracebackType
+from typing import Any, NoReturn, Protocol
 
 import structlog
 
 from broker.share.partition import (
     AcquiredRange,
+    PendingChange,
     SharePartition,
     SharePartitionConfig,
-    StateUpdate,
 )
+from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
 from coordinator.share_state import Persister, ShareStateKey
+from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -43,10 +52,59 @@ PARTITION_READ_BYTES = 1024 * 1024
 # A share partition holding no acquired records and unused this long is unloaded; its
 # state is durable and is read back on next use, so memory follows the active ones.
 IDLE_UNLOAD_MS = 60_000
+# How often idle share partitions are looked for.
+UNLOAD_CHECK_INTERVAL_MS = 10_000
+# When the write releasing expired locks fails, the records stay acquired (memory must not
+# run ahead of the share coordinator) and the expiry is tried again this much later.
+EXPIRY_RETRY_BACKOFF_MS = 1_000
+
+# Share coordinator errors after which the leader's view of the partition cannot be trusted:
+# it is dropped and read afresh on next use (Kafka's fencedSharePartitionHandler).
+_FENCED = frozenset({ErrorCode.fenced_state_epoch, ErrorCode.fenced_leader_epoch})
+_DROP_STATE = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.group_id_not_found,
+        ErrorCode.unknown_topic_or_partition,
+    }
+)
+_COORDINATOR_UNAVAILABLE = frozenset(
+    {
+        ErrorCode.not_coordinator,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.coordinator_load_in_progress,
+    }
+)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+def persister_error(exc: Exception) -> KafkaError:
+    """What a share client is told when the share coordinator failed a call.
+
+    As Kafka's SharePartition.fetchPersisterError: a fenced state or leader epoch becomes
+    NOT_LEADER_OR_FOLLOWER (the client refreshes metadata and retries), coordinator errors
+    COORDINATOR_NOT_AVAILABLE; a failed durable write (OSError) is KAFKA_STORAGE_ERROR, and
+    anything unexpected UNKNOWN_SERVER_ERROR.
+    """
+    if isinstance(exc, KafkaError):
+        if exc.code in _FENCED:
+            return KafkaError(
+                ErrorCode.not_leader_or_follower,
+                f"share-partition state was fenced ({exc.code.name}): {exc.message or ''}",
+            )
+        if exc.code in _COORDINATOR_UNAVAILABLE:
+            return KafkaError(ErrorCode.coordinator_not_available, exc.message)
+        return exc
+    if isinstance(exc, OSError):
+        return KafkaError(
+            ErrorCode.kafka_storage_error, f"share-state write failed: {exc.strerror or exc}"
+        )
+    return KafkaError(ErrorCode.unknown_server_error, "share-state write failed: server error")
+
+
+def _reraise_as(error: KafkaError, cause: Exception) -> NoReturn:
+    if error is cause:
+        raise error
+    raise error from cause
 
 
 class LogPartition(Protocol):
@@ -89,6 +147,40 @@ def partition_config(config: GroupConfig) -> SharePartitionConfig:
     )
 
 
+class _KeyLock:
+    """The lock of one share partition; it exists only while someone holds or awaits it."""
+
+    __slots__ = ("key", "lock", "locks", "users")
+
+    def __init__(self, locks: dict[ShareStateKey, _KeyLock], key: ShareStateKey) -> None:
+        self.locks = locks
+        self.key = key
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+    async def __aenter__(self) -> None:
+        self.users += 1
+        try:
+            await self.lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            del self.locks[self.key]
+
+
 class SharePartitionManager:
     def __init__(
         self,
@@ -96,44 +188,152 @@ class SharePartitionManager:
         groups: GroupConfigs,
         log_partition: Callable[[uuid.UUID, int], LogPartition | None],
         offset_for_timestamp: Callable[[LogPartition, int], int | None],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        idle_unload_ms: int = IDLE_UNLOAD_MS,
+        unload_check_interval_ms: int = UNLOAD_CHECK_INTERVAL_MS,
+        expiry_retry_backoff_ms: int = EXPIRY_RETRY_BACKOFF_MS,
     ) -> None:
         self.persister = persister
         self.groups = groups
         self.log_partition = log_partition
         self.offset_for_timestamp = offset_for_timestamp
+        self.clock = clock
+        self.idle_unload_ms = idle_unload_ms
+        self.unload_check_interval_ms = unload_check_interval_ms
+        self.expiry_retry_backoff_ms = expiry_retry_backoff_ms
         self.partitions: dict[ShareStateKey, SharePartition] = {}
-        self._loading: dict[ShareStateKey, asyncio.Future[SharePartition]] = {}
+        self._locks: dict[ShareStateKey, _KeyLock] = {}
         self._listeners: dict[ShareStateKey, set[Listener]] = {}
+        # Lock-expiry wake-ups: a heap of (at_ms, key), and per key the earliest one queued.
         self._deadlines: list[tuple[int, ShareStateKey]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._armed: dict[ShareStateKey, int] = {}
+        self._timer: Timer | None = None
         self._timer_at: int | None = None
-        self._expiring: asyncio.Future[None] | None = None
+        self._sweep_timer: Timer | None = None
+        self._background: set[asyncio.Future[Any]] = set()
         self._last_used: dict[ShareStateKey, int] = {}
+        self._stopped = False
+
+    def start(self) -> None:
+        """Start the idle-unload sweep (lock-expiry timers start as records are acquired)."""
+        self._stopped = False
+        self._schedule_sweep()
+
+    def stop(self) -> None:
+        self._stopped = True
+        for timer in (self._timer, self._sweep_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._timer_at = self._sweep_timer = None
+        for task in list(self._background):
+            task.cancel()
+
+    async def settle(self) -> None:
+        """Wait until the background work started so far (lock expiry) has finished."""
+        while pending := [task for task in self._background if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- serialization and persistence ------------------------------------------------
+
+    def _exclusive(self, key: ShareStateKey) -> _KeyLock:
+        """The lock to hold while changing `key`'s share partition, created on demand."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = _KeyLock(self._locks, key)
+        return entry
+
+    async def _write(
+        self,
+        key: ShareStateKey,
+        sp: SharePartition,
+        change: PendingChange,
+        operation: str,
+        **context: object,
+    ) -> None:
+        """Persist `change` and commit it; on failure roll it back and raise the KafkaError
+        the client gets (the partition is dropped when its state was fenced)."""
+        update = change.state_update
+        if update is None:
+            change.commit()
+            return
+        try:
+            await self.persister.write_state(
+                key, sp.state_epoch, LEADER_EPOCH, update.start_offset, update.state_batches
+            )
+        except BaseException as exc:
+            # Memory must not run ahead of the share coordinator: undo, whatever went wrong
+            # (a cancelled caller included, or the partition would stay locked forever).
+            change.rollback()
+            if not isinstance(exc, Exception):
+                raise
+            _reraise_as(self._failed(key, sp, operation, exc, context), exc)
+        change.commit()
+
+    def _failed(
+        self,
+        key: ShareStateKey,
+        sp: SharePartition | None,
+        operation: str,
+        exc: Exception,
+        context: dict[str, object],
+        event: str = "share_state_write_failed",
+    ) -> KafkaError:
+        """Log a failed share coordinator call with its context; the error for the client."""
+        error = persister_error(exc)
+        # A fenced epoch is the share coordinator doing its job; anything else is a failure.
+        emit = log.warning if error.code in _DROP_STATE else log.error
+        emit(
+            event,
+            group=key.group_id,
+            topic=self._topic_name(key),
+            topic_id=str(key.topic_id),
+            partition=key.partition,
+            operation=operation,
+            error=error.code.name,
+            reason=error.message,
+            **context,
+            exc_info=None if isinstance(exc, KafkaError | OSError) else exc,
+        )
+        if error.code in _DROP_STATE:
+            self._unload(key, sp)
+        return error
+
+    def _unload(self, key: ShareStateKey, sp: SharePartition | None) -> None:
+        """Forget a share partition whose state was fenced: the next use reads it afresh."""
+        if sp is not None and self.partitions.get(key) is sp:
+            del self.partitions[key]
+            self._last_used.pop(key, None)
+            log.info(
+                "share_partition_fenced",
+                group=key.group_id,
+                topic=self._topic_name(key),
+                partition=key.partition,
+            )
+            self._notify(key)
+
+    def _topic_name(self, key: ShareStateKey) -> str | None:
+        log_part = self.log_partition(key.topic_id, key.partition)
+        return None if log_part is None else log_part.topic
 
     # -- loading ----------------------------------------------------------------
 
-    async def get(self, key: ShareStateKey) -> SharePartition:
-        self._last_used[key] = now_ms()
+    async def _get(self, key: ShareStateKey) -> SharePartition:
+        """The loaded share partition of `key`, loading it if needed; hold `_exclusive(key)`."""
         sp = self.partitions.get(key)
         if sp is not None:
             sp.config = partition_config(self.groups.config(key.group_id))
-            return sp
-        pending = self._loading.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[SharePartition] = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
-        try:
-            sp = await self._load(key)
+        else:
+            try:
+                sp = await self._load(key)
+            except KafkaError as exc:
+                _reraise_as(persister_error(exc), exc)
+            except Exception as exc:
+                failed = self._failed(key, None, "load", exc, {}, event="share_state_read_failed")
+                _reraise_as(failed, exc)
             self.partitions[key] = sp
-            future.set_result(sp)
-            return sp
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise it, nobody else must
-            raise
-        finally:
-            del self._loading[key]
+        self._last_used[key] = self.clock.now_ms()
+        return sp
 
     async def _load(self, key: ShareStateKey) -> SharePartition:
         log_part = self.log_partition(key.topic_id, key.partition)
@@ -156,7 +356,7 @@ class SharePartitionManager:
         )
         if not sp.initialized:
             start = self._reset_offset(config, log_part)
-            await self._persist(key, sp, sp.initialize(start))
+            await self._write(key, sp, sp.initialize(start), "initialize")
             log.info(
                 "share_partition_initialized",
                 group=key.group_id,
@@ -178,26 +378,13 @@ class SharePartitionManager:
 
     def _reset_offset(self, config: GroupConfig, log_part: LogPartition) -> int:
         """share.auto.offset.reset: latest, earliest, or by_duration:<ISO-8601>."""
-        target = config.auto_offset_reset.timestamp(now_ms())
+        target = config.auto_offset_reset.timestamp(self.clock.now_ms())
         if target == -1:
             return log_part.high_watermark
         if target == -2:
             return log_part.log_start_offset
         found = self.offset_for_timestamp(log_part, target)
         return log_part.high_watermark if found is None else found
-
-    async def _persist(
-        self, key: ShareStateKey, sp: SharePartition, update: StateUpdate | None
-    ) -> None:
-        if update is None:
-            return
-        await self.persister.write_state(
-            key,
-            sp.state_epoch,
-            LEADER_EPOCH,
-            update.start_offset,
-            update.state_batches,
-        )
 
     # -- fetch ------------------------------------------------------------------
 
@@ -210,15 +397,40 @@ class SharePartitionManager:
         batch_size: int,
         max_bytes: int,
     ) -> FetchedPartition:
-        """Acquire records of one partition for a member and read their batches."""
-        try:
-            sp = await self.get(key)
-        except KafkaError as exc:
-            return FetchedPartition(error_code=exc.code, error_message=exc.message)
-        log_part = self.log_partition(key.topic_id, key.partition)
-        if log_part is None:
-            return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
-        await self._persist(key, sp, sp.update_log_start_offset(log_part.log_start_offset))
+        """Acquire records of one partition for a member and read their batches.
+
+        Nothing is delivered unless the acquisition is durable: when the write fails the
+        records stay as they were and the partition carries the error.
+        """
+        async with self._exclusive(key):
+            try:
+                sp = await self._get(key)
+                log_part = self.log_partition(key.topic_id, key.partition)
+                if log_part is None:
+                    return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+                # Retention or DeleteRecords moved the log start: SPSO follows first.
+                await self._write(
+                    key,
+                    sp,
+                    sp.update_log_start_offset(log_part.log_start_offset),
+                    "log_start_offset",
+                )
+                return await self._acquire(
+                    key, sp, log_part, member_id, max_records, batch_size, max_bytes
+                )
+            except KafkaError as exc:
+                return FetchedPartition(error_code=exc.code, error_message=exc.message)
+
+    async def _acquire(
+        self,
+        key: ShareStateKey,
+        sp: SharePartition,
+        log_part: LogPartition,
+        member_id: str,
+        max_records: int,
+        batch_size: int,
+        max_bytes: int,
+    ) -> FetchedPartition:
         if not sp.can_acquire():
             return FetchedPartition()
         committed_only = sp.config.isolation_level == "read_committed"
@@ -226,14 +438,11 @@ class SharePartitionManager:
         offset = sp.next_fetch_offset()
         if offset >= upper:
             return FetchedPartition()
-        try:
-            data = log_part.read(
-                offset,
-                max(min(max_bytes, PARTITION_READ_BYTES), 1),
-                committed_only=committed_only,
-            )
-        except KafkaError as exc:
-            return FetchedPartition(error_code=exc.code, error_message=exc.message)
+        data = log_part.read(
+            offset,
+            max(min(max_bytes, PARTITION_READ_BYTES), 1),
+            committed_only=committed_only,
+        )
         headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
         if not headers:
             return FetchedPartition()
@@ -244,10 +453,10 @@ class SharePartitionManager:
             [(h.base_offset, h.last_offset) for _, h in headers],
             max_records=max_records,
             batch_size=batch_size,
-            now_ms=now_ms(),
+            now_ms=self.clock.now_ms(),
             gaps=gaps,
         )
-        await self._persist(key, sp, result.state_update)
+        await self._write(key, sp, result.change, "acquire", member=member_id)
         if not result.acquired:
             return FetchedPartition()
         self._arm(key, sp)
@@ -268,35 +477,43 @@ class SharePartitionManager:
         member_id: str,
         batches: list[tuple[int, int, tuple[int, ...]]],
     ) -> tuple[ErrorCode, str | None]:
-        try:
-            sp = await self.get(key)
-        except KafkaError as exc:
-            return exc.code, exc.message
-        result = sp.acknowledge(member_id, batches, now_ms())
-        log.debug(
-            "acknowledge",
-            group=key.group_id,
-            member=member_id,
-            partition=key.partition,
-            batches=len(batches),
-            error=result.error_code.name,
-        )
-        if result.error_code != ErrorCode.none:
-            log.info(
-                "acknowledge_refused",
+        """Apply a member's acknowledgements of one partition; durable before it returns.
+
+        When the write fails the records stay acquired by the member under their lock, so
+        the same acknowledgement succeeds once retried (or the lock expires and they are
+        delivered again).
+        """
+        async with self._exclusive(key):
+            try:
+                sp = await self._get(key)
+            except KafkaError as exc:
+                return exc.code, exc.message
+            result = sp.acknowledge(member_id, batches, self.clock.now_ms())
+            log.debug(
+                "acknowledge",
                 group=key.group_id,
                 member=member_id,
-                topic_id=str(key.topic_id),
                 partition=key.partition,
+                batches=len(batches),
                 error=result.error_code.name,
-                reason=result.error_message,
             )
-            return result.error_code, result.error_message
-        try:
-            await self._persist(key, sp, result.state_update)
-        except KafkaError as exc:
-            return exc.code, exc.message
-        self._arm(key, sp)
+            if result.error_code != ErrorCode.none:
+                result.change.commit()  # refused: nothing changed
+                log.info(
+                    "acknowledge_refused",
+                    group=key.group_id,
+                    member=member_id,
+                    topic_id=str(key.topic_id),
+                    partition=key.partition,
+                    error=result.error_code.name,
+                    reason=result.error_message,
+                )
+                return result.error_code, result.error_message
+            try:
+                await self._write(key, sp, result.change, "acknowledge", member=member_id)
+            except KafkaError as exc:
+                return exc.code, exc.message
+            self._arm(key, sp)
         if result.released:
             self._notify(key)
         return ErrorCode.none, None
@@ -304,17 +521,27 @@ class SharePartitionManager:
     async def release_member(
         self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None
     ) -> int:
-        """Give back every record `member_id` holds (it left, timed out or closed)."""
+        """Give back every record `member_id` holds (it left, timed out or closed).
+
+        A partition whose write fails keeps the member's records acquired; their locks
+        expire and the expiry releases them.
+        """
         released = 0
         targets = (
             keys if keys is not None else [k for k in self.partitions if k.group_id == group_id]
         )
         for key in targets:
-            sp = self.partitions.get(key)
-            if sp is None:
+            if key not in self.partitions:
                 continue
-            result = sp.release_member(member_id, now_ms())
-            await self._persist(key, sp, result.state_update)
+            async with self._exclusive(key):
+                sp = self.partitions.get(key)
+                if sp is None:
+                    continue
+                result = sp.release_member(member_id, self.clock.now_ms())
+                try:
+                    await self._write(key, sp, result.change, "release_member", member=member_id)
+                except KafkaError:
+                    continue  # logged by _write
             if result.available or result.archived:
                 released += result.released
                 self._notify(key)
@@ -322,14 +549,18 @@ class SharePartitionManager:
             log.info("member_records_released", group=group_id, member=member_id, records=released)
         return released
 
-    def unload_idle(self, at_ms: int, idle_ms: int = IDLE_UNLOAD_MS) -> int:
+    # -- idle unloading -----------------------------------------------------------
+
+    def unload_idle(self, at_ms: int, idle_ms: int | None = None) -> int:
         """Drop share partitions nobody uses and nothing holds; returns how many."""
+        idle_for = self.idle_unload_ms if idle_ms is None else idle_ms
         idle = [
             key
             for key, sp in self.partitions.items()
             if sp.acquired_count == 0
             and key not in self._listeners
-            and at_ms - self._last_used.get(key, 0) >= idle_ms
+            and key not in self._locks
+            and at_ms - self._last_used.get(key, 0) >= idle_for
         ]
         for key in idle:
             del self.partitions[key]
@@ -337,6 +568,25 @@ class SharePartitionManager:
         if idle:
             log.info("share_partitions_unloaded", count=len(idle), loaded=len(self.partitions))
         return len(idle)
+
+    def _schedule_sweep(self, at_ms: int | None = None) -> None:
+        if at_ms is None:
+            at_ms = self.clock.now_ms() + self.unload_check_interval_ms
+        self._sweep_timer = self.clock.call_at(
+            at_ms, guarded(lambda: self._sweep(at_ms), what="share_partition_unload")
+        )
+
+    def _sweep(self, at_ms: int) -> None:
+        self._sweep_timer = None
+        try:
+            self.unload_idle(self.clock.now_ms())
+        finally:
+            if not self._stopped:
+                # The next point of the sweep's fixed grid after now: late ticks do not
+                # shift it, and a long stall does not fire a burst of catch-up sweeps.
+                interval = self.unload_check_interval_ms
+                behind = self.clock.now_ms() - at_ms
+                self._schedule_sweep(at_ms + interval * (max(behind, 0) // interval + 1))
 
     def drop(self, group_id: str | None, topic_id: uuid.UUID) -> None:
         """Forget share partitions of a deleted topic (or a group's deleted state)."""
@@ -353,52 +603,99 @@ class SharePartitionManager:
 
     def _arm(self, key: ShareStateKey, sp: SharePartition) -> None:
         deadline = sp.next_lock_deadline()
-        if deadline is None:
-            return
-        heapq.heappush(self._deadlines, (deadline, key))
-        if self._timer_at is None or deadline < self._timer_at:
-            self._schedule(deadline)
+        if deadline is not None:
+            self._wake_at(key, deadline)
 
-    def _schedule(self, deadline: int) -> None:
+    def _wake_at(self, key: ShareStateKey, at_ms: int) -> None:
+        """Look at `key`'s locks at `at_ms` (unless a wake-up at or before it is queued)."""
+        armed = self._armed.get(key)
+        if armed is not None and armed <= at_ms:
+            return
+        self._armed[key] = at_ms
+        heapq.heappush(self._deadlines, (at_ms, key))
+        if self._timer_at is None or at_ms < self._timer_at:
+            self._schedule(at_ms)
+
+    def _schedule(self, at_ms: int) -> None:
+        if self._stopped:
+            return
         if self._timer is not None:
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        delay = max(deadline - now_ms(), 0) / 1000
-        self._timer_at = deadline
-        self._timer = loop.call_later(delay, self._on_timer)
+        self._timer_at = at_ms
+        self._timer = self.clock.call_at(
+            at_ms, guarded(self._on_timer, what="share_lock_expiry_timer")
+        )
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        self._expiring = asyncio.ensure_future(self.expire_locks())
+        self._spawn(self.expire_locks(), "share_lock_expiry")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str, **context: object) -> None:
+        spawn(coro, what=what, tasks=self._background, **context)
 
     async def expire_locks(self) -> None:
-        current = now_ms()
-        due: set[ShareStateKey] = set()
-        while self._deadlines and self._deadlines[0][0] <= current:
-            due.add(heapq.heappop(self._deadlines)[1])
-        for key in due:
+        """Release the records of every lock that is due; a partition whose write fails is
+        tried again `expiry_retry_backoff_ms` later."""
+        try:
+            now = self.clock.now_ms()
+            due: dict[ShareStateKey, None] = {}
+            while self._deadlines and self._deadlines[0][0] <= now:
+                at_ms, key = heapq.heappop(self._deadlines)
+                if self._armed.get(key) == at_ms:
+                    del self._armed[key]
+                due[key] = None
+            for key in due:
+                try:
+                    await self._expire(key)
+                except Exception:
+                    # A bug, not a failed write (_expire handles those): keep the other
+                    # partitions' expiry going, and look at this one again later.
+                    log.exception(
+                        "share_lock_expiry_failed",
+                        group=key.group_id,
+                        topic=self._topic_name(key),
+                        partition=key.partition,
+                    )
+                    self._wake_at(key, self.clock.now_ms() + self.expiry_retry_backoff_ms)
+        finally:
+            if self._deadlines and (
+                self._timer_at is None or self._deadlines[0][0] < self._timer_at
+            ):
+                self._schedule(self._deadlines[0][0])
+
+    async def _expire(self, key: ShareStateKey) -> None:
+        async with self._exclusive(key):
             sp = self.partitions.get(key)
             if sp is None:
-                continue
-            result = sp.expire_locks(current)
+                return
+            now = self.clock.now_ms()
+            deadline = sp.next_lock_deadline()
+            if deadline is None:
+                return
+            if deadline > now:
+                self._wake_at(key, deadline)
+                return
+            result = sp.expire_locks(now)
             try:
-                await self._persist(key, sp, result.state_update)
-            except KafkaError as exc:
-                log.error("share_state_write_failed", group=key.group_id, error=exc.message)
-            if result.available or result.archived:
-                log.info(
-                    "acquisition_locks_expired",
-                    group=key.group_id,
-                    topic_id=str(key.topic_id),
-                    partition=key.partition,
-                    available=result.released,
-                    archived=sum(r.last_offset - r.first_offset + 1 for r in result.archived),
-                )
-                self._notify(key)
+                await self._write(key, sp, result.change, "lock_expiry")
+            except KafkaError:
+                # Logged by _write. The records stay acquired past their deadline until a
+                # write succeeds; a fenced partition was dropped and needs no retry.
+                if self.partitions.get(key) is sp:
+                    self._wake_at(key, now + self.expiry_retry_backoff_ms)
+                return
             self._arm(key, sp)
-        if self._deadlines and self._timer_at is None:
-            self._schedule(self._deadlines[0][0])
+        if result.available or result.archived:
+            log.info(
+                "acquisition_locks_expired",
+                group=key.group_id,
+                topic_id=str(key.topic_id),
+                partition=key.partition,
+                available=result.released,
+                archived=sum(r.last_offset - r.first_offset + 1 for r in result.archived),
+            )
+            self._notify(key)
 
     # -- wake-ups for parked share fetches -----------------------------------------
 
@@ -419,10 +716,6 @@ class SharePartitionManager:
     def _notify(self, key: ShareStateKey) -> None:
         for listener in list(self._listeners.get(key, ())):
             listener()
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,15 @@ this file, and nothing else does: which records a fetch acquires, who may acknow
 what a lock timeout or a departing member does, when the share-partition start offset (SPSO)
 moves, and which state has to be persisted. Nothing here awaits, does I/O, logs or reads a
 clock: the current time comes in as ``now_ms`` and every method returns what happened, plus
-the ``StateUpdate`` the caller must write through the share coordinator (WriteShareGroupState)
-BEFORE it answers the client.
+a `PendingChange` carrying the ``StateUpdate`` the caller must write through the share
+coordinator (WriteShareGroupState) BEFORE it answers the client.
+
+Changes are two-phase, as Kafka's SharePartition does with startStateTransition /
+completeStateTransition: a call applies its change in memory and journals what it replaced;
+the caller `commit()`s once the write succeeded, or `rollback()`s when it failed, which puts
+every range, SPSO, SPEO and lock deadline back exactly as before the call. Until then the
+partition refuses any other change (`ChangePending`), so nothing is built on state that may
+yet be undone.
 
 The in-flight window [spso, speo) is held as a sorted map of offset ranges, each with one
 state, so memory and work follow the number of distinct ranges, not the number of records
@@ -21,11 +28,12 @@ crash redelivers rather than loses, and an offset of the window with no state ba
 from __future__ import annotations
 
 import enum
+import functools
 import uuid
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal, NamedTuple
+from typing import Final, Literal, NamedTuple, ParamSpec, TypeVar
 
 from sortedcontainers import SortedDict, SortedList, SortedSet
 
@@ -33,16 +41,19 @@ from coordinator.share_state import PersistedBatch
 from protocol.errors import ErrorCode
 
 __all__ = [
+    "NO_CHANGE",
     "TRANSITIONS",
     "UNINITIALIZED_START_OFFSET",
     "AckResult",
     "AcknowledgeType",
     "AcquireResult",
     "AcquiredRange",
+    "ChangePending",
     "Event",
     "IllegalStateTransition",
     "InFlightRange",
     "OffsetRange",
+    "PendingChange",
     "RecordState",
     "ReleaseResult",
     "SharePartition",
@@ -187,12 +198,76 @@ class InFlightRange:
         )
 
 
+class ChangePending(RuntimeError):
+    """A change was started while the previous one is neither committed nor rolled back.
+
+    Always a bug in the caller: it must serialize the changes of a share partition and finish
+    each (commit or rollback) before the next, or a rollback would undo later work too.
+    """
+
+
+class PendingChange:
+    """A change applied in memory that is not durable yet.
+
+    Write `state_update` (when not None) through the share coordinator, then `commit()`; if the
+    write fails, `rollback()` restores the partition exactly as it was before the call. One of
+    the two, once. A call that changed nothing returns `NO_CHANGE`, for which both do nothing.
+    """
+
+    __slots__ = ("_journal", "_partition", "_speo", "_spso", "state_update")
+
+    def __init__(
+        self,
+        partition: SharePartition | None,
+        state_update: StateUpdate | None,
+        journal: list[tuple[bool, InFlightRange]],
+        spso: int,
+        speo: int,
+    ) -> None:
+        self._partition = partition
+        self.state_update = state_update
+        # (True, range) for a range put in, (False, range) for one taken out, in order.
+        self._journal = journal
+        self._spso = spso
+        self._speo = speo
+
+    @property
+    def pending(self) -> bool:
+        """Whether the change still waits for commit or rollback."""
+        return self._partition is not None and self._partition._pending is self
+
+    def commit(self) -> None:
+        """The update is durable: keep the change."""
+        if self._partition is not None:
+            self._partition._complete(self, commit=True)
+
+    def rollback(self) -> None:
+        """The update could not be written: undo the change."""
+        if self._partition is not None:
+            self._partition._complete(self, commit=False)
+
+    def __repr__(self) -> str:
+        state = "pending" if self.pending else "done"
+        return f"PendingChange({state}, {self.state_update!r})"
+
+
+NO_CHANGE: Final = PendingChange(None, None, [], UNINITIALIZED_START_OFFSET, -1)
+"""What a call that changed nothing returns: nothing to write, commit and rollback are no-ops."""
+
+
 @dataclass(frozen=True, slots=True)
 class AcquireResult:
-    """Records acquired by a fetch, ascending, and the state to persist first."""
+    """Records acquired by a fetch, ascending, and the change to persist first.
+
+    The acquisitions hold only once `change` is committed; report them to the client after.
+    """
 
     acquired: tuple[AcquiredRange, ...]
-    state_update: StateUpdate | None
+    change: PendingChange
+
+    @property
+    def state_update(self) -> StateUpdate | None:
+        return self.change.state_update
 
     @property
     def record_count(self) -> int:
@@ -205,8 +280,12 @@ class AckResult:
 
     error_code: ErrorCode
     error_message: str | None
-    state_update: StateUpdate | None
+    change: PendingChange
     released: int  # records made AVAILABLE again (a waiting fetch may be woken)
+
+    @property
+    def state_update(self) -> StateUpdate | None:
+        return self.change.state_update
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +294,35 @@ class ReleaseResult:
 
     available: tuple[OffsetRange, ...]
     archived: tuple[OffsetRange, ...]  # delivery count had reached the limit
-    state_update: StateUpdate | None
+    change: PendingChange
+
+    @property
+    def state_update(self) -> StateUpdate | None:
+        return self.change.state_update
 
     @property
     def released(self) -> int:
         return sum(r.last_offset - r.first_offset + 1 for r in self.available)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _atomic(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A change method that raises half way (a bug) leaves the partition as it found it."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except BaseException:
+            partition = args[0]
+            assert isinstance(partition, SharePartition)
+            partition._abort()
+            raise
+
+    return wrapper
 
 
 def _transition(
@@ -368,7 +471,8 @@ class SharePartition:
     Build it from the share coordinator's ReadShareGroupState answer. A start offset of -1
     (UNINITIALIZED_START_OFFSET) means no SPSO yet: resolve share.auto.offset.reset against the
     log and call `initialize`. A fetch goes: `next_fetch_offset()` -> read the log from there ->
-    `acquire(...)` with the batch boundaries read -> persist the StateUpdate -> respond.
+    `acquire(...)` with the batch boundaries read -> persist the change's StateUpdate ->
+    `change.commit()` (or `change.rollback()` if the write failed) -> respond.
     """
 
     def __init__(
@@ -394,9 +498,14 @@ class SharePartition:
         self._acquired_count = 0
         self._spso = UNINITIALIZED_START_OFFSET
         self._speo = UNINITIALIZED_START_OFFSET
+        # The change being built: ranges put in / taken out, and SPSO/SPEO before it.
+        self._journal: list[tuple[bool, InFlightRange]] = []
+        self._spso_before = UNINITIALIZED_START_OFFSET
+        self._speo_before = UNINITIALIZED_START_OFFSET
+        self._in_change = False
+        self._pending: PendingChange | None = None
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
-        self._spso_before = UNINITIALIZED_START_OFFSET
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
@@ -462,6 +571,11 @@ class SharePartition:
             return False
         return bool(self._available) or self.in_flight_count < self.config.max_in_flight_records
 
+    @property
+    def change_pending(self) -> bool:
+        """Whether a change waits for commit or rollback (no other change may start)."""
+        return self._pending is not None
+
     def next_lock_deadline(self) -> int | None:
         """The earliest acquisition lock deadline (ms), for the caller's timer; None if none."""
         if not self._lock_deadlines:
@@ -478,20 +592,23 @@ class SharePartition:
 
     # -- transitions --------------------------------------------------------------------
 
-    def initialize(self, start_offset: int) -> StateUpdate:
+    @_atomic
+    def initialize(self, start_offset: int) -> PendingChange:
         """Set the first SPSO, resolved by the caller from share.auto.offset.reset.
 
         earliest = log start offset, latest = log end offset, by_duration = the first offset
-        whose timestamp is at or after now minus the duration. Persist the returned update, so a
+        whose timestamp is at or after now minus the duration. Persist the returned change, so a
         restart does not resolve "latest" again to a later offset and skip records.
         """
         if self.initialized:
             raise RuntimeError(f"share partition already initialized at SPSO {self._spso}")
         if start_offset < 0:
             raise ValueError(f"invalid start offset {start_offset}")
+        self._start()
         self._spso = self._speo = start_offset
-        return StateUpdate(start_offset, ())
+        return self._pend(StateUpdate(start_offset, ()))
 
+    @_atomic
     def acquire(
         self,
         member_id: str,
@@ -516,11 +633,11 @@ class SharePartition:
         holds a lock until now_ms + share.record.lock.duration.ms.
         """
         self._require_initialized()
+        self._start()
         _check_offset_ranges("log batches", batches)
         _check_offset_ranges("gaps", gaps)
         if not batches or max_records <= 0:
-            return AcquireResult((), None)
-        self._begin()
+            return AcquireResult((), self._pend(None))
         limit = self.config.delivery_count_limit
         deadline = now_ms + self.config.record_lock_duration_ms
         span_first = max(batches[0][0], self._spso)
@@ -573,9 +690,10 @@ class SharePartition:
                     acquired.append(AcquiredRange(piece_first, piece_last, 1))
                 self._speo = new_last + 1
 
-        state_update = self._finish()
-        return AcquireResult(_shape_acquired(acquired, batches, batch_size), state_update)
+        change = self._finish()
+        return AcquireResult(_shape_acquired(acquired, batches, batch_size), change)
 
+    @_atomic
     def acknowledge(
         self,
         member_id: str,
@@ -591,9 +709,10 @@ class SharePartition:
         below SPSO are already done (log start moved past them) and are skipped.
         """
         self._require_initialized()
+        self._start()
         message = _validate_acknowledgement_batches(batches)
         if message is not None:
-            return AckResult(ErrorCode.invalid_request, message, None, 0)
+            return AckResult(ErrorCode.invalid_request, message, self._pend(None), 0)
         for first, last, _ in batches:
             first = max(first, self._spso)
             if first > last:
@@ -603,7 +722,7 @@ class SharePartition:
                     ErrorCode.invalid_request,
                     f"offsets {max(first, self._speo)}-{last} were never delivered "
                     f"(share-partition end offset is {self._speo})",
-                    None,
+                    self._pend(None),
                     0,
                 )
             for record in self._ranges_overlapping(first, last):
@@ -612,18 +731,17 @@ class SharePartition:
                         ErrorCode.invalid_record_state,
                         f"offset {max(record.first_offset, first)} is {record.state.name}, "
                         "not acquired",
-                        None,
+                        self._pend(None),
                         0,
                     )
                 if record.member_id != member_id:
                     return AckResult(
                         ErrorCode.invalid_record_state,
                         f"offset {max(record.first_offset, first)} is acquired by another member",
-                        None,
+                        self._pend(None),
                         0,
                     )
 
-        self._begin()
         deadline = now_ms + self.config.record_lock_duration_ms
         released = 0
         for first, last, acknowledge_types in batches:
@@ -639,6 +757,7 @@ class SharePartition:
                         released += new.record_count
         return AckResult(ErrorCode.none, None, self._finish(), released)
 
+    @_atomic
     def expire_locks(self, now_ms: int) -> ReleaseResult:
         """Release every acquisition whose lock deadline is at or before `now_ms`.
 
@@ -646,7 +765,7 @@ class SharePartition:
         share.delivery.count.limit.
         """
         self._require_initialized()
-        self._begin()
+        self._start()
         changes: list[tuple[InFlightRange, InFlightRange]] = []
         while self._lock_deadlines and self._lock_deadlines[0][0] <= now_ms:
             first: int = self._lock_deadlines[0][1]
@@ -654,6 +773,7 @@ class SharePartition:
             changes.extend(self._apply(first, record.last_offset, Event.LOCK_TIMEOUT))
         return self._release_result(changes)
 
+    @_atomic
     def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:
         """A member left, timed out or closed its share session: release what it holds.
 
@@ -663,7 +783,7 @@ class SharePartition:
         """
         del now_ms
         self._require_initialized()
-        self._begin()
+        self._start()
         held = [
             self._range_at(first)
             for _, first in self._lock_deadlines
@@ -676,16 +796,17 @@ class SharePartition:
             )
         return self._release_result(changes)
 
-    def update_log_start_offset(self, log_start_offset: int) -> StateUpdate | None:
+    @_atomic
+    def update_log_start_offset(self, log_start_offset: int) -> PendingChange:
         """Retention or DeleteRecords moved the log start: SPSO follows, state below is dropped.
 
         Acquisitions below the new start are dropped with it; their later acknowledgements are
         skipped as already done, as Kafka does.
         """
         self._require_initialized()
+        self._start()
         if log_start_offset <= self._spso:
-            return None
-        self._begin()
+            return self._pend(None)
         self._split_before(log_start_offset)
         for first in list(self._ranges.irange(maximum=log_start_offset - 1)):
             self._pop(first)
@@ -728,9 +849,9 @@ class SharePartition:
             )
             cursor = batch.last_offset + 1
         self._speo = cursor
-        self._begin()
-        self._touch(start_offset, cursor)
-        self._finish()
+        self._advance_spso()
+        self._coalesce(start_offset, cursor)
+        self._journal = []  # loading is not a change: nothing to roll back
 
     def _range_at(self, offset: int) -> InFlightRange:
         index: int = self._ranges.bisect_right(offset) - 1
@@ -753,6 +874,7 @@ class SharePartition:
         return spans
 
     def _put(self, record: InFlightRange) -> None:
+        self._journal.append((True, record))
         self._ranges[record.first_offset] = record
         if record.state is _ACQUIRED:
             self._acquired_count += record.record_count
@@ -762,6 +884,7 @@ class SharePartition:
 
     def _pop(self, first_offset: int) -> InFlightRange:
         record: InFlightRange = self._ranges.pop(first_offset)
+        self._journal.append((False, record))
         if record.state is _ACQUIRED:
             self._acquired_count -= record.record_count
             self._lock_deadlines.remove((record.lock_deadline_ms, record.first_offset))
@@ -850,12 +973,21 @@ class SharePartition:
     def _touch(self, first: int, last: int) -> None:
         self._touched.append((first, last))
 
-    def _begin(self) -> None:
+    def _start(self) -> None:
+        """Begin a change: only one at a time, and only once the previous one is finished."""
+        if self._pending is not None:
+            raise ChangePending(
+                f"share partition {self.group_id}:{self.topic_id}:{self.partition} has a change "
+                "waiting for commit or rollback"
+            )
+        self._in_change = True
+        self._journal = []
         self._changed = []
         self._touched = []
         self._spso_before = self._spso
+        self._speo_before = self._speo
 
-    def _finish(self) -> StateUpdate | None:
+    def _finish(self) -> PendingChange:
         """Advance SPSO, merge what was touched, and build the update to persist (if any)."""
         self._advance_spso()
         for first, last in _merge_spans(self._touched):
@@ -864,14 +996,58 @@ class SharePartition:
         self._touched = []
         self._changed = []
         if self._spso == self._spso_before and not changed:
-            return None
+            return self._pend(None)
         batches: list[PersistedBatch] = []
         for first, last in changed:
             first = max(first, self._spso)
             last = min(last, self._speo - 1)
             if first <= last:
                 batches.extend(self._durable_batches(first, last))
-        return StateUpdate(self._spso, tuple(_coalesce_batches(batches)))
+        return self._pend(StateUpdate(self._spso, tuple(_coalesce_batches(batches))))
+
+    def _pend(self, state_update: StateUpdate | None) -> PendingChange:
+        """End building a change: it now waits for commit or rollback, unless it is empty."""
+        self._in_change = False
+        if (
+            state_update is None
+            and not self._journal
+            and self._spso == self._spso_before
+            and self._speo == self._speo_before
+        ):
+            return NO_CHANGE
+        change = PendingChange(
+            self, state_update, self._journal, self._spso_before, self._speo_before
+        )
+        self._journal = []
+        self._pending = change
+        return change
+
+    def _complete(self, change: PendingChange, *, commit: bool) -> None:
+        if self._pending is not change:
+            raise RuntimeError(f"{change!r} is not this partition's pending change")
+        self._pending = None
+        if not commit:
+            self._undo(change._journal, change._spso, change._speo)
+        change._journal = []
+
+    def _undo(self, journal: list[tuple[bool, InFlightRange]], spso: int, speo: int) -> None:
+        """Replay the journal backwards: take out what was put in, put back what was taken."""
+        for was_put, record in reversed(journal):
+            if was_put:
+                self._pop(record.first_offset)
+            else:
+                self._put(record)
+        self._spso = spso
+        self._speo = speo
+        self._journal = []
+
+    def _abort(self) -> None:
+        """An exception escaped while a change was being built: undo what it did so far."""
+        if self._in_change:
+            self._in_change = False
+            self._undo(self._journal, self._spso_before, self._speo_before)
+            self._changed = []
+            self._touched = []
 
     def _durable_batches(self, first: int, last: int) -> list[PersistedBatch]:
         pieces = []
@@ -900,8 +1076,7 @@ class SharePartition:
             for _, new in changes
             if new.state is _ARCHIVED
         ]
-        state_update = self._finish()
-        return ReleaseResult(tuple(available), tuple(archived), state_update)
+        return ReleaseResult(tuple(available), tuple(archived), self._finish())
 
 
 def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:

@@ -1,21 +1,45 @@
-"""The share-partition manager with an in-memory share coordinator and a fake log."""
+"""The share-partition manager with an in-memory share coordinator, a fake log and a ManualClock.
+
+Share-state writes fail on demand (as a full or broken disk, or a fenced epoch, makes them
+fail): whatever the operation, the partition must be left exactly as before the failed
+write, the error must reach the caller, and the next attempt must succeed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from broker.share.manager import IDLE_UNLOAD_MS, SharePartitionManager, now_ms
+import pytest
+from structlog.testing import capture_logs
+
+from broker.share.manager import (
+    EXPIRY_RETRY_BACKOFF_MS,
+    FetchedPartition,
+    SharePartitionManager,
+)
+from broker.share.partition import InFlightRange, RecordState, SharePartition
+from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
 from coordinator.share_persister import InMemoryPersister
-from coordinator.share_state import ShareStateKey
-from protocol.errors import ErrorCode
+from coordinator.share_state import PersistedBatch, ShareStateKey
+from persister.clock import ManualClock
+from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NewRecord, build_batch
 
 TOPIC_ID = uuid.uuid4()
 KEY = ShareStateKey("g", TOPIC_ID, 0)
-ACCEPT = 1
+OTHER_KEY = ShareStateKey("g", TOPIC_ID, 1)
+ACCEPT, RELEASE, RENEW = 1, 2, 4
+LOCK_MS = 30_000  # share.record.lock.duration.ms default
+IDLE_MS = 10_000
+SWEEP_MS = 1_000
+
+A = RecordState.AVAILABLE
+Q = RecordState.ACQUIRED
 
 
 @dataclass
@@ -33,11 +57,17 @@ class FakeLog:
 
 
 class FakeGroups:
-    def __init__(self, persister: InMemoryPersister) -> None:
+    def __init__(self, persister: InMemoryPersister, delivery_count_limit: int) -> None:
         self.persister = persister
+        self.group_config = GroupConfig.effective(
+            {
+                "share.auto.offset.reset": "earliest",
+                "share.delivery.count.limit": delivery_count_limit,
+            }
+        )
 
     def config(self, group_id: str) -> GroupConfig:
-        return GroupConfig.effective({"share.auto.offset.reset": "earliest"})
+        return self.group_config
 
     async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> None:
         key = ShareStateKey(group_id, topic_id, partition)
@@ -45,46 +75,486 @@ class FakeGroups:
             await self.persister.initialize_state(key, 0, -1)
 
 
-def manager() -> tuple[SharePartitionManager, InMemoryPersister]:
-    persister = InMemoryPersister()
-    log = FakeLog()
-    return (
-        SharePartitionManager(
-            persister, FakeGroups(persister), lambda t, p: log, lambda part, ts: None
-        ),
+class FlakyPersister(InMemoryPersister):
+    """The in-memory share coordinator, whose next writes fail (per key) when told to, and
+    whose writes can be held at a gate to interleave operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Per key, what the next writes do: raise the exception, or succeed (None).
+        self.failures: dict[ShareStateKey, list[BaseException | None]] = {}
+        self.gate: asyncio.Event | None = None
+        self.writes = 0
+
+    def fail_next(
+        self, exc: BaseException, key: ShareStateKey = KEY, *, after_successes: int = 0
+    ) -> None:
+        self.failures.setdefault(key, []).extend([None] * after_successes + [exc])
+
+    async def write_state(
+        self,
+        key: ShareStateKey,
+        state_epoch: int,
+        leader_epoch: int,
+        start_offset: int,
+        batches: Sequence[PersistedBatch],
+    ) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        pending = self.failures.get(key)
+        failure = pending.pop(0) if pending else None
+        if failure is not None:
+            raise failure
+        self.writes += 1
+        await super().write_state(key, state_epoch, leader_epoch, start_offset, batches)
+
+
+STORAGE = KafkaError(ErrorCode.kafka_storage_error, "fsync of share-state segment failed")
+EIO = OSError(errno.EIO, "Input/output error")
+ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+def manager(
+    log: FakeLog | None = None, *, delivery_count_limit: int = 5
+) -> tuple[SharePartitionManager, FlakyPersister, ManualClock]:
+    persister = FlakyPersister()
+    clock = ManualClock()
+    the_log = log or FakeLog()
+    mgr = SharePartitionManager(
         persister,
+        FakeGroups(persister, delivery_count_limit),
+        lambda t, p: the_log,
+        lambda part, ts: None,
+        clock=clock,
+        idle_unload_ms=IDLE_MS,
+        unload_check_interval_ms=SWEEP_MS,
+    )
+    return mgr, persister, clock
+
+
+async def fetch(mgr: SharePartitionManager, key: ShareStateKey = KEY) -> FetchedPartition:
+    return await mgr.acquire(key, "m", max_records=100, batch_size=100, max_bytes=1 << 20)
+
+
+def spans(fetched: FetchedPartition) -> list[tuple[int, int, int]]:
+    return [(r.first_offset, r.last_offset, r.delivery_count) for r in fetched.acquired]
+
+
+def observable(sp: SharePartition) -> tuple[object, ...]:
+    return (
+        sp.spso,
+        sp.speo,
+        sp.in_flight_ranges(),
+        sp.next_lock_deadline(),
+        sp.acquired_count,
+        sp.next_fetch_offset(),
+        sp.snapshot_state(),
+        sp.change_pending,
     )
 
 
-def test_idle_partition_is_unloaded_only_when_nothing_is_acquired_and_reloads_its_state() -> None:
-    async def scenario() -> None:
-        mgr, persister = manager()
-        fetched = await mgr.acquire(KEY, "m", max_records=100, batch_size=100, max_bytes=1 << 20)
-        assert [(r.first_offset, r.last_offset) for r in fetched.acquired] == [(0, 9)]
-        later = now_ms() + 10 * IDLE_UNLOAD_MS
-        assert mgr.unload_idle(later) == 0  # records are held: stays loaded
-        assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
-        assert mgr.unload_idle(later) == 1
-        assert KEY not in mgr.partitions
-        # Reloaded from the share coordinator: the accepted records are not delivered again.
-        again = await mgr.acquire(KEY, "m", max_records=100, batch_size=100, max_bytes=1 << 20)
-        assert again.acquired == []
-        assert mgr.partitions[KEY].spso == 10
-        assert persister.shard.state(KEY).start_offset == 10  # type: ignore[union-attr]
-        mgr.stop()
-
-    asyncio.run(scenario())
+def durable(persister: InMemoryPersister, key: ShareStateKey = KEY) -> tuple[int, list[object]]:
+    state = persister.shard.state(key)
+    assert state is not None
+    return state.start_offset, list(state.batches)
 
 
-def test_recently_used_partition_is_not_unloaded() -> None:
-    async def scenario() -> None:
-        mgr, _ = manager()
-        fetched = await mgr.acquire(KEY, "m", max_records=100, batch_size=100, max_bytes=1 << 20)
-        await mgr.acknowledge(
-            KEY, "m", [(r.first_offset, r.last_offset, (ACCEPT,)) for r in fetched.acquired]
-        )
-        assert mgr.unload_idle(now_ms()) == 0
+# -- failed writes: nothing changes, the caller hears of it, the next attempt succeeds ----------
+
+
+@pytest.mark.parametrize(
+    "failure", [STORAGE, EIO, ENOSPC], ids=["kafka_storage_error", "EIO", "ENOSPC"]
+)
+async def test_failed_acknowledgement_write_leaves_records_acquired_and_a_retry_succeeds(
+    failure: BaseException,
+) -> None:
+    mgr, persister, clock = manager()
+    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    sp = mgr.partitions[KEY]
+    before, stored = observable(sp), durable(persister)
+    clock.advance(1_000)
+    persister.fail_next(failure)
+    code, message = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
+    assert code == ErrorCode.kafka_storage_error
+    assert message
+    assert observable(sp) == before
+    assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() - 1_000 + LOCK_MS)
+    assert durable(persister) == stored
+    # The same acknowledgement, retried once the disk works, is accepted.
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
+    assert (sp.spso, sp.acquired_count) == (10, 0)
+    assert durable(persister) == (10, [])
+    mgr.stop()
+
+
+async def test_failed_acknowledgement_write_then_lock_expiry_redelivers() -> None:
+    mgr, persister, clock = manager()
+    await fetch(mgr)
+    persister.fail_next(STORAGE)
+    assert (await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]))[
+        0
+    ] == ErrorCode.kafka_storage_error
+    clock.advance(LOCK_MS)
+    await mgr.settle()
+    assert spans(await fetch(mgr)) == [(0, 9, 2)]
+    mgr.stop()
+
+
+async def test_failed_acquisition_write_delivers_nothing_and_changes_nothing() -> None:
+    mgr, persister, _ = manager()
+    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    assert await mgr.acknowledge(KEY, "m", [(0, 4, (RELEASE,)), (5, 9, (ACCEPT,))]) == (
+        ErrorCode.none,
+        None,
+    )
+    sp = mgr.partitions[KEY]
+    assert sp.record_state(0) == InFlightRange(0, 4, A, 1)
+    before, stored, writes = observable(sp), durable(persister), persister.writes
+    persister.fail_next(EIO)
+    failed = await fetch(mgr)
+    assert failed == FetchedPartition(
+        error_code=ErrorCode.kafka_storage_error, error_message=failed.error_message
+    )
+    assert failed.records == b"" and failed.acquired == []
+    assert observable(sp) == before  # still AVAILABLE, delivery count 1, SPEO unchanged
+    assert (durable(persister), persister.writes) == (stored, writes)
+    assert spans(await fetch(mgr)) == [(0, 4, 2)]
+    mgr.stop()
+
+
+async def test_failed_initializing_and_first_acquisition_writes_leave_nothing_behind() -> None:
+    mgr, persister, _ = manager()
+    persister.fail_next(STORAGE)  # writing the start offset resolved by auto.offset.reset
+    failed = await fetch(mgr)
+    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    assert KEY not in mgr.partitions  # not loaded: the next use starts again
+    # This time the start offset is written, and the acquisition's write fails.
+    persister.fail_next(STORAGE, after_successes=1)
+    failed = await fetch(mgr)
+    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    sp = mgr.partitions[KEY]
+    assert (sp.spso, sp.speo, sp.acquired_count, sp.next_lock_deadline()) == (0, 0, 0, None)
+    assert durable(persister) == (0, [])
+    assert not persister.failures[KEY]
+    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    mgr.stop()
+
+
+async def last_delivery(mgr: SharePartitionManager) -> SharePartition:
+    """Records 0-9 acquired by "m" for the last time (delivery count 2 of 2): giving them back
+    archives them, a change that has to be written (a plain release needs no write, as
+    ACQUIRED is stored as AVAILABLE with its delivery count)."""
+    await fetch(mgr)
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))]) == (ErrorCode.none, None)
+    assert spans(await fetch(mgr)) == [(0, 9, 2)]
+    return mgr.partitions[KEY]
+
+
+async def test_failed_release_of_a_departed_member_keeps_records_until_their_lock_expires() -> None:
+    mgr, persister, clock = manager(delivery_count_limit=2)
+    sp = await last_delivery(mgr)
+    before = observable(sp)
+    persister.fail_next(ENOSPC)
+    with capture_logs() as logs:
+        assert await mgr.release_member("g", "m") == 0
+    assert observable(sp) == before
+    failure = next(e for e in logs if e["event"] == "share_state_write_failed")
+    assert failure["group"] == "g" and failure["partition"] == 0 and failure["topic"] == "t"
+    assert failure["operation"] == "release_member" and failure["member"] == "m"
+    # The lock still expires, and the expiry archives them.
+    clock.advance(LOCK_MS)
+    await mgr.settle()
+    assert (sp.spso, sp.speo, sp.acquired_count) == (10, 10, 0)
+    assert durable(persister) == (10, [])
+    mgr.stop()
+
+
+async def test_failed_log_start_move_changes_nothing_and_is_retried_on_the_next_fetch() -> None:
+    log = FakeLog()
+    mgr, persister, _ = manager(log)
+    await fetch(mgr)
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))]) == (ErrorCode.none, None)
+    sp = mgr.partitions[KEY]
+    before = observable(sp)
+    log.log_start_offset = 5
+    persister.fail_next(STORAGE)
+    failed = await fetch(mgr)
+    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    assert observable(sp) == before
+    assert spans(await fetch(mgr)) == [(5, 9, 2)]
+    assert sp.spso == 5
+    mgr.stop()
+
+
+@pytest.mark.parametrize("code", [ErrorCode.fenced_state_epoch, ErrorCode.fenced_leader_epoch])
+async def test_fenced_share_state_is_not_leader_or_follower_and_the_partition_is_reloaded(
+    code: ErrorCode,
+) -> None:
+    mgr, persister, _ = manager()
+    await fetch(mgr)
+    stale = mgr.partitions[KEY]
+    persister.fail_next(KafkaError(code, "state epoch 0 is older than 1"))
+    result = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
+    assert result[0] == ErrorCode.not_leader_or_follower
+    assert KEY not in mgr.partitions  # dropped: the next use reads the state afresh
+    assert stale.acquired_count == 10 and not stale.change_pending
+    # Read again: what was durable (acquired is stored as available) is delivered again.
+    assert spans(await fetch(mgr)) == [(0, 9, 2)]
+    assert mgr.partitions[KEY] is not stale
+    mgr.stop()
+
+
+async def test_fenced_acquisition_write_is_not_leader_or_follower() -> None:
+    mgr, persister, _ = manager()
+    await fetch(mgr, OTHER_KEY)
+    await mgr.acknowledge(OTHER_KEY, "m", [(0, 9, (RELEASE,))])
+    persister.fail_next(KafkaError(ErrorCode.fenced_state_epoch), key=OTHER_KEY)
+    failed = await fetch(mgr, OTHER_KEY)
+    assert failed.error_code == ErrorCode.not_leader_or_follower and not failed.acquired
+    assert OTHER_KEY not in mgr.partitions
+    mgr.stop()
+
+
+async def test_unexpected_persister_exception_is_unknown_server_error_for_that_partition_only() -> (
+    None
+):
+    mgr, persister, _ = manager()
+    await fetch(mgr)
+    await fetch(mgr, OTHER_KEY)
+    sp = mgr.partitions[KEY]
+    before = observable(sp)
+    persister.fail_next(ValueError("a bug in the coordinator"))
+    with capture_logs() as logs:
+        code, _ = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
+    assert code == ErrorCode.unknown_server_error
+    assert observable(sp) == before
+    failure = next(e for e in logs if e["event"] == "share_state_write_failed")
+    assert failure["exc_info"] is not None and failure["operation"] == "acknowledge"
+    assert await mgr.acknowledge(OTHER_KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
+    mgr.stop()
+
+
+# -- changes of one partition are serialized -------------------------------------------------
+
+
+async def test_fetch_waits_for_an_uncommitted_acquisition_and_gets_what_a_failure_left() -> None:
+    mgr, persister, _ = manager()
+    await fetch(mgr)
+    await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))])
+    persister.gate = asyncio.Event()
+    persister.fail_next(STORAGE)
+    first = asyncio.ensure_future(fetch(mgr))
+    second = asyncio.ensure_future(
+        mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
+    )
+    await asyncio.sleep(0)
+    assert mgr.partitions[KEY].change_pending  # the first fetch's change waits for its write
+    persister.gate.set()
+    failed, got = await first, await second
+    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    # Built on the rolled back state, not on the failed acquisition: delivery count 2, not 3.
+    assert spans(got) == [(0, 9, 2)]
+    assert mgr.partitions[KEY].record_state(0) == InFlightRange(
+        0, 9, Q, 2, "m2", mgr.clock.now_ms() + LOCK_MS
+    )
+    mgr.stop()
+
+
+async def test_lock_expiry_waits_for_an_acknowledgement_in_flight() -> None:
+    mgr, persister, clock = manager()
+    await fetch(mgr)
+    persister.gate = asyncio.Event()
+    persister.fail_next(STORAGE)
+    ack = asyncio.ensure_future(mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]))
+    await asyncio.sleep(0)
+    sp = mgr.partitions[KEY]
+    assert sp.change_pending and sp.acquired_count == 0  # accepted in memory, not durable
+    clock.advance(LOCK_MS)  # the lock is due while the acknowledgement is being written
+    await asyncio.sleep(0)
+    assert sp.change_pending  # the expiry waits for the acknowledgement to finish
+    persister.gate.set()
+    assert (await ack)[0] == ErrorCode.kafka_storage_error
+    await mgr.settle()
+    # The acknowledgement was rolled back, then the expiry released the records.
+    assert mgr.partitions[KEY].record_state(0) == InFlightRange(0, 9, A, 1)
+    mgr.stop()
+
+
+# -- time: lock expiry, renew and idle unloading on a ManualClock ------------------------------
+
+
+async def test_lock_expires_exactly_at_its_deadline() -> None:
+    mgr, _, clock = manager()
+    woken: list[int] = []
+    await fetch(mgr)
+    mgr.add_listener(KEY, lambda: woken.append(clock.now_ms()))
+    sp = mgr.partitions[KEY]
+    deadline = sp.next_lock_deadline()
+    assert deadline == clock.now_ms() + LOCK_MS
+    clock.advance(LOCK_MS - 1)
+    await mgr.settle()
+    assert sp.acquired_count == 10 and not woken
+    clock.advance(1)
+    await mgr.settle()
+    assert sp.record_state(0) == InFlightRange(0, 9, A, 1)
+    assert woken == [deadline]
+    mgr.stop()
+
+
+async def test_renew_moves_the_lock_deadline() -> None:
+    mgr, _, clock = manager()
+    await fetch(mgr)
+    sp = mgr.partitions[KEY]
+    clock.advance(10_000)
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (RENEW,))]) == (ErrorCode.none, None)
+    renewed = clock.now_ms() + LOCK_MS
+    assert sp.next_lock_deadline() == renewed
+    clock.advance(LOCK_MS - 10_000)  # the original deadline: nothing is released
+    await mgr.settle()
+    assert sp.acquired_count == 10
+    clock.advance(10_000 - 1)
+    await mgr.settle()
+    assert sp.acquired_count == 10
+    clock.advance(1)
+    await mgr.settle()
+    assert clock.now_ms() == renewed
+    assert sp.acquired_count == 0 and sp.next_fetch_offset() == 0
+    mgr.stop()
+
+
+async def test_failed_expiry_write_is_retried_on_a_later_tick_and_then_succeeds() -> None:
+    mgr, persister, clock = manager(delivery_count_limit=2)
+    sp = await last_delivery(mgr)
+    before = observable(sp)
+    persister.fail_next(EIO)
+    with capture_logs() as logs:
+        clock.advance(LOCK_MS)
+        await mgr.settle()
+    assert observable(sp) == before  # still acquired: the release is not durable
+    failure = next(e for e in logs if e["event"] == "share_state_write_failed")
+    assert failure["operation"] == "lock_expiry" and failure["partition"] == 0
+    assert failure["error"] == "kafka_storage_error"
+    clock.advance(EXPIRY_RETRY_BACKOFF_MS - 1)
+    await mgr.settle()
+    assert sp.acquired_count == 10
+    clock.advance(1)
+    await mgr.settle()
+    assert (sp.spso, sp.speo, sp.acquired_count) == (10, 10, 0)  # archived at the limit
+    assert durable(persister) == (10, [])
+    mgr.stop()
+
+
+async def test_expiry_survives_an_exception_and_keeps_expiring_other_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mgr, _, clock = manager()
+    await fetch(mgr)
+    await fetch(mgr, OTHER_KEY)
+    broken = mgr.partitions[KEY]
+    real = SharePartition.expire_locks
+
+    def expire_locks(self: SharePartition, now_ms: int) -> object:
+        if self is broken:
+            raise RuntimeError("bug")
+        return real(self, now_ms)
+
+    monkeypatch.setattr(SharePartition, "expire_locks", expire_locks)
+    with capture_logs() as logs:
+        clock.advance(LOCK_MS)
+        await mgr.settle()
+    assert any(e["event"] == "share_lock_expiry_failed" for e in logs)
+    assert mgr.partitions[OTHER_KEY].acquired_count == 0
+    assert broken.acquired_count == 10 and not broken.change_pending
+    monkeypatch.undo()
+    clock.advance(EXPIRY_RETRY_BACKOFF_MS)
+    await mgr.settle()
+    assert broken.acquired_count == 0
+    mgr.stop()
+
+
+async def test_idle_partition_is_unloaded_after_the_idle_time_only_when_nothing_is_acquired() -> (
+    None
+):
+    mgr, persister, clock = manager()
+    mgr.start()
+    fetched = await fetch(mgr)
+    assert spans(fetched) == [(0, 9, 1)]
+    clock.advance(2 * IDLE_MS)
+    assert KEY in mgr.partitions  # records are held: stays loaded
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
+    clock.advance(IDLE_MS - 1)
+    assert KEY in mgr.partitions
+    clock.advance(1)
+    assert KEY not in mgr.partitions
+    # Reloaded from the share coordinator: the accepted records are not delivered again.
+    again = await fetch(mgr)
+    assert again.acquired == []
+    assert mgr.partitions[KEY].spso == 10
+    assert durable(persister) == (10, [])
+    mgr.stop()
+
+
+async def test_recently_used_partition_is_not_unloaded() -> None:
+    mgr, _, clock = manager()
+    mgr.start()
+    fetched = await fetch(mgr)
+    await mgr.acknowledge(
+        KEY, "m", [(r.first_offset, r.last_offset, (ACCEPT,)) for r in fetched.acquired]
+    )
+    for _ in range(5):
+        clock.advance(IDLE_MS - SWEEP_MS)
+        await fetch(mgr)  # used again before it went idle
         assert KEY in mgr.partitions
-        mgr.stop()
+    mgr.stop()
+    clock.advance(10 * IDLE_MS)
+    assert KEY in mgr.partitions and clock.pending_timers == 0  # stopped: no sweep
 
-    asyncio.run(scenario())
+
+async def test_partition_with_a_write_in_flight_is_not_unloaded() -> None:
+    mgr, persister, clock = manager()
+    await fetch(mgr)
+    persister.gate = asyncio.Event()
+    persister.fail_next(STORAGE)
+    ack = asyncio.ensure_future(mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]))
+    await asyncio.sleep(0)
+    sp = mgr.partitions[KEY]
+    assert sp.change_pending and sp.acquired_count == 0  # looks idle, but may be undone
+    clock.advance(IDLE_MS)
+    assert mgr.unload_idle(clock.now_ms()) == 0
+    persister.gate.set()
+    assert (await ack)[0] == ErrorCode.kafka_storage_error
+    assert mgr.partitions[KEY] is sp and sp.acquired_count == 10
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
+    mgr.stop()
+
+
+# -- background work is logged, never lost -----------------------------------------------------
+
+
+async def test_spawned_task_failure_is_logged_with_its_context() -> None:
+    async def fails() -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    tasks: set[asyncio.Future[object]] = set()
+    with capture_logs() as logs:
+        task = spawn(fails(), what="release_member", tasks=tasks, group="g", member="m")
+        await asyncio.gather(task, return_exceptions=True)
+    assert not tasks
+    [entry] = [e for e in logs if e["event"] == "background_task_failed"]
+    assert entry["task"] == "release_member" and entry["group"] == "g" and entry["member"] == "m"
+    assert isinstance(entry["exc_info"], OSError)
+
+
+def test_guarded_timer_callback_logs_and_swallows_its_exception() -> None:
+    clock = ManualClock()
+    ran: list[int] = []
+
+    def tick() -> None:
+        ran.append(clock.now_ms())
+        raise RuntimeError("bug")
+
+    clock.call_at(clock.now_ms() + 5, guarded(tick, what="sweep", group="g"))
+    with capture_logs() as logs:
+        assert clock.advance(5) == 1
+    assert ran and logs[0]["event"] == "background_task_failed" and logs[0]["task"] == "sweep"

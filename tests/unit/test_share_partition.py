@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from broker.share.partition import (
+    NO_CHANGE,
     TRANSITIONS,
     AcknowledgeType,
     AcquiredRange,
+    ChangePending,
     Event,
     IllegalStateTransition,
     InFlightRange,
     OffsetRange,
+    PendingChange,
     RecordState,
     SharePartition,
     SharePartitionConfig,
@@ -61,6 +66,16 @@ def make(
     )
 
 
+R = TypeVar("R")
+
+
+def committed(result: R) -> R:
+    """Commit the change a call returned (its write succeeded), and return the call's result."""
+    change = result if isinstance(result, PendingChange) else result.change  # type: ignore[attr-defined]
+    change.commit()
+    return result
+
+
 def states(sp: SharePartition) -> list[tuple[int, int, RecordState, int, str | None]]:
     return [
         (r.first_offset, r.last_offset, r.state, r.delivery_count, r.member_id)
@@ -79,13 +94,15 @@ def fetch(
     gaps: tuple[tuple[int, int], ...] = (),
 ) -> list[AcquiredRange]:
     return list(
-        sp.acquire(
-            member,
-            batches,
-            max_records=max_records,
-            batch_size=batch_size,
-            now_ms=now_ms,
-            gaps=gaps,
+        committed(
+            sp.acquire(
+                member,
+                batches,
+                max_records=max_records,
+                batch_size=batch_size,
+                now_ms=now_ms,
+                gaps=gaps,
+            )
         ).acquired
     )
 
@@ -173,15 +190,15 @@ def test_uninitialized_partition_needs_start_offset() -> None:
     with pytest.raises(RuntimeError):
         sp.next_fetch_offset()
     with pytest.raises(RuntimeError):
-        sp.acquire("m", [(0, 9)], max_records=10, batch_size=10, now_ms=0)
+        committed(sp.acquire("m", [(0, 9)], max_records=10, batch_size=10, now_ms=0))
 
 
 def test_initialize_sets_spso_and_asks_to_persist_it() -> None:
     sp = make(start_offset=-1)
-    assert sp.initialize(42) == StateUpdate(42, ())
+    assert committed(sp.initialize(42)).state_update == StateUpdate(42, ())
     assert (sp.spso, sp.speo, sp.next_fetch_offset()) == (42, 42, 42)
     with pytest.raises(RuntimeError):
-        sp.initialize(50)
+        committed(sp.initialize(50))
 
 
 def test_uninitialized_partition_with_state_batches_is_rejected() -> None:
@@ -194,7 +211,7 @@ def test_uninitialized_partition_with_state_batches_is_rejected() -> None:
 
 def test_acquire_new_records_from_speo() -> None:
     sp = make()
-    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=1_000)
+    result = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=1_000))
     assert result.acquired == (AcquiredRange(0, 9, 1),)
     assert states(sp) == [(0, 9, Q, 1, "m1")]
     assert sp.speo == 10
@@ -205,7 +222,7 @@ def test_acquire_new_records_from_speo() -> None:
 
 def test_acquire_persists_acquired_as_available_with_delivery_count() -> None:
     sp = make()
-    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
+    result = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0))
     assert result.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),))
     assert sp.snapshot_state() == (0, [PersistedBatch(0, 9, 0, 1)])
 
@@ -235,7 +252,7 @@ def test_window_reopens_when_spso_advances() -> None:
     sp = make(max_in_flight=10)
     fetch(sp, "m1", [(0, 9)])
     assert not sp.can_acquire()
-    sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0))
     assert sp.can_acquire()
     assert fetch(sp, "m1", [(10, 19)]) == [AcquiredRange(10, 14, 1)]
 
@@ -254,9 +271,11 @@ def test_acquire_returns_ranges_of_about_batch_size_on_log_batch_boundaries() ->
 def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(2, 4, RELEASE)], now_ms=0)
+    committed(sp.acknowledge("m1", [(2, 4, RELEASE)], now_ms=0))
     assert sp.next_fetch_offset() == 2
-    result = sp.acquire("m2", [(0, 9), (10, 19)], max_records=100, batch_size=100, now_ms=5)
+    result = committed(
+        sp.acquire("m2", [(0, 9), (10, 19)], max_records=100, batch_size=100, now_ms=5)
+    )
     assert result.acquired == (AcquiredRange(2, 4, 2), AcquiredRange(10, 19, 1))
     assert states(sp) == [
         (0, 1, Q, 1, "m1"),
@@ -277,7 +296,7 @@ def test_acquire_of_available_records_respects_max_records() -> None:
 
 def test_acquire_archives_available_records_at_delivery_limit() -> None:
     sp = make(0, ((0, 4, 0, 3), (5, 9, 0, 1)), limit=3)
-    result = sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0)
+    result = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0))
     assert result.acquired == (AcquiredRange(5, 9, 2),)
     assert sp.spso == 5
     assert result.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 2),))
@@ -285,8 +304,15 @@ def test_acquire_archives_available_records_at_delivery_limit() -> None:
 
 def test_acquire_archives_gaps_and_never_delivers_them() -> None:
     sp = make()
-    result = sp.acquire(
-        "m1", [(0, 4), (5, 5), (6, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((5, 5),)
+    result = committed(
+        sp.acquire(
+            "m1",
+            [(0, 4), (5, 5), (6, 9)],
+            max_records=100,
+            batch_size=100,
+            now_ms=0,
+            gaps=((5, 5),),
+        )
     )
     assert result.acquired == (AcquiredRange(0, 4, 1), AcquiredRange(6, 9, 1))
     assert states(sp)[1] == (5, 5, X, 0, None)
@@ -296,8 +322,10 @@ def test_acquire_archives_gaps_and_never_delivers_them() -> None:
 
 def test_acquire_leading_gap_moves_spso() -> None:
     sp = make()
-    result = sp.acquire(
-        "m1", [(0, 4), (5, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((0, 4),)
+    result = committed(
+        sp.acquire(
+            "m1", [(0, 4), (5, 9)], max_records=100, batch_size=100, now_ms=0, gaps=((0, 4),)
+        )
     )
     assert result.acquired == (AcquiredRange(5, 9, 1),)
     assert sp.spso == 5
@@ -331,7 +359,7 @@ def test_acquire_ignores_batches_below_spso() -> None:
 def test_acquire_skips_records_that_are_not_available() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0))
     assert fetch(sp, "m2", [(0, 9)]) == [AcquiredRange(0, 0, 2)]
     assert fetch(sp, "m2", [(0, 9)]) == []
 
@@ -339,15 +367,20 @@ def test_acquire_skips_records_that_are_not_available() -> None:
 def test_acquire_with_nothing_to_acquire_changes_nothing() -> None:
     sp = make()
     before = whole_state(sp)
-    assert sp.acquire("m1", [], max_records=10, batch_size=10, now_ms=0).state_update is None
-    assert sp.acquire("m1", [(0, 9)], max_records=0, batch_size=10, now_ms=0).acquired == ()
+    assert (
+        committed(sp.acquire("m1", [], max_records=10, batch_size=10, now_ms=0)).state_update
+        is None
+    )
+    assert (
+        committed(sp.acquire("m1", [(0, 9)], max_records=0, batch_size=10, now_ms=0)).acquired == ()
+    )
     assert whole_state(sp) == before
 
 
 def test_acquire_rejects_unordered_log_batches() -> None:
     sp = make()
     with pytest.raises(ValueError):
-        sp.acquire("m1", [(10, 19), (0, 9)], max_records=10, batch_size=10, now_ms=0)
+        committed(sp.acquire("m1", [(10, 19), (0, 9)], max_records=10, batch_size=10, now_ms=0))
 
 
 # -- acknowledge -----------------------------------------------------------------------------
@@ -356,7 +389,7 @@ def test_acquire_rejects_unordered_log_batches() -> None:
 def test_accept_acknowledges_and_moves_spso() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    result = sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.none
     assert (sp.spso, sp.speo, sp.range_count, sp.acquired_count) == (10, 10, 0, 0)
     assert result.state_update == StateUpdate(10, ())
@@ -366,7 +399,7 @@ def test_accept_acknowledges_and_moves_spso() -> None:
 def test_accept_inside_a_range_splits_it() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 499)])
-    result = sp.acknowledge("m1", [(250, 250, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(250, 250, ACCEPT)], now_ms=0))
     assert states(sp) == [(0, 249, Q, 1, "m1"), (250, 250, K, 1, None), (251, 499, Q, 1, "m1")]
     assert result.state_update == StateUpdate(0, (PersistedBatch(250, 250, 2, 1),))
     assert sp.acquired_count == 499
@@ -375,24 +408,24 @@ def test_accept_inside_a_range_splits_it() -> None:
 def test_spso_waits_for_the_leading_record() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(1, 9, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(1, 9, ACCEPT)], now_ms=0))
     assert sp.spso == 0
-    sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0))
     assert sp.spso == 10
 
 
 def test_adjacent_acknowledged_ranges_merge() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(1, 3, ACCEPT), (4, 6, ACCEPT)], now_ms=0)
-    sp.acknowledge("m1", [(7, 9, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(1, 3, ACCEPT), (4, 6, ACCEPT)], now_ms=0))
+    committed(sp.acknowledge("m1", [(7, 9, ACCEPT)], now_ms=0))
     assert states(sp) == [(0, 0, Q, 1, "m1"), (1, 9, K, 1, None)]
 
 
 def test_release_makes_records_available_with_same_delivery_count() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    result = sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0))
     assert result.error_code == ErrorCode.none
     assert result.released == 10
     assert states(sp) == [(0, 9, A, 1, None)]
@@ -404,7 +437,7 @@ def test_release_makes_records_available_with_same_delivery_count() -> None:
 def test_release_at_delivery_limit_archives() -> None:
     sp = make(0, ((0, 9, 0, 1),), limit=2)
     fetch(sp, "m1", [(0, 9)])
-    result = sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0))
     assert result.released == 0
     assert (sp.spso, sp.range_count) == (10, 0)
     assert result.state_update == StateUpdate(10, ())
@@ -413,7 +446,7 @@ def test_release_at_delivery_limit_archives() -> None:
 def test_reject_archives() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    result = sp.acknowledge("m1", [(5, 9, REJECT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(5, 9, REJECT)], now_ms=0))
     assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, X, 1, None)]
     assert result.state_update == StateUpdate(0, (PersistedBatch(5, 9, 4, 1),))
 
@@ -421,18 +454,18 @@ def test_reject_archives() -> None:
 def test_gap_archives() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(0, 0, GAP)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 0, GAP)], now_ms=0))
     assert sp.spso == 1
 
 
 def test_renew_restarts_lock_and_persists_nothing() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)], now_ms=0)
-    result = sp.acknowledge("m1", [(0, 4, RENEW)], now_ms=20_000)
+    result = committed(sp.acknowledge("m1", [(0, 4, RENEW)], now_ms=20_000))
     assert result.error_code == ErrorCode.none
     assert result.state_update is None
     assert [r.lock_deadline_ms for r in sp.in_flight_ranges()] == [20_000 + LOCK_MS, LOCK_MS]
-    sp.expire_locks(LOCK_MS)
+    committed(sp.expire_locks(LOCK_MS))
     assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, A, 1, None)]
 
 
@@ -446,7 +479,7 @@ def test_per_offset_acknowledge_types() -> None:
         AcknowledgeType.REJECT,
         AcknowledgeType.RENEW,
     )
-    result = sp.acknowledge("m1", [(0, 4, types)], now_ms=7)
+    result = committed(sp.acknowledge("m1", [(0, 4, types)], now_ms=7))
     assert result.error_code == ErrorCode.none
     assert result.released == 1
     assert states(sp) == [(1, 1, A, 1, None), (2, 3, X, 1, None), (4, 4, Q, 1, "m1")]
@@ -457,7 +490,7 @@ def test_ack_by_other_member_is_refused() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     before = whole_state(sp)
-    result = sp.acknowledge("m2", [(0, 9, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m2", [(0, 9, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.invalid_record_state
     assert result.state_update is None
     assert whole_state(sp) == before
@@ -468,7 +501,7 @@ def test_ack_is_atomic_across_batches() -> None:
     fetch(sp, "m1", [(0, 9)])
     fetch(sp, "m2", [(10, 19)])
     before = whole_state(sp)
-    result = sp.acknowledge("m1", [(0, 9, ACCEPT), (10, 10, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(0, 9, ACCEPT), (10, 10, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.invalid_record_state
     assert whole_state(sp) == before
 
@@ -476,17 +509,17 @@ def test_ack_is_atomic_across_batches() -> None:
 def test_ack_of_available_record_is_invalid_record_state() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0)
-    result = sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 0, RELEASE)], now_ms=0))
+    result = committed(sp.acknowledge("m1", [(0, 0, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.invalid_record_state
 
 
 def test_ack_of_acknowledged_record_is_invalid_record_state() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(5, 5, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(5, 5, ACCEPT)], now_ms=0))
     before = whole_state(sp)
-    result = sp.acknowledge("m1", [(4, 6, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(4, 6, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.invalid_record_state
     assert whole_state(sp) == before
 
@@ -494,8 +527,8 @@ def test_ack_of_acknowledged_record_is_invalid_record_state() -> None:
 def test_ack_after_lock_expiry_is_refused() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)], now_ms=0)
-    sp.expire_locks(LOCK_MS)
-    assert sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=LOCK_MS).error_code == (
+    committed(sp.expire_locks(LOCK_MS))
+    assert committed(sp.acknowledge("m1", [(0, 9, ACCEPT)], now_ms=LOCK_MS)).error_code == (
         ErrorCode.invalid_record_state
     )
 
@@ -504,7 +537,7 @@ def test_ack_past_speo_is_invalid_request() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     before = whole_state(sp)
-    result = sp.acknowledge("m1", [(5, 10, ACCEPT)], now_ms=0)
+    result = committed(sp.acknowledge("m1", [(5, 10, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.invalid_request
     assert whole_state(sp) == before
 
@@ -536,7 +569,7 @@ def test_malformed_acknowledgement_is_invalid_request(
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     before = whole_state(sp)
-    result = sp.acknowledge("m1", batches, now_ms=0)
+    result = committed(sp.acknowledge("m1", batches, now_ms=0))
     assert result.error_code == ErrorCode.invalid_request
     assert result.error_message
     assert whole_state(sp) == before
@@ -545,8 +578,8 @@ def test_malformed_acknowledgement_is_invalid_request(
 def test_ack_below_spso_is_skipped_as_done() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0)
-    result = sp.acknowledge("m1", [(0, 6, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 4, ACCEPT)], now_ms=0))
+    result = committed(sp.acknowledge("m1", [(0, 6, ACCEPT)], now_ms=0))
     assert result.error_code == ErrorCode.none
     assert states(sp) == [(7, 9, Q, 1, "m1")]
 
@@ -559,8 +592,8 @@ def test_lock_expiry_makes_records_available() -> None:
     fetch(sp, "m1", [(0, 9)], now_ms=100)
     fetch(sp, "m2", [(10, 19)], now_ms=200)
     assert sp.next_lock_deadline() == 100 + LOCK_MS
-    assert sp.expire_locks(100 + LOCK_MS - 1).available == ()
-    result = sp.expire_locks(100 + LOCK_MS)
+    assert committed(sp.expire_locks(100 + LOCK_MS - 1)).available == ()
+    result = committed(sp.expire_locks(100 + LOCK_MS))
     assert result.available == (OffsetRange(0, 9),)
     assert result.released == 10
     assert result.state_update is None
@@ -572,7 +605,7 @@ def test_lock_expiry_makes_records_available() -> None:
 def test_lock_expiry_at_delivery_limit_archives() -> None:
     sp = make(limit=1)
     fetch(sp, "m1", [(0, 9)], now_ms=0)
-    result = sp.expire_locks(LOCK_MS)
+    result = committed(sp.expire_locks(LOCK_MS))
     assert result.archived == (OffsetRange(0, 9),)
     assert result.state_update == StateUpdate(10, ())
     assert (sp.spso, sp.range_count) == (10, 0)
@@ -581,8 +614,8 @@ def test_lock_expiry_at_delivery_limit_archives() -> None:
 def test_lock_expiry_of_split_range_releases_every_piece() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)], now_ms=0)
-    sp.acknowledge("m1", [(3, 3, ACCEPT), (6, 6, ACCEPT)], now_ms=0)
-    sp.expire_locks(LOCK_MS)
+    committed(sp.acknowledge("m1", [(3, 3, ACCEPT), (6, 6, ACCEPT)], now_ms=0))
+    committed(sp.expire_locks(LOCK_MS))
     assert sp.acquired_count == 0
     assert sp.next_lock_deadline() is None
     assert states(sp) == [
@@ -601,7 +634,7 @@ def test_release_member_returns_only_its_records() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     fetch(sp, "m2", [(10, 19)])
-    result = sp.release_member("m1", now_ms=5)
+    result = committed(sp.release_member("m1", now_ms=5))
     assert result.available == (OffsetRange(0, 9),)
     assert states(sp) == [(0, 9, A, 1, None), (10, 19, Q, 1, "m2")]
     assert sp.acquired_count == 10
@@ -610,14 +643,14 @@ def test_release_member_returns_only_its_records() -> None:
 def test_release_member_keeps_delivery_count() -> None:
     sp = make(0, ((0, 9, 0, 2),))
     fetch(sp, "m1", [(0, 9)])
-    sp.release_member("m1", now_ms=0)
+    committed(sp.release_member("m1", now_ms=0))
     assert states(sp) == [(0, 9, A, 3, None)]
 
 
 def test_release_member_at_delivery_limit_archives() -> None:
     sp = make(0, ((0, 4, 0, 2), (5, 9, 0, 0)), limit=3)
     fetch(sp, "m1", [(0, 9)])
-    result = sp.release_member("m1", now_ms=0)
+    result = committed(sp.release_member("m1", now_ms=0))
     assert result.archived == (OffsetRange(0, 4),)
     assert result.available == (OffsetRange(5, 9),)
     assert sp.spso == 5
@@ -627,7 +660,7 @@ def test_release_unknown_member_changes_nothing() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
     before = whole_state(sp)
-    assert sp.release_member("nobody", now_ms=0).state_update is None
+    assert committed(sp.release_member("nobody", now_ms=0)).state_update is None
     assert whole_state(sp) == before
 
 
@@ -637,18 +670,18 @@ def test_release_unknown_member_changes_nothing() -> None:
 def test_log_start_past_spso_drops_state_below() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    assert sp.update_log_start_offset(4) == StateUpdate(4, ())
+    assert committed(sp.update_log_start_offset(4)).state_update == StateUpdate(4, ())
     assert states(sp) == [(4, 9, Q, 1, "m1")]
     assert sp.acquired_count == 6
     # The dropped offsets are done: acknowledging them is skipped, not refused.
-    assert sp.acknowledge("m1", [(0, 5, ACCEPT)], now_ms=0).error_code == ErrorCode.none
+    assert committed(sp.acknowledge("m1", [(0, 5, ACCEPT)], now_ms=0)).error_code == ErrorCode.none
     assert sp.spso == 6
 
 
 def test_log_start_past_speo_empties_window() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    assert sp.update_log_start_offset(50) == StateUpdate(50, ())
+    assert committed(sp.update_log_start_offset(50)).state_update == StateUpdate(50, ())
     assert (sp.spso, sp.speo, sp.range_count, sp.acquired_count) == (50, 50, 0, 0)
     assert sp.next_lock_deadline() is None
     assert sp.next_fetch_offset() == 50
@@ -656,16 +689,16 @@ def test_log_start_past_speo_empties_window() -> None:
 
 def test_log_start_not_past_spso_changes_nothing() -> None:
     sp = make(10)
-    assert sp.update_log_start_offset(10) is None
-    assert sp.update_log_start_offset(3) is None
+    assert committed(sp.update_log_start_offset(10)).state_update is None
+    assert committed(sp.update_log_start_offset(3)).state_update is None
     assert sp.spso == 10
 
 
 def test_log_start_onto_done_records_moves_spso_further() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(5, 7, ACCEPT)], now_ms=0)
-    assert sp.update_log_start_offset(5) == StateUpdate(8, ())
+    committed(sp.acknowledge("m1", [(5, 7, ACCEPT)], now_ms=0))
+    assert committed(sp.update_log_start_offset(5)).state_update == StateUpdate(8, ())
 
 
 # -- persistence -----------------------------------------------------------------------------
@@ -674,14 +707,14 @@ def test_log_start_onto_done_records_moves_spso_further() -> None:
 def test_snapshot_writes_acquired_as_available() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(5, 9, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(5, 9, ACCEPT)], now_ms=0))
     assert sp.snapshot_state() == (0, [PersistedBatch(0, 4, 0, 1), PersistedBatch(5, 9, 2, 1)])
 
 
 def test_snapshot_roundtrips_through_constructor() -> None:
     sp = make(0, limit=3)
     fetch(sp, "m1", [(0, 9)])
-    sp.acknowledge("m1", [(2, 3, RELEASE), (6, 6, REJECT), (8, 9, ACCEPT)], now_ms=0)
+    committed(sp.acknowledge("m1", [(2, 3, RELEASE), (6, 6, REJECT), (8, 9, ACCEPT)], now_ms=0))
     fetch(sp, "m2", [(0, 9), (10, 14)])
     start, batches = sp.snapshot_state()
     reloaded = make(start, tuple(batches), limit=3)
@@ -698,7 +731,7 @@ def test_counters_follow_transitions() -> None:
     fetch(sp, "m1", [(0, 9)])
     fetch(sp, "m2", [(10, 14)])
     assert (sp.in_flight_count, sp.acquired_count) == (15, 15)
-    sp.acknowledge("m1", [(0, 4, ACCEPT), (5, 6, RELEASE)], now_ms=0)
+    committed(sp.acknowledge("m1", [(0, 4, ACCEPT), (5, 6, RELEASE)], now_ms=0))
     assert (sp.in_flight_count, sp.acquired_count) == (10, 8)
 
 
@@ -706,20 +739,231 @@ def test_a_million_records_in_a_few_acknowledgements_leave_a_handful_of_ranges()
     sp = make(max_in_flight=1_000_000)
     for index in range(1_000):
         first = index * 1_000
-        result = sp.acquire(
-            "m1", [(first, first + 999)], max_records=1_000, batch_size=1_000, now_ms=index
+        result = committed(
+            sp.acquire(
+                "m1", [(first, first + 999)], max_records=1_000, batch_size=1_000, now_ms=index
+            )
         )
         assert result.acquired == (AcquiredRange(first, first + 999, 1),)
     # One acquisition per fetch: each has its own lock deadline, so its own range.
     assert sp.range_count == 1_000
     assert sp.in_flight_count == 1_000_000
 
-    sp.acknowledge("m1", [(1_000, 399_999, ACCEPT), (400_000, 998_999, ACCEPT)], now_ms=1_000)
+    committed(
+        sp.acknowledge("m1", [(1_000, 399_999, ACCEPT), (400_000, 998_999, ACCEPT)], now_ms=1_000)
+    )
     assert sp.range_count == 3
     assert states(sp) == [
         (0, 999, Q, 1, "m1"),
         (1_000, 998_999, K, 1, None),
         (999_000, 999_999, Q, 1, "m1"),
     ]
-    sp.acknowledge("m1", [(0, 999, ACCEPT)], now_ms=1_000)
+    committed(sp.acknowledge("m1", [(0, 999, ACCEPT)], now_ms=1_000))
     assert (sp.spso, sp.range_count) == (999_000, 1)
+
+
+# -- two-phase changes: commit keeps, rollback restores exactly --------------------------------
+
+
+def observable(sp: SharePartition) -> tuple[object, ...]:
+    """Everything a caller can see, plus the indexes behind next_fetch_offset/next_lock_deadline."""
+    if not sp.initialized:
+        return (sp.initialized, sp.spso, sp.speo, sp.in_flight_ranges(), sp.acquired_count)
+    return (
+        sp.spso,
+        sp.speo,
+        sp.in_flight_ranges(),
+        sp.next_lock_deadline(),
+        sp.acquired_count,
+        sp.range_count,
+        sp.in_flight_count,
+        sp.next_fetch_offset(),
+        sp.can_acquire(),
+        sp.snapshot_state(),
+        list(sp._available),
+        list(sp._lock_deadlines),
+    )
+
+
+def busy() -> SharePartition:
+    """Mixed ranges: m1 holds 0-2 (lock at LOCK_MS), m2 holds 5-7 (LOCK_MS + 10), 3-4
+    acknowledged, 8-9 archived, 10-14 available at delivery count 2 (limit 3), SPEO 15."""
+    sp = make(0, ((3, 4, 2, 1), (8, 9, 4, 1), (10, 14, 0, 2)), limit=3)
+    fetch(sp, "m1", [(0, 2)], now_ms=0)
+    fetch(sp, "m2", [(5, 7)], now_ms=10)
+    assert states(sp) == [
+        (0, 2, Q, 1, "m1"),
+        (3, 4, K, 1, None),
+        (5, 7, Q, 1, "m2"),
+        (8, 9, X, 1, None),
+        (10, 14, A, 2, None),
+    ]
+    return sp
+
+
+Operation = Callable[[SharePartition], Any]
+
+OPERATIONS: dict[str, Operation] = {
+    "acquire_available_and_new_with_gap": lambda sp: sp.acquire(
+        "m3", [(10, 14), (15, 19)], max_records=100, batch_size=3, now_ms=20, gaps=((17, 17),)
+    ),
+    "acknowledge_accept_and_release_moving_spso": lambda sp: sp.acknowledge(
+        "m1", [(0, 0, ACCEPT), (1, 2, RELEASE)], now_ms=30
+    ),
+    "acknowledge_per_offset_types": lambda sp: sp.acknowledge(
+        "m2",
+        [(5, 7, (AcknowledgeType.REJECT, AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE))],
+        30,
+    ),
+    "renew_part_of_a_lock": lambda sp: sp.acknowledge("m2", [(6, 6, RENEW)], now_ms=5_000),
+    "expire_locks": lambda sp: sp.expire_locks(LOCK_MS),
+    "release_member": lambda sp: sp.release_member("m2", now_ms=40),
+    "update_log_start_offset": lambda sp: sp.update_log_start_offset(6),
+    "update_log_start_offset_past_speo": lambda sp: sp.update_log_start_offset(40),
+}
+
+
+def change_of(result: Any) -> PendingChange:
+    return result if isinstance(result, PendingChange) else result.change  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("operation", OPERATIONS.values(), ids=OPERATIONS.keys())
+def test_rollback_restores_the_partition_exactly(operation: Operation) -> None:
+    sp = busy()
+    before = observable(sp)
+    change = change_of(operation(sp))
+    assert change.pending and sp.change_pending
+    assert observable(sp) != before  # the change is visible in memory until completed
+    change.rollback()
+    assert not sp.change_pending
+    assert observable(sp) == before
+
+
+@pytest.mark.parametrize("operation", OPERATIONS.values(), ids=OPERATIONS.keys())
+def test_after_a_rollback_the_same_change_commits_as_if_never_tried(operation: Operation) -> None:
+    tried = busy()
+    change_of(operation(tried)).rollback()
+    retried = operation(tried)
+    committed(retried)
+    fresh = busy()
+    first_time = operation(fresh)
+    committed(first_time)
+    assert observable(tried) == observable(fresh)
+    assert change_of(retried).state_update == change_of(first_time).state_update
+
+
+@pytest.mark.parametrize("operation", OPERATIONS.values(), ids=OPERATIONS.keys())
+def test_no_change_may_start_while_one_is_pending(operation: Operation) -> None:
+    sp = busy()
+    change = change_of(operation(sp))
+    pending = observable(sp)
+    for other in OPERATIONS.values():
+        with pytest.raises(ChangePending):
+            other(sp)
+    # Even a call that would change nothing is refused: the caller has a bug.
+    with pytest.raises(ChangePending):
+        sp.acknowledge("nobody", [(0, 0, ACCEPT)], now_ms=0)
+    assert observable(sp) == pending
+    change.commit()
+    assert not sp.change_pending
+    committed(sp.expire_locks(0))  # the next change may start
+
+
+def test_rollback_of_acquisition_keeps_records_available_with_their_delivery_count() -> None:
+    sp = busy()
+    result = sp.acquire("m3", [(10, 14), (15, 19)], max_records=100, batch_size=100, now_ms=20)
+    assert result.acquired == (AcquiredRange(10, 14, 3), AcquiredRange(15, 19, 1))
+    result.change.rollback()
+    assert sp.speo == 15
+    assert sp.record_state(10) == InFlightRange(10, 14, A, 2)
+    assert sp.next_fetch_offset() == 10
+
+
+def test_rollback_of_acknowledgement_keeps_records_acquired_under_their_lock() -> None:
+    sp = busy()
+    sp.acknowledge("m1", [(0, 2, ACCEPT)], now_ms=500).change.rollback()
+    assert sp.record_state(0) == InFlightRange(0, 2, Q, 1, "m1", LOCK_MS)
+    assert sp.spso == 0
+    # The client's retry succeeds, and had the lock expired first the records would return.
+    retry = committed(sp.acknowledge("m1", [(0, 2, ACCEPT)], now_ms=600))
+    assert retry.error_code == ErrorCode.none
+    assert sp.spso == 5
+
+
+def test_rollback_of_initialize_leaves_the_partition_uninitialized() -> None:
+    sp = SharePartition(
+        "group",
+        TOPIC_ID,
+        0,
+        config=SharePartitionConfig(),
+        state_epoch=0,
+        start_offset=-1,
+    )
+    change = sp.initialize(42)
+    assert change.state_update == StateUpdate(42, ())
+    change.rollback()
+    assert not sp.initialized
+    assert observable(sp) == (False, -1, -1, [], 0)
+    assert committed(sp.initialize(43)).state_update == StateUpdate(43, ())
+    assert (sp.spso, sp.speo) == (43, 43)
+
+
+def test_a_change_is_completed_once() -> None:
+    sp = busy()
+    change = sp.expire_locks(LOCK_MS).change
+    change.commit()
+    with pytest.raises(RuntimeError):
+        change.commit()
+    with pytest.raises(RuntimeError):
+        change.rollback()
+
+
+def test_a_call_that_changes_nothing_leaves_nothing_pending() -> None:
+    sp = busy()
+    before = observable(sp)
+    refused = sp.acknowledge("m2", [(0, 2, ACCEPT)], now_ms=0)
+    assert refused.error_code == ErrorCode.invalid_record_state
+    assert refused.change is NO_CHANGE
+    assert sp.expire_locks(0).change is NO_CHANGE
+    assert sp.release_member("nobody", now_ms=0).change is NO_CHANGE
+    assert sp.update_log_start_offset(0) is NO_CHANGE
+    assert sp.acquire("m1", [], max_records=5, batch_size=5, now_ms=0).change is NO_CHANGE
+    assert not sp.change_pending
+    NO_CHANGE.rollback()
+    NO_CHANGE.commit()
+    assert observable(sp) == before
+
+
+def test_renew_is_a_pending_change_without_a_write() -> None:
+    sp = busy()
+    result = sp.acknowledge("m1", [(0, 2, RENEW)], now_ms=1_000)
+    assert result.state_update is None
+    assert result.change.pending
+    result.change.rollback()
+    assert sp.next_lock_deadline() == LOCK_MS
+
+
+def test_an_exception_half_way_through_a_change_undoes_what_it_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sp = busy()
+    before = observable(sp)
+    real_apply = SharePartition._apply
+    calls = 0
+
+    def failing_apply(self: SharePartition, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("bug")
+        return real_apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(SharePartition, "_apply", failing_apply)
+    with pytest.raises(RuntimeError, match="bug"):
+        sp.acknowledge("m1", [(0, 0, ACCEPT), (2, 2, REJECT)], now_ms=0)
+    assert calls == 2
+    assert observable(sp) == before
+    assert not sp.change_pending
+    monkeypatch.undo()
+    committed(sp.acknowledge("m1", [(0, 0, ACCEPT), (2, 2, REJECT)], now_ms=0))
+    assert sp.spso == 1

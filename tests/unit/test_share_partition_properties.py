@@ -1,10 +1,13 @@
 """SharePartition against a per-offset reference model, under random operation sequences.
 
 The model keeps one entry per offset and applies Kafka's rules offset by offset; the machine
-keeps ranges. After every step both must agree, and the invariants of SPEC section 3 must hold:
-every offset of [spso, speo) in exactly one state, spso only moving forward and only over done
-records, delivery counts within the limit, refused acknowledgements changing nothing, and the
-emitted StateUpdates replaying (from the first snapshot) to exactly `snapshot_state()`.
+keeps ranges. Each change is committed or rolled back at random (its share-state write
+succeeded or failed): a rollback must leave the machine exactly as before, and the model
+applies only the committed changes. After every step both must agree, and the invariants of
+SPEC section 3 must hold: every offset of [spso, speo) in exactly one state, spso only moving
+forward and only over done records, delivery counts within the limit, refused acknowledgements
+changing nothing, and the committed StateUpdates replaying (from the first snapshot) to exactly
+`snapshot_state()`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -24,6 +28,8 @@ from hypothesis.stateful import (
 
 from broker.share.partition import (
     AcknowledgeType,
+    ChangePending,
+    PendingChange,
     RecordState,
     SharePartition,
     SharePartitionConfig,
@@ -137,7 +143,31 @@ class SharePartitionMachine(RuleBasedStateMachine):
 
     def whole(self) -> tuple[object, ...]:
         sp = self.sp
-        return (sp.spso, sp.speo, sp.snapshot_state(), sp.in_flight_ranges(), sp.acquired_count)
+        return (
+            sp.spso,
+            sp.speo,
+            sp.snapshot_state(),
+            sp.in_flight_ranges(),
+            sp.acquired_count,
+            sp.next_lock_deadline(),
+            sp.next_fetch_offset(),
+            sp.range_count,
+            sp.can_acquire(),
+            list(sp._available),
+            list(sp._lock_deadlines),
+        )
+
+    def complete(self, change: PendingChange, commit: bool, before: tuple[object, ...]) -> bool:
+        """Commit the change, or roll it back and check nothing of it is left; True if kept."""
+        if change.pending:
+            with pytest.raises(ChangePending):
+                self.sp.expire_locks(self.now)
+        if commit:
+            change.commit()
+            return True
+        change.rollback()
+        assert self.whole() == before, "a rolled back change left something behind"
+        return False
 
     def advance_model(self) -> None:
         while self.spso < self.speo and self.model[self.spso][0] in DONE:
@@ -180,13 +210,17 @@ class SharePartitionMachine(RuleBasedStateMachine):
         max_batches=st.integers(1, 6),
         max_records=st.integers(1, 20),
         batch_size=st.integers(1, 10),
+        commit=st.booleans(),
     )
-    def acquire(self, member: str, max_batches: int, max_records: int, batch_size: int) -> None:
+    def acquire(
+        self, member: str, max_batches: int, max_records: int, batch_size: int, commit: bool
+    ) -> None:
         sp = self.sp
         fetch_offset = sp.next_fetch_offset()
         batches = self.read_log(fetch_offset, max_batches)
         spso_before, speo_before = sp.spso, sp.speo
         could_acquire = sp.can_acquire()
+        whole_before = self.whole()
         before = dict(self.model)
         result = sp.acquire(
             member,
@@ -232,6 +266,8 @@ class SharePartitionMachine(RuleBasedStateMachine):
         if could_acquire and batches:
             progressed = total or after != before or sp.speo != speo_before
             assert progressed, "a fetch that could acquire made no progress"
+        if not self.complete(result.change, commit, whole_before):
+            return
         self.model = after
         self.spso, self.speo = sp.spso, sp.speo
         self.record(result.state_update, spso_before)
@@ -240,8 +276,9 @@ class SharePartitionMachine(RuleBasedStateMachine):
         member=st.sampled_from(MEMBERS),
         data=st.data(),
         malformed=st.booleans(),
+        commit=st.booleans(),
     )
-    def acknowledge(self, member: str, data: st.DataObject, malformed: bool) -> None:
+    def acknowledge(self, member: str, data: st.DataObject, malformed: bool, commit: bool) -> None:
         sp = self.sp
         lo, hi = max(sp.spso - 3, 0), sp.speo + 2
         points = sorted(data.draw(st.sets(st.integers(lo, hi), min_size=1, max_size=6)))
@@ -281,7 +318,10 @@ class SharePartitionMachine(RuleBasedStateMachine):
         assert result.error_code == expected, (batches, result)
         if expected != ErrorCode.none:
             assert result.state_update is None
+            assert not result.change.pending
             assert self.whole() == before, "a refused acknowledgement changed state"
+            return
+        if not self.complete(result.change, commit, before):
             return
         for first, last, types in batches:
             for offset in range(max(first, self.spso), last + 1):
@@ -320,10 +360,13 @@ class SharePartitionMachine(RuleBasedStateMachine):
                     return ErrorCode.invalid_record_state
         return ErrorCode.none
 
-    @rule()
-    def expire_locks(self) -> None:
+    @rule(commit=st.booleans())
+    def expire_locks(self, commit: bool) -> None:
         spso_before = self.sp.spso
+        before = self.whole()
         result = self.sp.expire_locks(self.now)
+        if not self.complete(result.change, commit, before):
+            return
         for offset, (state, _count, _member, deadline) in list(self.model.items()):
             if state is Q and deadline is not None and deadline <= self.now:
                 self.release_model(offset)
@@ -335,10 +378,13 @@ class SharePartitionMachine(RuleBasedStateMachine):
             if r.state is Q
         ), "an expired lock is still held"
 
-    @rule(member=st.sampled_from(MEMBERS))
-    def release_member(self, member: str) -> None:
+    @rule(member=st.sampled_from(MEMBERS), commit=st.booleans())
+    def release_member(self, member: str, commit: bool) -> None:
         spso_before = self.sp.spso
+        before = self.whole()
         result = self.sp.release_member(member, now_ms=self.now)
+        if not self.complete(result.change, commit, before):
+            return
         for offset, (state, _count, owner, _deadline) in list(self.model.items()):
             if state is Q and owner == member:
                 self.release_model(offset)
@@ -346,11 +392,15 @@ class SharePartitionMachine(RuleBasedStateMachine):
         self.record(result.state_update, spso_before)
 
     @precondition(lambda self: self.log_start < self.log[-1][1])
-    @rule(data=st.data())
-    def move_log_start(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), commit=st.booleans())
+    def move_log_start(self, data: st.DataObject, commit: bool) -> None:
         self.log_start = data.draw(st.integers(self.log_start + 1, self.log[-1][1]))
         spso_before = self.sp.spso
-        update = self.sp.update_log_start_offset(self.log_start)
+        before = self.whole()
+        change = self.sp.update_log_start_offset(self.log_start)
+        if not self.complete(change, commit, before):
+            return  # retried by the next move: the log start stays where it went
+        update = change.state_update
         if self.log_start > self.spso:
             self.model = {o: v for o, v in self.model.items() if o >= self.log_start}
             self.spso = self.log_start
