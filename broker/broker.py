@@ -14,7 +14,7 @@ import structlog
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
 from broker.logs import LogManager
-from broker.server import RequestContext, Server, error_frame
+from broker.server import RequestContext, Server, ServerLimits, error_frame
 from broker.share.manager import SharePartitionManager
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
@@ -110,7 +110,7 @@ class Broker:
             self.listen.host,
             self.listen.port,
             self.dispatch,
-            max_request_bytes=self.config.get("socket.request.max.bytes"),
+            limits=ServerLimits.from_config(self.config),
         )
         self.server.on_disconnect = self._on_disconnect
         await self.server.start()

@@ -78,12 +78,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from broker.broker import Broker, Endpoint
+    from broker.server import ServerLimits, raise_open_file_limit
 
     try:
         config = BrokerConfig(load_static(args.config, args.set))
+        ServerLimits.from_config(config)  # settings that must agree, checked up front
     except (KafkaError, OSError, ValueError) as exc:
         print(f"spool: {exc}", file=sys.stderr)
         return 2
+    raise_open_file_limit()
     listen = Endpoint(*args.listen)
     advertise = Endpoint(*args.advertise) if args.advertise else None
     broker = Broker(config, args.data_dir, listen, advertise)

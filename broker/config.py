@@ -78,6 +78,49 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             "Largest request the broker reads; larger ones close the connection.",
             _at_least(1),
         ),
+        # The socket server's resource bounds (Kafka's SocketServerConfigs), read at start.
+        ConfigKey(
+            "queued.max.request.bytes",
+            LONG,
+            -1,
+            "Bytes of requests being read or waiting to be handled, across all "
+            "connections, before the broker stops reading sockets until some are handled "
+            "(-1: no limit). When set, at least socket.request.max.bytes.",
+            read_only=True,
+        ),
+        ConfigKey(
+            "connections.max.idle.ms",
+            LONG,
+            600000,
+            "Close connections that have neither sent a complete request nor had one in "
+            "flight for this long (negative: never).",
+            read_only=True,
+        ),
+        ConfigKey(
+            "max.connections",
+            INT,
+            INT_MAX,
+            "Connections the broker keeps open at once; a new one over it is closed.",
+            _at_least(0),
+            read_only=True,
+        ),
+        ConfigKey(
+            "max.connections.per.ip",
+            INT,
+            INT_MAX,
+            "Connections kept open from one IP address; a new one over it is closed. "
+            "0 only with max.connections.per.ip.overrides.",
+            _at_least(0),
+            read_only=True,
+        ),
+        ConfigKey(
+            "max.connections.per.ip.overrides",
+            STRING,
+            "",
+            "Per-address (or host name) limits over max.connections.per.ip, e.g. "
+            '"hostName:100,127.0.0.1:200".',
+            read_only=True,
+        ),
         ConfigKey(
             "message.max.bytes", INT, 1048588, "Largest record batch accepted.", _at_least(0)
         ),

@@ -10,7 +10,9 @@ called whenever the high watermark moves; long-poll fetches use them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import resource
 import shutil
 import time
 import uuid
@@ -38,6 +40,12 @@ from protocol.records import (
 log = structlog.get_logger("spool.logs")
 
 Listener = Callable[[], None]
+
+# A new partition opens its first segment: the log file and its two index files.
+FILES_PER_NEW_PARTITION = 3
+# Descriptors left free when creating partitions, for connections and segment rolls
+# (a tenth of the limit, at least this many).
+MIN_FREE_FILES = 64
 
 
 def now_ms() -> int:
@@ -286,20 +294,73 @@ class LogManager:
     def _dir(self, topic: str, index: int) -> Path:
         return self.directory / f"{topic}-{index}"
 
+    def ensure_file_headroom(self, topic: str, new_partitions: int) -> None:
+        """Refuse creating partitions the open-file limit has no room for.
+
+        Running out of descriptors would leave the broker unable to accept anyone, so
+        creation stops while a reserve is still free for connections. Raises
+        KafkaError(KAFKA_STORAGE_ERROR) before anything is written.
+        """
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except FileNotFoundError:
+            return  # no /proc: only an actual EMFILE is caught (open_topic)
+        except OSError:
+            used = limit  # EMFILE while counting: nothing is free
+        reserve = max(MIN_FREE_FILES, limit // 10)
+        needed = new_partitions * FILES_PER_NEW_PARTITION
+        if used + needed + reserve > limit:
+            log.warning(
+                "partitions_refused",
+                topic=topic,
+                partitions=new_partitions,
+                open_files=used,
+                open_file_limit=limit,
+                kept_free=reserve,
+            )
+            raise _too_many_open_files(
+                topic, limit, f"{used} open, {needed} needed, {reserve} kept free"
+            )
+
     def open_topic(
         self, topic: str, topic_id: uuid.UUID, partitions: int, overrides: dict[str, str]
     ) -> None:
+        """Open (creating if new) the partition logs of `topic` not open yet.
+
+        Out of descriptors part way, the partitions this call opened are closed and
+        the directories it created removed, then KafkaError(KAFKA_STORAGE_ERROR).
+        """
         settings = self.topic_settings(overrides)
         cfg = self.log_config(settings)
-        for index in range(partitions):
-            if (topic, index) in self.partitions:
-                continue
-            path = self._dir(topic, index)
-            self._check_topic_id(path, topic_id)
-            plog = PartitionLog.open(path, cfg, now_ms())
-            self.partitions[(topic, index)] = Partition(
-                topic, topic_id, index, plog, self.commit, settings
-            )
+        opened: list[tuple[str, int]] = []
+        created: list[Path] = []
+        try:
+            for index in range(partitions):
+                if (topic, index) in self.partitions:
+                    continue
+                path = self._dir(topic, index)
+                if not path.exists():
+                    created.append(path)
+                self._check_topic_id(path, topic_id)
+                plog = PartitionLog.open(path, cfg, now_ms())
+                self.partitions[(topic, index)] = Partition(
+                    topic, topic_id, index, plog, self.commit, settings
+                )
+                opened.append((topic, index))
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            for key in opened:
+                # Not a clean close: flushing would need descriptors there are none of.
+                self.partitions.pop(key).log.close(clean=False)
+            for path in created:
+                shutil.rmtree(path, ignore_errors=True)
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            log.error("partitions_not_opened", topic=topic, error=str(exc), limit=limit)
+            raise _too_many_open_files(topic, limit, str(exc)) from exc
 
     def _check_topic_id(self, path: Path, topic_id: uuid.UUID) -> None:
         """Like Kafka's partition.metadata: a directory belongs to one topic id."""
@@ -367,6 +428,14 @@ class LogManager:
     def close(self) -> None:
         for part in self:
             part.log.close(clean=True)
+
+
+def _too_many_open_files(topic: str, limit: int, detail: str) -> KafkaError:
+    return KafkaError(
+        ErrorCode.kafka_storage_error,
+        f"Cannot create partitions of {topic}: too many open files (limit {limit}; "
+        f"{detail}); raise the open-file limit or delete topics",
+    )
 
 
 class Subscribable(Protocol):

@@ -3,28 +3,53 @@
 Each connection reads size-prefixed frames, decodes the header, and starts one task
 per request so that pipelined requests overlap (a produce waiting for its fsync does
 not stall the next one), while responses are written strictly in request order.
-Bad frames are answered with a Kafka error when the stream is still in sync and the
-connection is closed when it is not; either way other connections are unaffected.
+
+No client can exhaust the broker, with Kafka's socket-server settings:
+- `socket.request.max.bytes` is checked on the size prefix, before any body byte.
+- `queued.max.request.bytes` bounds the bytes of requests being read or waiting to be
+  handled across all connections (Kafka's memory pool): a frame's size is reserved when
+  its prefix is read, in arrival order, and a connection whose frame does not fit is not
+  read until bytes are released (its handler finished).
+- `connections.max.idle.ms` closes connections with no complete request received and
+  nothing in flight for that long: a frame trickled in a byte at a time is idle.
+- `max.connections` / `max.connections.per.ip` (and its overrides) close a new
+  connection over a limit right after accept, sending nothing.
+- A request whose header cannot be parsed, or whose body `dispatch` reports as
+  malformed, closes its connection: Kafka does not answer what it cannot parse.
+Running out of file descriptors: uvloop (libuv) accepts and closes connections it has
+no descriptor for (it keeps a spare one for that), so they are refused, not left
+hanging in the backlog; `raise_open_file_limit` lifts the soft limit at startup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ipaddress
 import itertools
+import resource
+import socket
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
+from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from protocol import api
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
 
 log = structlog.get_logger("spool.server")
 
 # Requests a single connection may have in flight before the broker stops reading
 # from it (back-pressure instead of unbounded memory).
 MAX_IN_FLIGHT_PER_CONNECTION = 32
+
+INT_MAX = 2**31 - 1
 
 _connection_ids = itertools.count(1)
 
@@ -43,16 +68,321 @@ class RequestContext:
 Dispatch = Callable[[RequestContext, bytes, int], Awaitable[bytes | None]]
 
 
+# -- limits and counters ----------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class ServerLimits:
+    """Kafka's socket-server settings, checked against each other (KafkaConfig does)."""
+
+    max_request_bytes: int = 104857600
+    queued_max_request_bytes: int = -1
+    connections_max_idle_ms: int = 600000
+    max_connections: int = INT_MAX
+    max_connections_per_ip: int = INT_MAX
+    max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if 0 < self.queued_max_request_bytes < self.max_request_bytes:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be at least "
+                f"socket.request.max.bytes ({self.max_request_bytes}) so that any request "
+                "fits, or -1 for no limit",
+            )
+        if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                "max.connections.per.ip can be 0 only if max.connections.per.ip.overrides "
+                "names the addresses allowed to connect",
+            )
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> ServerLimits:
+        """The limits in `config`; KafkaError(INVALID_CONFIG) saying what is wrong."""
+        return cls(
+            max_request_bytes=config.get("socket.request.max.bytes"),
+            queued_max_request_bytes=config.get("queued.max.request.bytes"),
+            connections_max_idle_ms=config.get("connections.max.idle.ms"),
+            max_connections=config.get("max.connections"),
+            max_connections_per_ip=config.get("max.connections.per.ip"),
+            max_connections_per_ip_overrides=parse_ip_overrides(
+                config.get("max.connections.per.ip.overrides") or ""
+            ),
+        )
+
+    def max_connections_for(self, host: str) -> int:
+        return self.max_connections_per_ip_overrides.get(host, self.max_connections_per_ip)
+
+
+def parse_ip_overrides(text: str) -> dict[str, int]:
+    """`host:count,...` (Kafka's max.connections.per.ip.overrides): address -> count.
+
+    Host names are resolved once, here, to every address they have (as Kafka resolves
+    them when the config is read).
+    """
+    out: dict[str, int] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        host, sep, count = entry.rpartition(":")
+        host = host.strip().strip("[]")
+        if not sep or not host or not count.strip().isdigit():
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"max.connections.per.ip.overrides: expected host:count, got {entry!r}",
+            )
+        try:
+            addresses = {_normal_address(host)}
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            except OSError as exc:
+                raise KafkaError(
+                    ErrorCode.invalid_config,
+                    f"max.connections.per.ip.overrides: cannot resolve {host!r}: {exc}",
+                ) from None
+            addresses = {_normal_address(str(info[4][0])) for info in infos}
+        for address in addresses:
+            out[address] = int(count)
+    return out
+
+
+def _normal_address(host: str) -> str:
+    """An IP literal in one spelling (IPv4-mapped IPv6 as IPv4); ValueError otherwise."""
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def _peer_host(peer: Any) -> str:
+    if not peer:
+        return "unknown"
+    host = str(peer[0])
+    try:
+        return _normal_address(host)
+    except ValueError:
+        return host
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Counters for operators (exported by the metrics endpoint later)."""
+
+    connections_open: int = 0
+    connections_accepted: int = 0
+    # reason ("max.connections", "max.connections.per.ip") -> connections closed at accept
+    connections_refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    idle_closed: int = 0
+    malformed_closed: int = 0  # header or body could not be parsed, or has no schema
+    oversized_closed: int = 0  # size prefix above socket.request.max.bytes (or below 8)
+    queued_bytes: int = 0
+    queued_bytes_max: int = 0
+
+
+# -- the request byte budget (queued.max.request.bytes) ------------------------------------
+
+W = TypeVar("W")
+
+
+class ByteBudget(Generic[W]):
+    """Bytes reserved by requests being read or waiting to be handled; sans-IO.
+
+    A reservation is granted at once if it fits and nobody is waiting, else it waits in
+    arrival order (no overtaking, so a large request is not starved by small ones).
+    Reserving a frame's whole size before reading it means a frame once started can
+    always be finished: connections never deadlock holding halves of frames. A
+    reservation larger than the limit is granted when nothing else is reserved.
+    `limit` <= 0 means no limit (Kafka's default, -1).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit if limit > 0 else None
+        self.reserved = 0
+        self.max_reserved = 0
+        self._waiting: collections.deque[tuple[int, W]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        """Reservations waiting: while any are, their connections are not read."""
+        return len(self._waiting)
+
+    def try_acquire(self, n: int) -> bool:
+        if self._waiting or not self._fits(n):
+            return False
+        self._take(n)
+        return True
+
+    def wait(self, n: int, waiter: W) -> None:
+        """Queue a reservation `try_acquire` refused; `release` hands back its waiter."""
+        self._waiting.append((n, waiter))
+
+    def cancel(self, waiter: W) -> bool:
+        """Withdraw a queued reservation; False if it was already granted (release it)."""
+        for item in self._waiting:
+            if item[1] is waiter:
+                self._waiting.remove(item)
+                return True
+        return False
+
+    def release(self, n: int) -> list[W]:
+        """Return `n` bytes; the waiters now granted, in arrival order."""
+        self.reserved -= n
+        granted: list[W] = []
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, waiter = self._waiting.popleft()
+            self._take(size)
+            granted.append(waiter)
+        return granted
+
+    def _fits(self, n: int) -> bool:
+        return self.limit is None or self.reserved + n <= self.limit or self.reserved == 0
+
+    def _take(self, n: int) -> None:
+        self.reserved += n
+        self.max_reserved = max(self.max_reserved, self.reserved)
+
+
+# -- idle connections (connections.max.idle.ms) ------------------------------------------
+
+
+class IdleTracker:
+    """Finds connections idle for `max_idle_ms` and hands them to `on_idle`.
+
+    Activity is a complete request received or a request finished (its response
+    sent); a connection with a request in flight, such as a long-poll Fetch parked for
+    its MaxWaitMs, is never idle. Bytes of a frame that never completes are not
+    activity, so a slowloris connection ages like a silent one. Connections with
+    nothing in flight are kept oldest activity first (Kafka's Selector keeps an LRU map
+    the same way), so a sweep looks only at the ones due. A negative `max_idle_ms`
+    disables the check, as in Kafka.
+    """
+
+    def __init__(self, clock: Clock, max_idle_ms: int, on_idle: Callable[[int, int], None]) -> None:
+        self.clock = clock
+        self.max_idle_ms = max_idle_ms
+        self.on_idle = on_idle  # (connection id, idle ms)
+        self._idle: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._in_flight: dict[int, int] = {}
+        self._timer: Timer | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_idle_ms >= 0
+
+    def start(self) -> None:
+        if self.enabled and self._timer is None:
+            self._arm(self.clock.now_ms() + self.max_idle_ms)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def opened(self, conn: int) -> None:
+        self._idle[conn] = self.clock.now_ms()
+
+    def request_received(self, conn: int) -> None:
+        if conn in self._in_flight:
+            self._in_flight[conn] += 1
+        elif self._idle.pop(conn, None) is not None:
+            self._in_flight[conn] = 1
+
+    def request_done(self, conn: int) -> None:
+        count = self._in_flight.get(conn)
+        if count is None:
+            return
+        if count > 1:
+            self._in_flight[conn] = count - 1
+        else:
+            del self._in_flight[conn]
+            self._idle[conn] = self.clock.now_ms()
+
+    def closed(self, conn: int) -> None:
+        self._idle.pop(conn, None)
+        self._in_flight.pop(conn, None)
+
+    def _arm(self, at_ms: int) -> None:
+        self._timer = self.clock.call_at(at_ms, self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = self.clock.now_ms()
+        while self._idle:
+            conn, last = next(iter(self._idle.items()))
+            if now - last < self.max_idle_ms:
+                break
+            del self._idle[conn]
+            self.on_idle(conn, now - last)
+        # Anything that becomes idle later is due no sooner than now + max_idle_ms.
+        oldest = next(iter(self._idle.values()), now)
+        self._arm(oldest + self.max_idle_ms)
+
+
+# -- the open-file limit -------------------------------------------------------------------
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Lift RLIMIT_NOFILE's soft limit to the hard limit; returns (soft, hard) after.
+
+    Each partition holds open files and each connection a socket; the soft limit that
+    shells hand out (often 1024) is far below what a broker needs.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        # NOFILE cannot be infinite: the kernel caps it at fs.nr_open.
+        try:
+            with open("/proc/sys/fs/nr_open") as fh:
+                target = int(fh.read())
+        except (OSError, ValueError):
+            target = soft
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("open_file_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+            return soft, hard
+        log.info("open_file_limit_raised", previous=soft, now=target, hard=hard)
+        return target, hard
+    log.info("open_file_limit", soft=soft, hard=hard)
+    return soft, hard
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
 class Server:
-    def __init__(self, host: str, port: int, dispatch: Dispatch, *, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        dispatch: Dispatch,
+        *,
+        limits: ServerLimits | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.host = host
         self.port = port
         self.dispatch = dispatch
-        self.max_request_bytes = max_request_bytes
+        self.limits = limits or ServerLimits()
+        self.clock = clock
+        self.stats = ServerStats()
+        self.budget: ByteBudget[asyncio.Future[None]] = ByteBudget(
+            self.limits.queued_max_request_bytes
+        )
+        self.idle = IdleTracker(clock, self.limits.connections_max_idle_ms, self._close_idle)
         self._server: asyncio.base_events.Server | None = None
         # Called with the connection id when a client connection closes.
         self.on_disconnect: Callable[[int], None] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._live: dict[int, Connection] = {}
+        self._per_ip: collections.Counter[str] = collections.Counter()
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.limits.max_request_bytes
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -60,15 +390,27 @@ class Server:
         )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        log.info("listening", host=self.host, port=self.port)
+        self.idle.start()
+        limits = self.limits
+        log.info(
+            "listening",
+            host=self.host,
+            port=self.port,
+            socket_request_max_bytes=limits.max_request_bytes,
+            queued_max_request_bytes=limits.queued_max_request_bytes,
+            connections_max_idle_ms=limits.connections_max_idle_ms,
+            max_connections=limits.max_connections,
+            max_connections_per_ip=limits.max_connections_per_ip,
+        )
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish, then close connections."""
         if self._server is not None:
             self._server.close()
-        for conn in list(_live_connections):
+        self.idle.stop()
+        for conn in list(self._live.values()):
             conn.stop_reading()
-        tasks = list(self._connections)
+        tasks = list(self._tasks)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
             for task in pending:
@@ -76,35 +418,119 @@ class Server:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
 
+    # -- accept ---------------------------------------------------------------------
+
+    def _refusal(self, host: str) -> tuple[str, int] | None:
+        """The limit a new connection from `host` would exceed, if any."""
+        limits = self.limits
+        if self.stats.connections_open >= limits.max_connections:
+            return "max.connections", limits.max_connections
+        per_ip = limits.max_connections_for(host)
+        if self._per_ip[host] >= per_ip:
+            return "max.connections.per.ip", per_ip
+        return None
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(self, reader, writer)
+        host = _peer_host(writer.get_extra_info("peername"))
+        refused = self._refusal(host)
+        if refused is not None:
+            # Kafka closes such a connection without a word (Kafka's acceptor waits
+            # for a slot at the broker-wide limit instead; asyncio cannot hold back
+            # accepting, so both limits close).
+            reason, limit = refused
+            self.stats.connections_refused[reason] += 1
+            log.warning("connection_refused", client=host, reason=reason, limit=limit)
+            writer.transport.abort()
+            return
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        stats = self.stats
+        stats.connections_accepted += 1
+        stats.connections_open += 1
+        self._per_ip[host] += 1
+        conn = Connection(self, reader, writer, host)
+        self._live[conn.id] = conn
+        self._tasks.add(task)
+        self.idle.opened(conn.id)
         try:
             await conn.run()
         finally:
-            self._connections.discard(task)
+            self._tasks.discard(task)
+            self._live.pop(conn.id, None)
+            self.idle.closed(conn.id)
+            stats.connections_open -= 1
+            self._per_ip[host] -= 1
+            if self._per_ip[host] <= 0:
+                del self._per_ip[host]
 
+    def _close_idle(self, connection_id: int, idle_ms: int) -> None:
+        conn = self._live.get(connection_id)
+        if conn is None:
+            return
+        self.stats.idle_closed += 1
+        conn.log.info(
+            "idle_connection_closed",
+            idle_ms=idle_ms,
+            max_idle_ms=self.limits.connections_max_idle_ms,
+        )
+        conn.close()
 
-_live_connections: set[Connection] = set()
+    # -- the byte budget ----------------------------------------------------------
+
+    async def reserve(self, n: int) -> None:
+        """Reserve `n` request bytes, waiting (not reading) while the budget is full."""
+        budget = self.budget
+        if budget.try_acquire(n):
+            self._note_queued()
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not budget.waiting:
+            log.warning(
+                "request_reading_paused",
+                queued_bytes=budget.reserved,
+                queued_max_request_bytes=budget.limit,
+                hint="queued.max.request.bytes is reached; reading resumes as requests finish",
+            )
+        budget.wait(n, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if not budget.cancel(waiter):
+                self.release(n)
+            raise
+
+    def release(self, n: int) -> None:
+        budget = self.budget
+        was_waiting = budget.waiting
+        for waiter in budget.release(n):
+            if not waiter.done():
+                waiter.set_result(None)
+        if was_waiting and not budget.waiting:
+            log.info("request_reading_resumed", queued_bytes=budget.reserved)
+        self._note_queued()
+
+    def _note_queued(self) -> None:
+        self.stats.queued_bytes = self.budget.reserved
+        self.stats.queued_bytes_max = self.budget.max_reserved
 
 
 class Connection:
     def __init__(
-        self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        server: Server,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client_host: str,
     ) -> None:
         self.server = server
         self.reader = reader
         self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.client_host = peer[0] if peer else "unknown"
+        self.client_host = client_host
         self.id = next(_connection_ids)
         self.log = log.bind(connection=self.id, client=self.client_host)
         # Responses in request order: each entry resolves to the frame to send (or None).
-        self._responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
-            MAX_IN_FLIGHT_PER_CONNECTION
-        )
+        self._responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_CONNECTION)
         self._stopping = False
         self._read_task: asyncio.Task[None] | None = None
 
@@ -114,9 +540,14 @@ class Connection:
         if self._read_task is not None:
             self._read_task.cancel()
 
+    def close(self) -> None:
+        """Close now: read nothing more, send nothing more."""
+        self.stop_reading()
+        self.writer.close()
+
     async def run(self) -> None:
-        _live_connections.add(self)
         sender = asyncio.create_task(self._send_loop())
+        sender.add_done_callback(self._sender_done)
         self._read_task = asyncio.create_task(self._read_loop())
         try:
             await asyncio.wait([self._read_task])
@@ -124,7 +555,7 @@ class Connection:
                 exc = self._read_task.exception()
                 if exc is not None and not isinstance(exc, ConnectionError):
                     self.log.error("connection_failed", error=repr(exc))
-            await self._responses.put(None)
+            self._responses.put_nowait(None)
             await sender
         except asyncio.CancelledError:
             self._read_task.cancel()
@@ -133,55 +564,141 @@ class Connection:
         except ConnectionError:
             pass
         finally:
-            _live_connections.discard(self)
             self.writer.close()
             if self.server.on_disconnect is not None:
                 self.server.on_disconnect(self.id)
 
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        # A failed write (peer gone) ends the connection: stop reading requests whose
+        # answers could not be sent anyway.
+        if not task.cancelled() and task.exception() is not None:
+            self.close()
+
     async def _read_loop(self) -> None:
         while not self._stopping:
+            await self._slots.acquire()
+            queued = False
             try:
-                size_bytes = await self.reader.readexactly(4)
-            except asyncio.IncompleteReadError as exc:
-                if exc.partial:
-                    self.log.warning("truncated_frame", received=len(exc.partial))
+                queued = await self._read_request()
+            finally:
+                if not queued:
+                    self._slots.release()
+            if not queued:
                 return
-            (size,) = struct.unpack(">i", size_bytes)
-            if size < 8 or size > self.server.max_request_bytes:
-                # The stream cannot be resynchronised after a bad size, as in Kafka's
-                # InvalidReceiveException: log and close.
-                self.log.warning(
-                    "invalid_frame_size",
-                    size=size,
-                    max_bytes=self.server.max_request_bytes,
-                    hint="size prefix is below a request header or above socket.request.max.bytes",
-                )
-                return
-            try:
-                frame = await self.reader.readexactly(size)
-            except asyncio.IncompleteReadError as exc:
-                self.log.warning("truncated_frame", expected=size, received=len(exc.partial))
-                return
-            task = asyncio.create_task(self._handle(frame))
-            await self._responses.put(task)
 
-    async def _handle(self, frame: bytes) -> bytes | None:
-        api_key, api_version, correlation_id = api.peek_header(frame)
+    async def _read_request(self) -> bool:
+        """Read one request and start its handler; False when the connection is done."""
+        server = self.server
         try:
-            header, body_offset = api.decode_request_header(frame)
+            size_bytes = await self.reader.readexactly(4)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                self.log.warning("truncated_frame", received=len(exc.partial))
+            return False
+        (size,) = struct.unpack(">i", size_bytes)
+        if size < 8 or size > server.max_request_bytes:
+            # The stream cannot be resynchronised after a bad size, as in Kafka's
+            # InvalidReceiveException: log and close before reading any of the body.
+            server.stats.oversized_closed += 1
+            self.log.warning(
+                "invalid_frame_size",
+                size=size,
+                max_bytes=server.max_request_bytes,
+                hint="size prefix is below a request header or above socket.request.max.bytes",
+            )
+            self.close()
+            return False
+        await server.reserve(size)
+        handed_off = False
+        try:
+            frame = await self._read_body(size)
+            if frame is None:
+                return False
+            parsed = self._parse_header(frame)
+            if parsed is None:
+                server.stats.malformed_closed += 1
+                self.close()
+                return False
+            header, body_offset = parsed
+            server.idle.request_received(self.id)
+            task = asyncio.create_task(self._handle(header, frame, body_offset))
+            task.add_done_callback(lambda _: server.release(size))
+            handed_off = True
+            self._responses.put_nowait(task)
+            return True
+        finally:
+            if not handed_off:
+                server.release(size)
+
+    async def _read_body(self, size: int) -> bytes | None:
+        """The frame body, or None if the client closed part way through.
+
+        Its size is already reserved, so the stream buffer holding what has arrived
+        of it stays within the budget.
+        """
+        try:
+            return await self.reader.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            self.log.warning("truncated_frame", expected=size, received=len(exc.partial))
+            return None
+
+    def _parse_header(self, frame: bytes) -> tuple[api.RequestHeader, int] | None:
+        """The request header, or None (logged) when it cannot be read: Kafka closes
+        the connection then, since no response the client could parse exists."""
+        api_key, api_version, _ = api.peek_header(frame)
+        if api.schema_versions(api_key) is None:
+            self.log.warning("unknown_api_key_closed", api_key=api_key, api_version=api_version)
+            return None
+        try:
+            return api.decode_request_header(frame)
         except Exception as exc:
             self.log.warning(
-                "bad_request_header", api_key=api_key, api_version=api_version, error=str(exc)
+                "bad_request_header_closed",
+                api_key=api_key,
+                api=api.api_name(api_key),
+                api_version=api_version,
+                error=str(exc),
             )
-            return _bare_error(correlation_id, ErrorCode.invalid_request)
+            return None
+
+    async def _handle(
+        self, header: api.RequestHeader, frame: bytes, body_offset: int
+    ) -> bytes | None:
         ctx = RequestContext(header, self.client_host, self.id)
         try:
             return await self.server.dispatch(ctx, frame, body_offset)
+        except api.MalformedRequest as exc:
+            self._close_unparseable(exc.api_key, exc.api_version, exc.reason)
+        except api.UnknownApi as exc:
+            # No schema for this version, so no response a client could read.
+            self._close_unparseable(header.api_key, header.api_version, str(exc))
         except Exception:
-            self.log.exception("request_failed", api=api.api_name(api_key), api_version=api_version)
-            return error_frame(api_key, api_version, correlation_id, ErrorCode.unknown_server_error)
+            self.log.exception(
+                "request_failed", api=api.api_name(header.api_key), api_version=header.api_version
+            )
+            try:
+                return error_frame(
+                    header.api_key,
+                    header.api_version,
+                    header.correlation_id,
+                    ErrorCode.unknown_server_error,
+                )
+            except api.UnknownApi as exc:
+                self._close_unparseable(header.api_key, header.api_version, str(exc))
+        return None
+
+    def _close_unparseable(self, api_key: int, api_version: int, reason: str) -> None:
+        self.server.stats.malformed_closed += 1
+        self.log.warning(
+            "malformed_request_closed",
+            api=api.api_name(api_key),
+            api_version=api_version,
+            reason=reason,
+        )
+        self.close()
 
     async def _send_loop(self) -> None:
+        idle = self.server.idle
         while True:
             task = await self._responses.get()
             if task is None:
@@ -190,26 +707,21 @@ class Connection:
                 frame = await task
             except asyncio.CancelledError:
                 return
-            if frame is None:
-                continue
-            if self.writer.is_closing():
-                continue
-            self.writer.write(frame)
-            if self.writer.transport.get_write_buffer_size() > 1 << 20:
-                await self.writer.drain()
-
-
-def _bare_error(correlation_id: int, code: ErrorCode) -> bytes:
-    """Correlation id plus an error code: the only answer possible without a schema."""
-    return struct.pack(">iih", 6, correlation_id, int(code))
+            if frame is not None and not self.writer.is_closing():
+                self.writer.write(frame)
+                if self.writer.transport.get_write_buffer_size() > 1 << 20:
+                    await self.writer.drain()
+            idle.request_done(self.id)
+            self._slots.release()
 
 
 def error_frame(
     api_key: int, api_version: int, correlation_id: int, code: ErrorCode, message: str | None = None
 ) -> bytes:
-    """An encoded error response for a request; a bare code if the api has no schema."""
-    try:
-        body = api.error_response(api_key, api_version, code, message)
-        return api.encode_response(api_key, api_version, correlation_id, body)
-    except Exception:
-        return _bare_error(correlation_id, code)
+    """An encoded error response for a request of an api version kio has a schema for.
+
+    Raises `api.UnknownApi` when there is none: nothing a client could parse can be
+    sent then, and the server closes the connection (as Kafka does).
+    """
+    body = api.error_response(api_key, api_version, code, message)
+    return api.encode_response(api_key, api_version, correlation_id, body)

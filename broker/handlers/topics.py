@@ -64,8 +64,15 @@ async def create_topic(
     broker: Broker, name: str, partitions: int, configs: dict[str, str]
 ) -> Topic:
     topic = Topic(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
+    broker.logs.ensure_file_headroom(name, partitions)
     await broker.metadata.commit([topic_record(topic)])
-    broker.logs.open_topic(name, topic.topic_id, partitions, configs)
+    try:
+        broker.logs.open_topic(name, topic.topic_id, partitions, configs)
+    except KafkaError:
+        # Out of file descriptors: the logs were rolled back, so is the topic.
+        deleted = {"type": "topic_deleted", "name": name, "topic_id": str(topic.topic_id)}
+        await broker.metadata.commit([deleted])
+        raise
     log.info("topic_created", topic=name, topic_id=str(topic.topic_id), partitions=partitions)
     for hook in broker.topic_changed_hooks:
         hook(name)
@@ -227,8 +234,13 @@ def register(broker: Broker) -> None:
                     )
                 if not req.validate_only:
                     grown = Topic(topic.name, topic.topic_id, t.count, dict(topic.configs))
+                    broker.logs.ensure_file_headroom(topic.name, t.count - topic.partitions)
                     await broker.metadata.commit([topic_record(grown)])
-                    broker.logs.open_topic(topic.name, topic.topic_id, t.count, topic.configs)
+                    try:
+                        broker.logs.open_topic(topic.name, topic.topic_id, t.count, topic.configs)
+                    except KafkaError:
+                        await broker.metadata.commit([topic_record(topic)])
+                        raise
                     log.info("partitions_created", topic=topic.name, partitions=t.count)
                     for hook in broker.topic_changed_hooks:
                         hook(topic.name)

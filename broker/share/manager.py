@@ -68,6 +68,14 @@ _DROP_STATE = frozenset(
         ErrorCode.unknown_topic_or_partition,
     }
 )
+_PASSED_ON = frozenset(
+    {
+        ErrorCode.kafka_storage_error,
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.group_id_not_found,
+        ErrorCode.unknown_topic_or_partition,
+    }
+)
 _COORDINATOR_UNAVAILABLE = frozenset(
     {
         ErrorCode.not_coordinator,
@@ -82,8 +90,9 @@ def persister_error(exc: Exception) -> KafkaError:
 
     As Kafka's SharePartition.fetchPersisterError: a fenced state or leader epoch becomes
     NOT_LEADER_OR_FOLLOWER (the client refreshes metadata and retries), coordinator errors
-    COORDINATOR_NOT_AVAILABLE; a failed durable write (OSError) is KAFKA_STORAGE_ERROR, and
-    anything unexpected UNKNOWN_SERVER_ERROR.
+    COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND and UNKNOWN_TOPIC_OR_PARTITION stay, and
+    any other code is UNKNOWN_SERVER_ERROR (it is no fault of the client's request). A failed
+    durable write (KAFKA_STORAGE_ERROR, or an OSError reaching us raw) is KAFKA_STORAGE_ERROR.
     """
     if isinstance(exc, KafkaError):
         if exc.code in _FENCED:
@@ -93,7 +102,12 @@ def persister_error(exc: Exception) -> KafkaError:
             )
         if exc.code in _COORDINATOR_UNAVAILABLE:
             return KafkaError(ErrorCode.coordinator_not_available, exc.message)
-        return exc
+        if exc.code in _PASSED_ON:
+            return exc
+        return KafkaError(
+            ErrorCode.unknown_server_error,
+            f"share coordinator failed with {exc.code.name}: {exc.message or ''}",
+        )
     if isinstance(exc, OSError):
         return KafkaError(
             ErrorCode.kafka_storage_error, f"share-state write failed: {exc.strerror or exc}"

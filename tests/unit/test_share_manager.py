@@ -20,6 +20,7 @@ from broker.share.manager import (
     EXPIRY_RETRY_BACKOFF_MS,
     FetchedPartition,
     SharePartitionManager,
+    persister_error,
 )
 from broker.share.partition import InFlightRange, RecordState, SharePartition
 from broker.tasks import guarded, spawn
@@ -333,6 +334,27 @@ async def test_unexpected_persister_exception_is_unknown_server_error_for_that_p
     assert await mgr.acknowledge(OTHER_KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     mgr.stop()
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (KafkaError(ErrorCode.fenced_state_epoch), ErrorCode.not_leader_or_follower),
+        (KafkaError(ErrorCode.fenced_leader_epoch), ErrorCode.not_leader_or_follower),
+        (KafkaError(ErrorCode.not_coordinator), ErrorCode.coordinator_not_available),
+        (KafkaError(ErrorCode.coordinator_load_in_progress), ErrorCode.coordinator_not_available),
+        (KafkaError(ErrorCode.kafka_storage_error), ErrorCode.kafka_storage_error),
+        (KafkaError(ErrorCode.group_id_not_found), ErrorCode.group_id_not_found),
+        (KafkaError(ErrorCode.invalid_request, "bad batch"), ErrorCode.unknown_server_error),
+        (EIO, ErrorCode.kafka_storage_error),
+        (ENOSPC, ErrorCode.kafka_storage_error),
+        (ValueError("bug"), ErrorCode.unknown_server_error),
+    ],
+)
+def test_share_coordinator_errors_map_as_kafka_tells_share_clients(
+    failure: Exception, code: ErrorCode
+) -> None:
+    assert persister_error(failure).code == code
 
 
 # -- changes of one partition are serialized -------------------------------------------------
