@@ -58,10 +58,18 @@ class Broker:
     `restart()` and `kill9()` keep both, so a test can check what survives.
     """
 
-    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str] | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        settings: dict[str, str] | None = None,
+        open_file_limit: int | None = None,
+    ):
         self.data_dir = data_dir
         self.log_path = log_path
         self.settings = dict(settings or {})
+        # RLIMIT_NOFILE (soft and hard) for the broker process; None: inherited.
+        self.open_file_limit = open_file_limit
         self.port = free_port()
         self.host = "127.0.0.1"
         self.process: subprocess.Popen[bytes] | None = None
@@ -84,6 +92,16 @@ class Broker:
         ]
         for key, value in self.settings.items():
             cmd += ["--set", f"{key}={value}"]
+        if self.open_file_limit is not None:
+            # Set the limit, then exec the broker in the same process (same pid); no
+            # preexec_fn, which is unsafe with the client threads of the test process.
+            n = self.open_file_limit
+            cmd[1:1] = [
+                "-c",
+                "import os, resource, sys; "
+                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({n}, {n})); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+            ]
         return cmd
 
     def start(self) -> None:
@@ -178,13 +196,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def broker_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[..., Broker]]:
-    """Start brokers with extra `--set` settings; all are stopped (exit 0) at teardown."""
+    """Start brokers with extra `--set` settings (and optionally a lower open-file
+    limit); all are stopped (exit 0) at teardown."""
     brokers: list[Broker] = []
     request.node.stash[_LOGS_KEY] = []
 
-    def make(settings: dict[str, str] | None = None) -> Broker:
+    def make(settings: dict[str, str] | None = None, open_file_limit: int | None = None) -> Broker:
         n = len(brokers)
-        broker = Broker(tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings)
+        broker = Broker(
+            tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings, open_file_limit
+        )
         brokers.append(broker)
         request.node.stash[_LOGS_KEY].append(broker.log_path)
         broker.start()
