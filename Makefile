@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install run test unit integration bench lint format clean
+.PHONY: install run test unit integration bench lint format clean fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ integration: install
 
 bench: install
 	$(BIN)/python -m bench $(ARGS)
+
+# Malformed and odd requests against a fresh broker; exits 1 on a crash or a traceback.
+# `make fuzz FRAMES=200000 SEED=42` repeats a run; a failure prints its seed and frame.
+FRAMES ?= 100000
+SEED   ?=
+fuzz: install
+	$(BIN)/python -m tests.fuzz --frames $(FRAMES) $(if $(SEED),--seed $(SEED)) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

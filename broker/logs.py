@@ -259,6 +259,12 @@ def validate_produce_data(data: bytes) -> tuple[bytearray, list[tuple[int, Batch
     batches = list(iter_batches(buf, validate=True))
     if not batches:
         raise CorruptRecordError("produce request carries no record batch")
+    for pos, header in batches:
+        if header.compression:
+            # As Kafka's LogValidator: the records of a compressed batch are read before
+            # it is stored, so one that does not decompress is refused, not kept to
+            # fail every later reader (ListOffsets by timestamp).
+            decode_records(buf, pos, header)
     return buf, batches
 
 

@@ -52,6 +52,16 @@ def register(broker: Broker) -> None:
             wanted = [(t.name, getattr(t, "topic_id", None)) for t in requested]
         topics = []
         for name, topic_id in wanted:
+            if name is None and (topic_id is None or version < 12):
+                # Kafka refuses a topic with neither name nor id, and ids before v12.
+                topics.append(
+                    {
+                        "error_code": ErrorCode.invalid_request,
+                        "name": None if version >= 12 else "",
+                        "topic_id": topic_id,
+                    }
+                )
+                continue
             if name is None and topic_id is not None:
                 topic = state.topics_by_id.get(topic_id)
                 if topic is None:

@@ -24,7 +24,9 @@ READ_COMMITTED = 1
 def _topic_name(broker: Broker, entry: Any) -> tuple[str | None, Any]:
     """Name and id of a request topic that carries either (newer versions use ids)."""
     topic_id = getattr(entry, "topic_id", None)
-    name = getattr(entry, "name", None) or getattr(entry, "topic", None)
+    name = getattr(entry, "name", None)
+    if name is None:  # not `or`: an empty name is a name (unknown), not a missing one
+        name = getattr(entry, "topic", None)
     if name is None and topic_id is not None:
         topic = broker.metadata.state.topics_by_id.get(topic_id)
         return (topic.name if topic else None), topic_id

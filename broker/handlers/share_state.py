@@ -28,6 +28,10 @@ def register(broker: Broker) -> None:
             for p in t.partitions:
                 entry: dict[str, Any] = {"partition": p.partition, "error_code": ErrorCode.none}
                 try:
+                    if t.topic_id is None:
+                        # kio reads the zero uuid as None; Kafka's share coordinator
+                        # refuses a null topic id with INVALID_REQUEST.
+                        raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
                     if not req.group_id:
                         raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
                     entry.update(await op(ShareStateKey(req.group_id, t.topic_id, p.partition), p))

@@ -66,6 +66,11 @@ async def create_topic(
     topic = Topic(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
     broker.logs.ensure_file_headroom(name, partitions)
     await broker.metadata.commit([topic_record(topic)])
+    current = broker.metadata.state.topics.get(name)
+    if current is None or current.topic_id != topic.topic_id:
+        # Deleted (or re-created) by another request while the record was written: it
+        # was created, as in Kafka, and is gone; there are no logs of it to open.
+        return topic
     try:
         broker.logs.open_topic(name, topic.topic_id, partitions, configs)
     except KafkaError:

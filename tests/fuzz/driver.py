@@ -16,6 +16,7 @@ import collections
 import contextlib
 import json
 import random
+import shutil
 import socket
 import struct
 import tempfile
@@ -285,11 +286,11 @@ class Run:
         self.apis = advertised_apis()
         self.api_ranges = {k: (lo, hi) for k, lo, hi in self.apis}
         self.pools = Pools()
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        # A directory of our own is removed after a clean run, kept after a failing one.
+        self._tmp: Path | None = None
         root = options.data_dir
         if root is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="spool-fuzz-")
-            root = Path(self._tmp.name)
+            root = self._tmp = Path(tempfile.mkdtemp(prefix="spool-fuzz-"))
         root.mkdir(parents=True, exist_ok=True)
         self.broker = FuzzBroker(root / "data", root / "broker.log")
         self.scanner = LogScanner(self.broker.log_path)
@@ -330,9 +331,9 @@ class Run:
                 except AssertionError as exc:
                     report.findings.append(Finding("crash", f"unclean shutdown: {exc}"))
             if self._tmp is not None and report.ok:
-                self._tmp.cleanup()
+                shutil.rmtree(self._tmp, ignore_errors=True)
             elif self._tmp is not None:
-                self.out(f"broker data and log kept in {self._tmp.name}")
+                self.out(f"broker data and log kept in {self._tmp}")
         return report
 
     async def setup(self) -> None:
@@ -562,6 +563,6 @@ def replay(payload_hex: str, out: Callable[[str], None] = print) -> int:
             if runner.broker.running:
                 runner.broker.stop()
             if runner._tmp is not None:
-                runner._tmp.cleanup()
+                shutil.rmtree(runner._tmp, ignore_errors=True)
 
     return asyncio.run(main())

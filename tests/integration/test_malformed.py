@@ -7,15 +7,23 @@ for the valid ones.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
+import hashlib
 import importlib
 import io
+import random
 import socket
 import struct
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import crc32c
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
@@ -26,11 +34,23 @@ from kio.schema.errors import ErrorCode
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i64
 
-from tests.integration.conftest import Broker, assert_round_trip, create_topic, watermarks
+from protocol import api
+from tests.fuzz import frames as fuzz_frames
+from tests.integration.conftest import (
+    Broker,
+    admin_config,
+    assert_round_trip,
+    consumer_config,
+    create_topic,
+    produce,
+    producer_config,
+    watermarks,
+)
 
 IO_TIMEOUT_S = 10.0
 API_PRODUCE = 0
@@ -355,3 +375,293 @@ def test_produce_errors_for_missing_partition_and_oversized_batch_append_nothing
         assert result.error_code == ErrorCode.none and result.base_offset == 0, result
     assert watermarks(broker, topic, 0) == (0, 1)
     assert_still_serving(broker, "after-limits")
+
+
+# --- lying lengths and broken schema rules (protocol/guard.py) ------------------------
+#
+# These share one broker that holds a topic with records: after every bad frame the
+# process must be up, the bad connection closed (unparseable) or answered
+# (INVALID_REQUEST), a real client served, and no stored byte changed.
+
+# Metadata v12 whose topics compact array claims 2^32-2 elements: it aborted the broker
+# (kio reserved ~34 GB before reading the first element).
+METADATA_V12_HUGE_TOPICS = bytes.fromhex("000000110003000c0000000100017800ffffffff0f")
+STORED_TOPIC = "stored"
+
+
+def data_hashes(broker: Broker) -> dict[str, str]:
+    """sha256 of every file under the data dir, by relative path."""
+    out = {}
+    for path in sorted(broker.data_dir.rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(broker.data_dir))] = hashlib.sha256(
+                path.read_bytes()
+            ).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def stored_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A broker with a topic of 20 records, flushed, shared by the tests below."""
+    root = tmp_path_factory.mktemp("guarded")
+    broker = Broker(root / "data", root / "broker.log")
+    broker.start()
+    try:
+        create_topic(broker, STORED_TOPIC)
+        outcome = produce(
+            Producer(producer_config(broker)),
+            STORED_TOPIC,
+            [(0, f"k{i}".encode(), f"v{i}".encode(), []) for i in range(20)],
+        )
+        assert outcome.errors == [] and outcome.unflushed == 0
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
+@contextlib.contextmanager
+def nothing_stored_changes(broker: Broker) -> Iterator[None]:
+    before = data_hashes(broker)
+    yield
+    assert broker.running, f"broker process died\n{broker.log_tail(40)}"
+    assert data_hashes(broker) == before, "stored bytes changed"
+
+
+def assert_served(broker: Broker) -> None:
+    """The broker answers raw ApiVersions and a real client's metadata request."""
+    assert broker.running, f"broker process died\n{broker.log_tail(40)}"
+    with RawConnection(broker) as conn:
+        assert API_VERSIONS in api_versions(conn)
+    metadata = AdminClient(admin_config(broker)).list_topics(timeout=10)
+    assert STORED_TOPIC in metadata.topics
+
+
+def send_closed(broker: Broker, payload: bytes) -> None:
+    """Send one frame; the broker must close the connection without answering."""
+    with RawConnection(broker) as conn:
+        conn.send_frame(payload)
+        frame = conn.answer_or_close()
+        assert frame is None, f"answered instead of closing: {frame.hex()}"
+
+
+def lying_frame(api_key: int, version: int) -> tuple[bytes, str]:
+    """A valid frame of this api and version with its first body length set past the
+    end of the frame, and that length's field path."""
+    pools = fuzz_frames.Pools(topics=[STORED_TOPIC])
+    for seed in range(50):
+        frame, lengths = fuzz_frames.valid_frame(random.Random(seed), pools, api_key, version, 9)
+        body = [n for n in lengths if not n.path.startswith("header")]
+        if body:
+            target = body[0]
+            huge = {"int16": 2**15 - 1, "int32": 2**31 - 1}.get(target.kind, 2**32 - 1)
+            return fuzz_frames.splice_length(frame.payload, target, huge), target.path
+    raise AssertionError(f"no frame of {api_key} v{version} has a length field")
+
+
+def test_metadata_claiming_four_billion_topics_closes_the_connection_only(
+    stored_broker: Broker,
+) -> None:
+    with nothing_stored_changes(stored_broker), RawConnection(stored_broker) as conn:
+        conn.send_raw(METADATA_V12_HUGE_TOPICS)
+        assert conn.answer_or_close() is None
+    assert_served(stored_broker)
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(k, hi) for k, _, hi in fuzz_frames.advertised_apis()]
+)
+def test_a_lying_length_in_each_advertised_api_closes_the_connection_only(
+    stored_broker: Broker, api_key: int, version: int
+) -> None:
+    payload, _ = lying_frame(api_key, version)
+    with nothing_stored_changes(stored_broker):
+        send_closed(stored_broker, payload)
+    assert_served(stored_broker)
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "prefix"),
+    [
+        (10, 4, "00"),  # FindCoordinator: key_type, then coordinator_keys
+        (20, 6, ""),  # DeleteTopics: topics
+        (2, 9, "ffffffff00"),  # ListOffsets: replica_id, isolation_level, then topics
+        (77, 1, ""),  # ShareGroupDescribe: group_ids
+        (79, 2, "0267026d0000000000"),  # ShareAcknowledge: "g", "m", epoch, renew, topics
+        (85, 1, "0267"),  # WriteShareGroupState: group_id "g", then topics
+    ],
+)
+def test_huge_array_counts_reported_as_aborting_close_the_connection(
+    stored_broker: Broker, api_key: int, version: int, prefix: str
+) -> None:
+    """The other APIs reported to abort the broker: a compact array of 2^32-2."""
+    with RawConnection(stored_broker) as conn:
+        header = conn.header_bytes(api_key, version, flexible=True)
+    payload = header + bytes.fromhex(prefix + "ffffffff0f")
+    with nothing_stored_changes(stored_broker):
+        send_closed(stored_broker, payload)
+    assert_served(stored_broker)
+
+
+@pytest.mark.parametrize("what", ["client_id", "string", "bytes"])
+def test_huge_string_and_bytes_lengths_close_the_connection(
+    stored_broker: Broker, what: str
+) -> None:
+    with RawConnection(stored_broker) as conn:
+        header = conn.header_bytes(API_METADATA, 12, flexible=True)
+    if what == "client_id":
+        payload = bytearray(header + b"\x01\x01\x00\x00")
+        struct.pack_into(">h", payload, 8, 32767)
+    elif what == "string":
+        # one topic: zero uuid, then a name claiming 2^32-2 bytes
+        payload = bytearray(header + b"\x02" + bytes(16) + b"\xff\xff\xff\xff\x0f")
+    else:
+        produce_header = struct.pack(">hh", API_PRODUCE, 9) + header[4:]
+        # transactional_id null, acks, timeout, one topic "stored", one partition whose
+        # records claim 2^31 bytes
+        payload = bytearray(
+            produce_header
+            + b"\x00\xff\xff\x00\x00\x27\x10\x02\x07stored\x02\x00\x00\x00\x00"
+            + b"\x80\x80\x80\x80\x08"
+        )
+    with nothing_stored_changes(stored_broker):
+        send_closed(stored_broker, bytes(payload))
+    assert_served(stored_broker)
+
+
+def _request(api_key: int, version: int, data: dict[str, Any], **nulls: None) -> Any:
+    body = api.build(api.request_class(api_key, version), data)
+    # kio's writer writes None for an array as null, whatever the schema allows.
+    return dataclasses.replace(body, **nulls)
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "data", "field"),
+    [
+        (10, 4, {"key_type": 0}, "coordinator_keys"),
+        (20, 6, {"timeout": 1000}, "topics"),
+        (21, 2, {"timeout": 1000}, "topics"),
+        (0, 9, {"acks": -1, "timeout": 1000}, "topic_data"),
+        (77, 1, {}, "group_ids"),
+    ],
+)
+def test_null_where_the_array_is_not_nullable_is_answered_and_stores_nothing(
+    stored_broker: Broker, api_key: int, version: int, data: dict[str, Any], field: str
+) -> None:
+    """These responses have no top-level error code: the answer is the api's empty
+    response (as Kafka's for an empty request) and the broker logs INVALID_REQUEST."""
+    request = _request(api_key, version, data, **{field: None})
+    with nothing_stored_changes(stored_broker), RawConnection(stored_broker) as conn:
+        cid = conn.send_request(request)
+        response = conn.response(api.response_class(api_key, version), cid)
+        assert response is not None
+        # Answered, not closed: the connection goes on working.
+        assert API_VERSIONS in api_versions(conn)
+    log_text = stored_broker.log_path.read_text(errors="replace")
+    assert f"{field}: null array, but the field is not nullable" in log_text
+    assert_served(stored_broker)
+
+
+def test_null_array_in_a_request_with_an_error_field_gets_invalid_request(
+    stored_broker: Broker,
+) -> None:
+    request = _request(79, 2, {"group_id": "g", "member_id": "m"}, topics=None)
+    with RawConnection(stored_broker) as conn:
+        cid = conn.send_request(request)
+        response = conn.response(api.response_class(79, 2), cid)
+    assert response.error_code == ErrorCode.invalid_request
+    assert response.error_message == "topics: null array, but the field is not nullable"
+
+
+# --- odd but well-formed requests the fuzzer found crashing handlers ----------------
+
+
+def test_produce_to_an_empty_topic_name_is_unknown_topic(stored_broker: Broker) -> None:
+    """Found by `python -m tests.fuzz`: the empty name was read as a missing one and
+    the response could not be encoded."""
+    with RawConnection(stored_broker) as conn:
+        result = _produce(conn, 9, "", _batch([b"x"]))
+    assert result.error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_metadata_topic_with_neither_name_nor_id_is_invalid_request(
+    stored_broker: Broker,
+) -> None:
+    """Fuzzer frame: Metadata v12, one topic with a null name and the zero topic id."""
+    payload = bytes.fromhex(
+        "0003000c00000008000a73706f6f6c2d66757a7a0002000000000000000000000000000000000000010000"
+    )
+    with RawConnection(stored_broker) as conn:
+        conn.send_frame(payload)
+        frame = conn.recv_frame()
+    header, size = entity_reader(ResponseHeaderV1)(frame, 0)
+    assert header.correlation_id == 8
+    body, _ = entity_reader(api.response_class(3, 12))(frame, size)
+    [topic] = body.topics
+    assert topic.error_code == ErrorCode.invalid_request
+
+
+def test_metadata_v10_topic_without_a_name_is_invalid_request(stored_broker: Broker) -> None:
+    """v10-11 cannot address topics by id; Kafka refuses a null name there."""
+    request = api.build(api.request_class(3, 10), {"topics": [{"name": None}]})
+    with RawConnection(stored_broker) as conn:
+        cid = conn.send_request(request)
+        body = conn.response(api.response_class(3, 10), cid)
+    [topic] = body.topics
+    assert topic.error_code == ErrorCode.invalid_request
+
+
+def test_share_state_rpc_with_the_zero_topic_id_is_invalid_request(
+    stored_broker: Broker,
+) -> None:
+    """Fuzzer: InitializeShareGroupState naming the zero uuid (kio reads it as None)."""
+    request = api.build(
+        api.request_class(83, 0),
+        {
+            "group_id": "g",
+            "topics": [
+                {
+                    "topic_id": uuid.UUID(int=0),
+                    "partitions": [{"partition": 0, "state_epoch": 0, "start_offset": 0}],
+                }
+            ],
+        },
+    )
+    with RawConnection(stored_broker) as conn:
+        cid = conn.send_request(request)
+        body = conn.response(api.response_class(83, 0), cid)
+    [result] = body.results
+    [partition] = result.partitions
+    assert partition.error_code == ErrorCode.invalid_request
+    assert partition.error_message == "The topic id cannot be null."
+
+
+@pytest.mark.parametrize("codec", [1, 4, 7])
+def test_batch_flagged_compressed_that_does_not_decompress_is_refused(
+    broker: Broker, codec: int
+) -> None:
+    """Fuzzer: a gzip/zstd-flagged batch of plain records was stored, and every
+    ListOffsets by timestamp on the partition then failed decompressing it."""
+    topic = "flagged"
+    create_topic(broker, topic)
+    good = _batch([b"a", b"b"])
+    bad = bytearray(good)
+    attributes_at = CRC_OFFSET + 4
+    struct.pack_into(">h", bad, attributes_at, codec)
+    crc = crc32c.crc32c(bytes(bad[attributes_at:]))
+    struct.pack_into(">I", bad, CRC_OFFSET, crc)
+    with RawConnection(broker) as conn:
+        result = _produce(conn, produce_version(conn), topic, bytes(bad))
+        assert result.error_code in (
+            ErrorCode.corrupt_message,
+            ErrorCode.unsupported_compression_type,
+        ), result
+        result = _produce(conn, produce_version(conn), topic, good)
+        assert result.error_code == ErrorCode.none and result.base_offset == 0, result
+    assert watermarks(broker, topic, 0) == (0, 2)
+    consumer = Consumer(consumer_config(broker, **{"group.id": "flagged"}))
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, 0, 0)], timeout=10)
+        assert found[0].offset == 0
+    finally:
+        consumer.close()
