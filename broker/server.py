@@ -16,9 +16,11 @@ No client can exhaust the broker, with Kafka's socket-server settings:
   connection over a limit right after accept, sending nothing.
 - A request whose header cannot be parsed, or whose body `dispatch` reports as
   malformed, closes its connection: Kafka does not answer what it cannot parse.
-Running out of file descriptors: uvloop (libuv) accepts and closes connections it has
+Running out of file descriptors: a connection whose descriptor is among the last
+hundredth of the open-file limit (at least 16) is closed at once, keeping those for
+the broker's own files; past that, uvloop (libuv) accepts and closes connections it has
 no descriptor for (it keeps a spare one for that), so they are refused, not left
-hanging in the backlog; `raise_open_file_limit` lifts the soft limit at startup.
+hanging in the backlog. `raise_open_file_limit` lifts the soft limit at startup.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ log = structlog.get_logger("spool.server")
 MAX_IN_FLIGHT_PER_CONNECTION = 32
 
 INT_MAX = 2**31 - 1
+
+# Descriptors new connections may not take, so the broker itself can still open files
+# (a segment roll, a clean close, importing a schema module on first use) once clients
+# have taken the rest; partition creation keeps more free (broker.logs).
+MIN_FREE_FILES_FOR_CONNECTIONS = 16
 
 _connection_ids = itertools.count(1)
 
@@ -172,7 +179,8 @@ class ServerStats:
 
     connections_open: int = 0
     connections_accepted: int = 0
-    # reason ("max.connections", "max.connections.per.ip") -> connections closed at accept
+    # reason ("max.connections", "max.connections.per.ip", "open.files") -> connections
+    # closed at accept
     connections_refused: collections.Counter[str] = field(default_factory=collections.Counter)
     idle_closed: int = 0
     malformed_closed: int = 0  # header or body could not be parsed, or has no schema
@@ -379,6 +387,7 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[int, Connection] = {}
         self._per_ip: collections.Counter[str] = collections.Counter()
+        self.open_file_limit = INT_MAX  # RLIMIT_NOFILE's soft limit, read at start
 
     @property
     def max_request_bytes(self) -> int:
@@ -390,6 +399,9 @@ class Server:
         )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            self.open_file_limit = soft
         self.idle.start()
         limits = self.limits
         log.info(
@@ -420,8 +432,13 @@ class Server:
 
     # -- accept ---------------------------------------------------------------------
 
-    def _refusal(self, host: str) -> tuple[str, int] | None:
-        """The limit a new connection from `host` would exceed, if any."""
+    def refusal(self, host: str, fd: int) -> tuple[str, int] | None:
+        """The limit a new connection from `host` on descriptor `fd` exceeds, if any."""
+        # Descriptors are allocated lowest first, so a number this high means nearly
+        # all below it are open.
+        reserve = max(MIN_FREE_FILES_FOR_CONNECTIONS, self.open_file_limit // 100)
+        if fd >= self.open_file_limit - reserve:
+            return "open.files", self.open_file_limit
         limits = self.limits
         if self.stats.connections_open >= limits.max_connections:
             return "max.connections", limits.max_connections
@@ -432,11 +449,12 @@ class Server:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         host = _peer_host(writer.get_extra_info("peername"))
-        refused = self._refusal(host)
+        sock = writer.get_extra_info("socket")
+        refused = self.refusal(host, sock.fileno() if sock is not None else -1)
         if refused is not None:
             # Kafka closes such a connection without a word (Kafka's acceptor waits
-            # for a slot at the broker-wide limit instead; asyncio cannot hold back
-            # accepting, so both limits close).
+            # for a slot at the broker-wide limit instead; an asyncio server cannot
+            # pause accepting, so every limit closes).
             reason, limit = refused
             self.stats.connections_refused[reason] += 1
             log.warning("connection_refused", client=host, reason=reason, limit=limit)
@@ -616,7 +634,6 @@ class Connection:
                 return False
             parsed = self._parse_header(frame)
             if parsed is None:
-                server.stats.malformed_closed += 1
                 self.close()
                 return False
             header, body_offset = parsed
@@ -647,11 +664,24 @@ class Connection:
         the connection then, since no response the client could parse exists."""
         api_key, api_version, _ = api.peek_header(frame)
         if api.schema_versions(api_key) is None:
+            self.server.stats.malformed_closed += 1
             self.log.warning("unknown_api_key_closed", api_key=api_key, api_version=api_version)
             return None
         try:
             return api.decode_request_header(frame)
+        except OSError as exc:
+            # The broker's failure, not the client's: e.g. no descriptor left to import
+            # the schema module of an api version seen for the first time.
+            self.log.error(
+                "request_header_failed",
+                api_key=api_key,
+                api=api.api_name(api_key),
+                api_version=api_version,
+                error=str(exc),
+            )
+            return None
         except Exception as exc:
+            self.server.stats.malformed_closed += 1
             self.log.warning(
                 "bad_request_header_closed",
                 api_key=api_key,

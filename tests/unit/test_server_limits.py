@@ -277,6 +277,36 @@ async def test_reserve_cancelled_as_it_is_granted_gives_the_bytes_back() -> None
     assert server.budget.reserved == 0
 
 
+# -- accepting ----------------------------------------------------------------------------
+
+
+def test_connection_on_one_of_the_last_descriptors_is_refused() -> None:
+    # The last hundredth of the open-file limit (at least 16) stays for the broker's
+    # own files: descriptors are allocated lowest first, so a high number means full.
+    server = Server("127.0.0.1", 0, _no_dispatch)
+    server.open_file_limit = 1000
+    assert server.refusal("10.0.0.1", 983) is None
+    assert server.refusal("10.0.0.1", 984) == ("open.files", 1000)
+    server.open_file_limit = 100_000
+    assert server.refusal("10.0.0.1", 98_999) is None
+    assert server.refusal("10.0.0.1", 99_000) == ("open.files", 100_000)
+
+
+def test_connection_over_a_count_limit_is_refused_with_its_reason() -> None:
+    server = Server("127.0.0.1", 0, _no_dispatch, limits=ServerLimits(max_connections=0))
+    assert server.refusal("10.0.0.1", 5) == ("max.connections", 0)
+    server = Server(
+        "127.0.0.1",
+        0,
+        _no_dispatch,
+        limits=ServerLimits(
+            max_connections_per_ip=0, max_connections_per_ip_overrides={"10.0.0.2": 1}
+        ),
+    )
+    assert server.refusal("10.0.0.1", 5) == ("max.connections.per.ip", 0)
+    assert server.refusal("10.0.0.2", 5) is None
+
+
 # -- settings ----------------------------------------------------------------------------
 
 
