@@ -130,16 +130,17 @@ def reply_problem(payload: bytes, reply: bytes, apis: dict[int, tuple[int, int]]
         cls = api.response_class(api_key, version)
     except api.UnknownApi:
         return None if len(reply) == 6 else f"{len(reply)}-byte reply to an api with no schema"
-    if len(reply) == 6:
-        return "bare"
     offset = 4 + (1 if api.response_header_version(api_key, version) >= 1 else 0)
     try:
         _, size = api._reader(cls)(reply, offset)
     except Exception as exc:
-        return f"reply does not decode as {cls.__name__} v{version}: {exc!r}"
-    if offset + size != len(reply):
-        return f"reply has {len(reply) - offset - size} bytes after its {cls.__name__} body"
-    return None
+        problem = f"reply does not decode as {cls.__name__} v{version}: {exc!r}"
+    else:
+        if offset + size == len(reply):
+            return None
+        problem = f"reply has {len(reply) - offset - size} bytes after its {cls.__name__} body"
+    # Correlation id and error code alone (some v0 responses are exactly that).
+    return "bare" if len(reply) == 6 else problem
 
 
 # -- one connection ------------------------------------------------------------------
@@ -428,6 +429,9 @@ class Run:
             wrong = reply_problem(frame.payload, reply, self.api_ranges)
             if wrong == "bare":
                 report.outcomes["bare"] += 1
+                if report.count("bare_reply") < 5:
+                    what = f"bare error reply {reply.hex()}"
+                    report.findings.append(Finding("bare_reply", what, frame, index))
             elif wrong is not None and report.count("bad_reply") < 20:
                 report.findings.append(Finding("bad_reply", wrong, frame, index))
         return outcome

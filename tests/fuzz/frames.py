@@ -535,4 +535,20 @@ def fuzz_frame(seed: int, index: int, apis: Sequence[tuple[int, int, int]], pool
     api_key, low, high = rng.choice(apis)
     version = rng.randint(low, high)
     frame, lengths = valid_frame(rng, pools, api_key, version, correlation_id=1 + index % 2**30)
-    return mutate(rng, frame, lengths)
+    frame = mutate(rng, frame, lengths)
+    roll = rng.random()
+    if roll < 0.05:
+        # The body of one version read as another (header versions may differ too).
+        other = rng.randint(0, high + 2)
+        payload = frame.payload[:2] + struct.pack(">h", other) + frame.payload[4:]
+        frame = dataclasses.replace(
+            frame, payload=payload, mutation="version", detail=f"v{version} body as v{other}"
+        )
+    elif roll < 0.06:
+        # An api the broker does not serve (or kio does not know).
+        other = rng.choice([11, 12, 14, 50, 68, 80, 999, -1])
+        payload = struct.pack(">h", other) + frame.payload[2:]
+        frame = dataclasses.replace(
+            frame, payload=payload, mutation="unserved_api", detail=f"api key {other}"
+        )
+    return frame
