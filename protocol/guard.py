@@ -486,12 +486,10 @@ def _compile_entity(cls: type[Any], nullable: bool) -> _Compiled:
         steps.append((f.name, compiled.check))
     if run:
         steps.append((None, _fixed_run(run)))
-    if flexible:
-        fixed = None
-        steps.append((None, _tagged_fields(known_tags)))
-    if fixed is not None and not nullable:
+    if fixed is not None and not nullable and not flexible:
         # Only fixed-width fields: an array of these is skipped in one step.
         return _Compiled(_fixed_run(all_fixed), min_size, min_size)
+    tagged = _tagged_fields(known_tags)
 
     def check(buf: bytes, pos: int, end: int, ctx: _Ctx) -> int:
         if nullable:
@@ -507,6 +505,11 @@ def _compile_entity(cls: type[Any], nullable: bool) -> _Compiled:
                 if name is not None:
                     fail.parts.append(name)
                 raise
+        if flexible:
+            # Nearly every tagged-field section is empty: one zero byte.
+            if pos < end and buf[pos] == 0:
+                return pos + 1
+            return tagged(buf, pos, end, ctx)
         return pos
 
     return _Compiled(check, 1 if nullable else min_size)
