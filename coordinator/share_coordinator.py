@@ -11,15 +11,19 @@ The rules, in one place:
 - initialize_state: FENCED_STATE_EPOCH for an older state epoch. Writes a ShareSnapshot
   with the new state epoch and start offset, no batches, leader epoch -1 and the next
   snapshot epoch.
-- write_state: UNKNOWN_TOPIC_OR_PARTITION for a key never initialized (or deleted);
-  FENCED_STATE_EPOCH / FENCED_LEADER_EPOCH for an older epoch (-1 skips either check);
+- write_state: INVALID_REQUEST for a key never initialized (or deleted), as Kafka's
+  "Write operation on uninitialized share partition not allowed"; then FENCED_LEADER_EPOCH
+  / FENCED_STATE_EPOCH for an older epoch, in that order (-1 skips either check);
   INVALID_REQUEST for a malformed batch. Writes a ShareUpdate (the delta), or, once the key
   has had `snapshot_update_records_per_snapshot` updates since its last snapshot, a
   ShareSnapshot of the merged state instead.
-- read_state: UNKNOWN_TOPIC_OR_PARTITION; FENCED_LEADER_EPOCH for an older leader epoch
-  (-1 too, once one is known). A newer leader epoch is written down first, as a write of
-  that epoch with no batches (Kafka's readStateAndMaybeUpdateLeaderEpoch).
-- read_summary: UNKNOWN_TOPIC_OR_PARTITION. A read operation: returns the result alone.
+- read_state: INVALID_REQUEST for a key never initialized (Kafka's "Read operation on
+  uninitialized share partition not allowed"); FENCED_LEADER_EPOCH for an older leader
+  epoch (-1 too, once one is known). A newer leader epoch is written down first, as a
+  write of that epoch with no batches (Kafka's readStateAndMaybeUpdateLeaderEpoch).
+- read_summary: never an error for a well-formed key: a key with no state answers state
+  epoch 0, leader epoch 0 and start offset -1 (uninitialized), as Kafka's
+  readStateSummary does. A read operation: returns the result alone.
 - delete_state: a ShareTombstone; nothing for a key that has no state.
 
 Replay: a snapshot replaces the key's state whole and resets its update count; an update
@@ -57,6 +61,9 @@ from protocol.errors import ErrorCode, KafkaError
 DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT = 500
 NO_EPOCH = -1
 NO_TIMESTAMP = -1
+# What ReadShareGroupStateSummary answers for a key with no state (Kafka's PartitionFactory).
+DEFAULT_STATE_EPOCH = 0
+DEFAULT_LEADER_EPOCH = 0
 _DELIVERY_STATES = frozenset({0, 2, 4})  # Available, Acknowledged, Archived
 _INT16_MAX = 2**15 - 1
 
@@ -181,14 +188,15 @@ class ShareCoordinatorShard:
         """WriteShareGroupState: merge `batches` over the state, move the start offset
         (-1 = unchanged)."""
         self._check_key(key)
-        entry = self._require(key)
+        entry = self._require(key, "Write")
+        # Kafka's maybeGetWriteStateError checks the leader epoch before the state epoch.
+        self._check_leader_epoch(key, entry, leader_epoch, allow_none=True)
         if state_epoch != NO_EPOCH and state_epoch < entry.state_epoch:
             raise KafkaError(
                 ErrorCode.fenced_state_epoch,
                 f"state epoch {state_epoch} for {_describe(key)} is older than the stored "
                 f"{entry.state_epoch}",
             )
-        self._check_leader_epoch(key, entry, leader_epoch, allow_none=True)
         if start_offset < UNINITIALIZED_START_OFFSET:
             raise KafkaError(
                 ErrorCode.invalid_request,
@@ -203,7 +211,7 @@ class ShareCoordinatorShard:
     ) -> tuple[Records, ShareState]:
         """ReadShareGroupState: the state; a newer leader epoch is written down first."""
         self._check_key(key)
-        entry = self._require(key)
+        entry = self._require(key, "Read")
         # As Kafka: -1 reads without recording anything, but is fenced once a leader
         # epoch is known.
         self._check_leader_epoch(key, entry, leader_epoch, allow_none=False)
@@ -219,10 +227,21 @@ class ShareCoordinatorShard:
     def read_summary(self, key: ShareStateKey) -> ShareState:
         """ReadShareGroupStateSummary: state epoch, leader epoch, start offset (no batches).
 
-        A read operation: it never writes, so it returns the result alone.
+        A key with no state (never initialized, or deleted) is not an error: like Kafka's
+        readStateSummary it answers the defaults of an uninitialized share partition
+        (state epoch 0, leader epoch 0, start offset -1), which is how an admin tells "no
+        offset yet" from a failure. A read operation: it never writes, so it returns the
+        result alone.
         """
         self._check_key(key)
-        return self._require(key).to_state(with_batches=False)
+        entry = self._entries.get(key)
+        if entry is None:
+            return ShareState(
+                state_epoch=DEFAULT_STATE_EPOCH,
+                leader_epoch=DEFAULT_LEADER_EPOCH,
+                start_offset=UNINITIALIZED_START_OFFSET,
+            )
+        return entry.to_state(with_batches=False)
 
     def delete_state(self, key: ShareStateKey) -> tuple[Records, None]:
         """DeleteShareGroupState: a tombstone; nothing to write for an unknown key."""
@@ -318,12 +337,14 @@ class ShareCoordinatorShard:
             batches=_to_record_batches(merge_batches((), batches, start_offset)),
         )
 
-    def _require(self, key: ShareStateKey) -> _Entry:
+    def _require(self, key: ShareStateKey, operation: str) -> _Entry:
         entry = self._entries.get(key)
         if entry is None:
+            # Kafka answers INVALID_REQUEST here (READ/WRITE_UNINITIALIZED_SHARE_PARTITION).
             raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"no share state for {_describe(key)}: it was never initialized or was deleted",
+                ErrorCode.invalid_request,
+                f"{operation} operation on uninitialized share partition not allowed: no "
+                f"share state for {_describe(key)} (never initialized, or deleted)",
             )
         return entry
 

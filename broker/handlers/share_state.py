@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from broker.server import RequestContext
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
@@ -17,11 +19,24 @@ from protocol.errors import ErrorCode, KafkaError
 if TYPE_CHECKING:
     from broker.broker import Broker
 
+log = structlog.get_logger("spool.share_coordinator")
+
 PartitionOp = Callable[[ShareStateKey, Any], Awaitable[dict[str, Any]]]
 
 
 def register(broker: Broker) -> None:
     async def per_partition(req: Any, op: PartitionOp) -> dict[str, Any]:
+        # Kafka's ShareCoordinatorService answers an empty response (no results at all)
+        # when the group id is empty, or when the request names no topic or a topic with
+        # no partitions.
+        if not req.group_id or not req.topics or any(not t.partitions for t in req.topics):
+            log.info(
+                "share_state_request_ignored",
+                group=req.group_id,
+                topics=len(req.topics or ()),
+                reason="empty group id, topics or partitions",
+            )
+            return {"results": []}
         results = []
         for t in req.topics:
             parts = []
@@ -32,8 +47,6 @@ def register(broker: Broker) -> None:
                         # kio reads the zero uuid as None; Kafka's share coordinator
                         # refuses a null topic id with INVALID_REQUEST.
                         raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
-                    if not req.group_id:
-                        raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
                     entry.update(await op(ShareStateKey(req.group_id, t.topic_id, p.partition), p))
                 except KafkaError as exc:
                     entry.update(error_code=exc.code, error_message=exc.message)
@@ -93,6 +106,8 @@ def register(broker: Broker) -> None:
                 "state_epoch": state.state_epoch,
                 "leader_epoch": state.leader_epoch,
                 "start_offset": state.start_offset,
+                # v1: spool keeps no delivery-complete count; -1 is Kafka's "unknown".
+                "delivery_complete_count": -1,
             }
 
         return await per_partition(req, op)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -314,27 +314,29 @@ def test_read_and_write_with_an_older_leader_epoch_are_fenced(broker: Broker) ->
     )
 
 
-def test_unknown_key_is_unknown_topic_or_partition_with_a_message(broker: Broker) -> None:
+def test_unknown_key_is_invalid_request_with_a_message(broker: Broker) -> None:
+    # Kafka's share coordinator: read/write of uninitialized state is INVALID_REQUEST; the
+    # summary of a key with no state answers the uninitialized defaults.
     g, tid = "g-unknown", uuid.uuid4()
-    assert_error(
-        read(broker, g, tid, 0, leader_epoch=0), ErrorCode.unknown_topic_or_partition, "read"
-    )
+    assert_error(read(broker, g, tid, 0, leader_epoch=0), ErrorCode.invalid_request, "read")
     assert_error(
         write(broker, g, tid, 0, state_epoch=0, leader_epoch=0, start=0, batches=[(0, 0, 2, 1)]),
-        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.invalid_request,
         "write",
     )
-    assert_error(summary(broker, g, tid, 0), ErrorCode.unknown_topic_or_partition, "summary")
+    s = summary(broker, g, tid, 0)
+    assert_ok(s, "summary")
+    assert (s.state_epoch, s.leader_epoch, s.start_offset) == (0, 0, -1)
     # A known key in another group or partition does not make this one known.
     assert_ok(initialize(broker, "g-other", tid, 0, state_epoch=0, start=0), "initialize other")
     assert_error(
         read(broker, g, tid, 0, leader_epoch=0),
-        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.invalid_request,
         "read (other group known)",
     )
     assert_error(
         read(broker, "g-other", tid, 1, leader_epoch=0),
-        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.invalid_request,
         "read (other partition known)",
     )
 
@@ -359,7 +361,7 @@ def test_each_partition_of_a_request_gets_its_own_result(broker: Broker) -> None
     assert set(by_partition) == {0, 1}
     assert_ok(by_partition[0], "read partition 0")
     assert by_partition[0].start_offset == 7
-    assert_error(by_partition[1], ErrorCode.unknown_topic_or_partition, "read partition 1")
+    assert_error(by_partition[1], ErrorCode.invalid_request, "read partition 1")
 
 
 def test_deleted_state_reads_as_unknown_and_can_be_initialized_again(broker: Broker) -> None:
@@ -371,11 +373,13 @@ def test_deleted_state_reads_as_unknown_and_can_be_initialized_again(broker: Bro
     )
     assert_ok(delete(broker, g, tid, 0), "delete")
 
-    assert_error(read(broker, g, tid, 0, leader_epoch=0), ErrorCode.unknown_topic_or_partition, "r")
-    assert_error(summary(broker, g, tid, 0), ErrorCode.unknown_topic_or_partition, "summary")
+    assert_error(read(broker, g, tid, 0, leader_epoch=0), ErrorCode.invalid_request, "r")
+    s = summary(broker, g, tid, 0)
+    assert_ok(s, "summary")
+    assert (s.state_epoch, s.leader_epoch, s.start_offset) == (0, 0, -1)
     assert_error(
         write(broker, g, tid, 0, state_epoch=2, leader_epoch=0, start=-1),
-        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.invalid_request,
         "write after delete",
     )
     # Deleting what is not there is not an error.
@@ -416,16 +420,26 @@ def test_malformed_state_batch_is_invalid_request_and_changes_nothing(
 
 
 @pytest.mark.parametrize("api", ["initialize", "read", "write", "delete", "summary"])
-def test_empty_group_id_is_invalid_group_id(broker: Broker, api: str) -> None:
+def test_empty_group_id_gets_an_empty_response(broker: Broker, api: str) -> None:
+    # Kafka's ShareCoordinatorService answers an empty group id with no results at all.
     tid = uuid.uuid4()
-    requests: dict[str, Callable[[], Any]] = {
-        "initialize": lambda: initialize(broker, "", tid, 0, state_epoch=0, start=0),
-        "read": lambda: read(broker, "", tid, 0, leader_epoch=0),
-        "write": lambda: write(broker, "", tid, 0, state_epoch=0, leader_epoch=0, start=0),
-        "delete": lambda: delete(broker, "", tid, 0),
-        "summary": lambda: summary(broker, "", tid, 0),
+    partition = {
+        "partition": 0,
+        "state_epoch": 0,
+        "leader_epoch": 0,
+        "start_offset": 0,
+        "state_batches": [],
     }
-    assert_error(requests[api](), ErrorCode.invalid_group_id, f"{api} with group id ''")
+    topics = [{"topic_id": tid, "partitions": [partition]}]
+    key, version = {
+        "initialize": (INITIALIZE, 0),
+        "read": (READ, 0),
+        "write": (WRITE, 1),
+        "delete": (DELETE, 0),
+        "summary": (SUMMARY, 1),
+    }[api]
+    response = call(broker, key, version, {"group_id": "", "topics": topics})
+    assert response.results == (), f"{api} with group id '': {response}"
 
 
 @pytest.mark.timeout(120)
@@ -453,7 +467,7 @@ def test_share_state_survives_a_clean_restart_and_a_kill9(broker: Broker) -> Non
         assert (p1.state_epoch, p1.start_offset, batches_of(p1)) == (0, 100, []), when
         assert_error(
             read(broker, g, tid, 2, leader_epoch=0),
-            ErrorCode.unknown_topic_or_partition,
+            ErrorCode.invalid_request,
             f"deleted p2 {when}",
         )
         assert_error(

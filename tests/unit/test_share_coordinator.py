@@ -133,10 +133,11 @@ def test_initialize_rejects_negative_start_offset() -> None:
 # ---------------------------------------------------------------------- write
 
 
-def test_write_unknown_key() -> None:
+def test_write_of_a_never_initialized_key_is_invalid_request() -> None:
     with pytest.raises(KafkaError) as err:
         ShareCoordinatorShard().write_state(KEY, 0, 0, 0, [], NOW)
-    assert err.value.code == ErrorCode.unknown_topic_or_partition
+    assert err.value.code == ErrorCode.invalid_request
+    assert "uninitialized share partition" in (err.value.message or "")
 
 
 def test_write_emits_an_update_with_the_delta_only() -> None:
@@ -244,10 +245,11 @@ def test_snapshot_every_update_when_zero() -> None:
 # ----------------------------------------------------------------------- read
 
 
-def test_read_unknown_key() -> None:
+def test_read_of_a_never_initialized_key_is_invalid_request() -> None:
     with pytest.raises(KafkaError) as err:
         ShareCoordinatorShard().read_state(KEY, 0, NOW)
-    assert err.value.code == ErrorCode.unknown_topic_or_partition
+    assert err.value.code == ErrorCode.invalid_request
+    assert "uninitialized share partition" in (err.value.message or "")
 
 
 def test_read_same_epoch_writes_nothing_and_returns_a_copy() -> None:
@@ -300,9 +302,8 @@ def test_read_summary() -> None:
     h = initialized(start=10, state_epoch=2)
     h.apply(h.shard.write_state(KEY, 2, 3, 12, [b(12, 20)], NOW))
     assert h.shard.read_summary(KEY) == ShareState(2, 3, 12, [])
-    with pytest.raises(KafkaError) as err:
-        h.shard.read_summary(ShareStateKey("other", TOPIC, 0))
-    assert err.value.code == ErrorCode.unknown_topic_or_partition
+    # A key with no state answers the uninitialized defaults, not an error.
+    assert h.shard.read_summary(ShareStateKey("other", TOPIC, 0)) == ShareState(0, 0, -1, [])
 
 
 def test_delete_writes_a_tombstone_and_replay_forgets_the_key() -> None:
@@ -317,7 +318,7 @@ def test_delete_writes_a_tombstone_and_replay_forgets_the_key() -> None:
     assert list(h.shard.keys()) == [other]
     with pytest.raises(KafkaError) as err:
         h.shard.write_state(KEY, 0, 0, 0, [], NOW)
-    assert err.value.code == ErrorCode.unknown_topic_or_partition
+    assert err.value.code == ErrorCode.invalid_request
     # Deleting what is not there writes nothing.
     assert h.shard.delete_state(KEY) == ([], None)
 
@@ -326,6 +327,54 @@ def test_update_for_an_unknown_key_starts_its_state() -> None:
     shard = ShareCoordinatorShard()
     shard.replay(ShareUpdate(RKEY, 3, 2, 5, (StateBatch(1, 9, 0, 1),)))
     assert shard.state(KEY) == ShareState(0, 2, 5, [b(5, 9)])
+
+
+# ------------------------------------------- never-initialized state (Kafka 4.2)
+
+
+def test_read_and_write_of_deleted_state_are_invalid_request_and_write_nothing() -> None:
+    h = initialized()
+    h.apply(h.shard.delete_state(KEY))
+    before = states(h.shard)
+    for call in (
+        lambda: h.shard.read_state(KEY, 0, NOW),
+        lambda: h.shard.read_state(KEY, -1, NOW),
+        lambda: h.shard.write_state(KEY, -1, -1, -1, [b(0, 0)], NOW),
+    ):
+        with pytest.raises(KafkaError) as err:
+            call()
+        assert err.value.code == ErrorCode.invalid_request
+    assert states(h.shard) == before
+
+
+def test_uninitialized_is_checked_before_the_epochs_and_batches() -> None:
+    # Kafka's order: key shape, then "uninitialized", then the epochs.
+    with pytest.raises(KafkaError) as err:
+        ShareCoordinatorShard().write_state(KEY, 0, 0, -1, [b(5, 4)], NOW)
+    assert err.value.code == ErrorCode.invalid_request
+    assert "uninitialized" in (err.value.message or "")
+    with pytest.raises(KafkaError) as err:
+        ShareCoordinatorShard().read_state(ShareStateKey("g", TOPIC, -1), 0, NOW)
+    assert "negative" in (err.value.message or "")
+
+
+def test_write_with_both_epochs_stale_is_fenced_by_the_leader_epoch_first() -> None:
+    h = initialized(state_epoch=2)
+    h.apply(h.shard.write_state(KEY, 2, 5, 0, [], NOW))
+    with pytest.raises(KafkaError) as err:
+        h.shard.write_state(KEY, 1, 4, 0, [], NOW)
+    assert err.value.code == ErrorCode.fenced_leader_epoch
+
+
+def test_summary_of_a_never_initialized_or_deleted_key_is_the_uninitialized_default() -> None:
+    shard = ShareCoordinatorShard()
+    assert shard.read_summary(KEY) == ShareState(
+        state_epoch=0, leader_epoch=0, start_offset=-1, batches=[]
+    )
+    h = initialized(start=4, state_epoch=3)
+    assert h.shard.read_summary(KEY) == ShareState(3, -1, 4, [])
+    h.apply(h.shard.delete_state(KEY))
+    assert h.shard.read_summary(KEY) == ShareState(0, 0, -1, [])
 
 
 def test_replay_of_the_emitted_log_equals_live_state() -> None:
