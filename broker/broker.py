@@ -164,8 +164,15 @@ class Broker:
         spawn(coro, what=what, tasks=self._background, **context)
 
     def _on_member_removed(self, group_id: str, member_id: str) -> None:
-        self.sessions.remove(group_id, member_id)
-        self._spawn(self.share.release_member(group_id, member_id))
+        """A member left or was fenced: its share session and acquired records stay.
+
+        As in Kafka 4.2, where the group coordinator never touches share sessions: a
+        closing consumer sends its final acknowledgements (ShareSessionEpoch -1) and its
+        leave heartbeat at once, and the acknowledgements must still find the session
+        and the records. Records are released by the session's close, by its
+        connection dropping (`_on_disconnect`) or by their acquisition locks expiring.
+        """
+        log.debug("member_removed_share_session_kept", group=group_id, member=member_id)
 
     def _on_disconnect(self, connection_id: int) -> None:
         """A closed connection ends its share sessions and releases their records,

@@ -16,7 +16,14 @@ Every rule of share-group membership lives in this file. It follows Kafka's
   target on its next heartbeat, taking the target's epoch as its member epoch. The
   response carries the assignment on a join and whenever it changed, else None.
 - A member with no heartbeat for `share.session.timeout.ms` is fenced by
-  `expire_members`; the broker then releases its acquired records.
+  `expire_members`. As in Kafka 4.2, leaving or being fenced does not release the
+  member's acquired records: its share session on the broker does (closed with epoch
+  -1, or its connection dropped), or the records' acquisition locks expire.
+- Request validation (`validate_heartbeat_request`) comes before any group lookup, as
+  in Kafka's KafkaApis and GroupCoordinatorService: a MemberId that is empty or longer
+  than 36 characters, an empty GroupId or RackId, a join without SubscribedTopicNames
+  or an epoch below -1 is INVALID_REQUEST; then an unknown group is GROUP_ID_NOT_FOUND
+  unless the member joins (epoch 0).
 
 As in Kafka's coordinators, methods compute `records` (durable changes) and a
 response without changing the group; the runtime appends the records, then feeds
@@ -40,6 +47,7 @@ from protocol.errors import ErrorCode, KafkaError
 __all__ = [
     "JOIN_GROUP_MEMBER_EPOCH",
     "LEAVE_GROUP_MEMBER_EPOCH",
+    "MAX_MEMBER_ID_LENGTH",
     "ExpireResult",
     "HeartbeatResult",
     "ShareGroup",
@@ -60,10 +68,49 @@ __all__ = [
     "ShareGroupTombstone",
     "TopicMetadata",
     "TopicsChangedResult",
+    "member_id_valid",
+    "validate_heartbeat_request",
 ]
 
 JOIN_GROUP_MEMBER_EPOCH = 0
 LEAVE_GROUP_MEMBER_EPOCH = -1
+# KIP-932 member ids are client-made UUIDs: Kafka's KafkaApis.isMemberIdValid refuses an
+# empty one or one longer than a printed UUID in ShareGroupHeartbeat, ShareFetch and
+# ShareAcknowledge.
+MAX_MEMBER_ID_LENGTH = 36
+
+
+def member_id_valid(member_id: str | None) -> bool:
+    """Kafka's isMemberIdValid: non-empty and at most 36 characters."""
+    return bool(member_id) and len(member_id or "") <= MAX_MEMBER_ID_LENGTH
+
+
+def validate_heartbeat_request(
+    group_id: str,
+    member_id: str,
+    member_epoch: int,
+    subscribed_topic_names: Iterable[str] | None,
+    rack_id: str | None,
+) -> None:
+    """The checks Kafka makes on a ShareGroupHeartbeat before looking the group up
+    (KafkaApis.isMemberIdValid, then GroupCoordinatorService.
+    throwIfShareGroupHeartbeatRequestIsInvalid); each failure is INVALID_REQUEST."""
+    if not member_id_valid(member_id):
+        raise KafkaError(ErrorCode.invalid_request, "Invalid member id in the request.")
+    if not member_id.strip():
+        raise KafkaError(ErrorCode.invalid_request, "MemberId can't be empty.")
+    if not group_id.strip():
+        raise KafkaError(ErrorCode.invalid_request, "GroupId can't be empty.")
+    if rack_id is not None and not rack_id.strip():
+        raise KafkaError(ErrorCode.invalid_request, "RackId can't be empty.")
+    if member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+        if not subscribed_topic_names:
+            raise KafkaError(
+                ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
+            )
+    elif member_epoch < LEAVE_GROUP_MEMBER_EPOCH:
+        raise KafkaError(ErrorCode.invalid_request, "MemberEpoch is invalid.")
+
 
 # topic id -> partitions, normalised: no empty sets, frozensets, sorted by topic id.
 AssignmentDict = dict[uuid.UUID, frozenset[int]]
@@ -393,25 +440,12 @@ class ShareGroup:
         names: frozenset[str] | None,
         rack_id: str | None,
     ) -> None:
-        # Kafka's throwIfShareGroupHeartbeatRequestIsInvalid.
+        # Kafka validates the request before it looks the group up.
+        validate_heartbeat_request(self.group_id, member_id, member_epoch, names, rack_id)
         if self.deleted:
             raise KafkaError(
                 ErrorCode.group_id_not_found, f"Share group {self.group_id} was deleted."
             )
-        if not self.group_id.strip():
-            raise KafkaError(ErrorCode.invalid_request, "GroupId can't be empty.")
-        if not member_id.strip():
-            # v1: the client makes its member id (a UUID) and keeps it for its lifetime.
-            raise KafkaError(ErrorCode.invalid_request, "MemberId can't be empty.")
-        if rack_id is not None and not rack_id.strip():
-            raise KafkaError(ErrorCode.invalid_request, "RackId can't be empty.")
-        if member_epoch == JOIN_GROUP_MEMBER_EPOCH:
-            if not names:
-                raise KafkaError(
-                    ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
-                )
-        elif member_epoch < LEAVE_GROUP_MEMBER_EPOCH:
-            raise KafkaError(ErrorCode.invalid_request, "MemberEpoch is invalid.")
 
     @staticmethod
     def _check_member_epoch(member: ShareGroupMember, received: int) -> None:

@@ -173,7 +173,8 @@ def register(broker: Broker) -> None:
     broker.table.register(3, 0, 13, metadata)
     broker.table.register(60, 0, 2, describe_cluster)
     broker.table.register(10, 0, 6, find_coordinator)
-    broker.table.register(22, 0, 6, init_producer_id)
+    # v6 (KIP-939) is latestVersionUnstable in Kafka 4.2: a default broker stops at v5.
+    broker.table.register(22, 0, 5, init_producer_id)
 
 
 def _topic_entry(broker: Broker, topic: Any) -> dict[str, Any]:

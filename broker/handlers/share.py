@@ -10,6 +10,7 @@ import structlog
 
 from broker.logs import Subscribable, wait_for_any
 from broker.server import RequestContext
+from coordinator.share_group import member_id_valid
 from coordinator.share_state import ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 
@@ -27,6 +28,54 @@ Entries = dict[tuple[uuid.UUID, int], dict[str, Any]]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+AckBatches = list[tuple[int, int, tuple[int, ...]]]
+RENEW_ACK = 4  # AcknowledgeType Renew (KIP-1222, ShareFetch/ShareAcknowledge v2)
+
+
+def acknowledgement_batches_error(
+    batches: AckBatches, *, supports_renew: bool, is_renew_ack: bool
+) -> str | None:
+    """Why a partition's AcknowledgementBatches are INVALID_REQUEST, or None.
+
+    Kafka's KafkaApis.validateAcknowledgementBatches, per partition: each batch must
+    have first <= last, must not start before the previous batch's last offset, must
+    carry acknowledge types, one type or one per offset, each in 0..3 (0..4 in v2),
+    and Renew (4) only in a request whose IsRenewAck is set.
+    """
+    previous_last = -1
+    max_type = RENEW_ACK if supports_renew else 3
+    for first, last, types in batches:
+        if first > last:
+            return f"acknowledgement batch {first}-{last} ends before it starts"
+        if first < previous_last:
+            return f"acknowledgement batch {first}-{last} overlaps the previous batch"
+        if not types:
+            return f"acknowledgement batch {first}-{last} has no acknowledge types"
+        if len(types) > 1 and last - first != len(types) - 1:
+            return (
+                f"acknowledgement batch {first}-{last} has {len(types)} acknowledge types; "
+                "expected one, or one per offset"
+            )
+        if any(t < 0 or t > max_type for t in types):
+            return f"acknowledge types must be 0-{max_type} in this version, got {list(types)}"
+        if RENEW_ACK in types and not is_renew_ack:
+            return (
+                "acknowledge type 4 (Renew) needs IsRenewAck set (ShareFetch/ShareAcknowledge v2)"
+            )
+        previous_last = last
+    return None
+
+
+def invalid_member_id(api: str, member_id: str | None) -> KafkaError | None:
+    """Kafka's isMemberIdValid check, the first of ShareFetch and ShareAcknowledge."""
+    if member_id_valid(member_id):
+        return None
+    return KafkaError(
+        ErrorCode.invalid_request,
+        f"Invalid member id in the request: {api} needs a MemberId of 1 to 36 characters.",
+    )
 
 
 def register(broker: Broker) -> None:
@@ -165,10 +214,12 @@ def register(broker: Broker) -> None:
         return topic_id in broker.metadata.state.topics_by_id
 
     async def apply_acknowledgements(
-        group_id: str, member_id: str, topics: Any
+        group_id: str, member_id: str, req: Any, version: int
     ) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
+        """Apply every partition's acknowledgements; each gets its own result."""
         results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
-        for t in topics:
+        is_renew_ack = bool(getattr(req, "is_renew_ack", False))
+        for t in req.topics:
             for p in t.partitions:
                 if not p.acknowledgement_batches:
                     continue
@@ -183,6 +234,12 @@ def register(broker: Broker) -> None:
                     (b.first_offset, b.last_offset, tuple(b.acknowledge_types))
                     for b in p.acknowledgement_batches
                 ]
+                invalid = acknowledgement_batches_error(
+                    batches, supports_renew=version >= 2, is_renew_ack=is_renew_ack
+                )
+                if invalid is not None:
+                    results[tp] = (ErrorCode.invalid_request, invalid)
+                    continue
                 results[tp] = await broker.share.acknowledge(
                     ShareStateKey(group_id, t.topic_id, p.partition_index), member_id, batches
                 )
@@ -191,9 +248,12 @@ def register(broker: Broker) -> None:
     async def close_session(
         group_id: str, member_id: str, partitions: list[tuple[uuid.UUID, int]]
     ) -> None:
+        """ShareSessionEpoch -1, after the request's acknowledgements were applied:
+        release what the member still holds on the session's partitions and forget the
+        session (Kafka's SharePartitionManager.releaseSession)."""
+        broker.sessions.remove(group_id, member_id)
         keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
         await broker.share.release_member(group_id, member_id, keys)
-        broker.sessions.remove(group_id, member_id)
 
     async def share_fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
         group_id, member_id = req.group_id or "", req.member_id or ""
@@ -205,11 +265,30 @@ def register(broker: Broker) -> None:
         requested = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
         forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
         has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
+        renew_only = ctx.api_version >= 2 and bool(getattr(req, "is_renew_ack", False))
         try:
-            if not group_id or not member_id:
-                raise KafkaError(
-                    ErrorCode.invalid_request, "ShareFetch needs a GroupId and a MemberId"
-                )
+            invalid = invalid_member_id("ShareFetch", req.member_id)
+            if invalid is not None:
+                raise invalid
+            if not group_id:
+                raise KafkaError(ErrorCode.invalid_request, "ShareFetch needs a GroupId")
+            if renew_only:
+                # KIP-1222: a renew-only ShareFetch must not ask for records.
+                nonzero = [
+                    name
+                    for name, value in (
+                        ("maxBytes", req.max_bytes),
+                        ("minBytes", req.min_bytes),
+                        ("maxRecords", req.max_records),
+                        ("maxWaitMs", int(req.max_wait.total_seconds() * 1000)),
+                    )
+                    if value != 0
+                ]
+                if nonzero:
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        f"{', '.join(nonzero)} must be set to 0 if isRenewAck is true.",
+                    )
             session_ctx = broker.sessions.share_fetch(
                 group_id,
                 member_id,
@@ -230,7 +309,7 @@ def register(broker: Broker) -> None:
                 reason=exc.message,
             )
             return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
-        ack_results = await apply_acknowledgements(group_id, member_id, req.topics)
+        ack_results = await apply_acknowledgements(group_id, member_id, req, ctx.api_version)
         entries: Entries = {}
 
         def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
@@ -239,17 +318,22 @@ def register(broker: Broker) -> None:
         for tp, (code, message) in ack_results.items():
             entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
         if session_ctx.is_final:
-            await close_session(group_id, member_id, session_ctx.partitions)
+            # The session's partitions: a final context fetches nothing, but releases all.
+            await close_session(group_id, member_id, session_ctx.session.partitions)
             return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
         for tp in requested:
             entry(tp)
-        if getattr(req, "is_renew_ack", False):
+        if renew_only:
             # KIP-1222: a renew-only request carries acknowledgements and fetches nothing.
             return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
         partitions = session_ctx.partitions
         deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
         while True:
+            if broker.sessions.get(group_id, member_id) is not session_ctx.session:
+                # The session was closed (epoch -1, disconnect) or replaced while this
+                # fetch waited: records acquired now could only sit locked until expiry.
+                break
             got_any = await fetch_round(group_id, member_id, req, partitions, entries)
             remaining = deadline - time.monotonic()
             if got_any or remaining <= 0 or not partitions:
@@ -331,10 +415,21 @@ def register(broker: Broker) -> None:
             "acquisition_lock_timeout": config.record_lock_duration_ms,
         }
         try:
+            invalid = invalid_member_id("ShareAcknowledge", req.member_id)
+            if invalid is not None:
+                raise invalid
             session = broker.sessions.share_acknowledge(
                 group_id, member_id, req.share_session_epoch, _now_ms()
             )
         except KafkaError as exc:
+            log.info(
+                "share_acknowledge_refused",
+                group=group_id,
+                member=member_id,
+                epoch=req.share_session_epoch,
+                error=exc.code.name,
+                reason=exc.message,
+            )
             return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
         log.debug(
             "share_acknowledge",
@@ -343,7 +438,7 @@ def register(broker: Broker) -> None:
             epoch=req.share_session_epoch,
             batches=sum(len(p.acknowledgement_batches) for t in req.topics for p in t.partitions),
         )
-        results = await apply_acknowledgements(group_id, member_id, req.topics)
+        results = await apply_acknowledgements(group_id, member_id, req, ctx.api_version)
         if req.share_session_epoch == -1:
             await close_session(group_id, member_id, session.partitions)
         entries = {

@@ -15,6 +15,8 @@ from coordinator.share_group import (
     ShareGroupMetadataRecord,
     ShareGroupState,
     TopicMetadata,
+    member_id_valid,
+    validate_heartbeat_request,
 )
 from protocol.errors import ErrorCode, KafkaError
 
@@ -98,6 +100,67 @@ def test_empty_rack_is_invalid_request() -> None:
     with pytest.raises(KafkaError) as e:
         heartbeat(ShareGroup("g"), "a", 0, ["t1"], rack_id="")
     assert code_of(e) is ErrorCode.invalid_request
+
+
+# -- request validation (Kafka's KafkaApis and GroupCoordinatorService) -------
+
+UUID_MEMBER = str(uuid.UUID(int=5))  # 36 characters, the longest valid member id
+
+
+@pytest.mark.parametrize(
+    ("member_id", "valid"),
+    [("", False), (None, False), ("m", True), (UUID_MEMBER, True), (UUID_MEMBER + "x", False)],
+)
+def test_member_id_is_valid_when_non_empty_and_at_most_36_characters(
+    member_id: str | None, valid: bool
+) -> None:
+    assert member_id_valid(member_id) is valid
+
+
+@pytest.mark.parametrize(
+    ("group_id", "member_id", "epoch", "names", "rack", "message"),
+    [
+        ("g", UUID_MEMBER + "x", 0, ["t1"], None, "Invalid member id in the request."),
+        ("g", "", 0, ["t1"], None, "Invalid member id in the request."),
+        ("g", "  ", 0, ["t1"], None, "MemberId can't be empty."),
+        ("", "m", 0, ["t1"], None, "GroupId can't be empty."),
+        (" ", "m", 3, None, None, "GroupId can't be empty."),
+        ("g", "m", 3, None, " ", "RackId can't be empty."),
+        ("g", "m", 0, None, None, "SubscribedTopicNames must be set in first request."),
+        ("g", "m", 0, [], None, "SubscribedTopicNames must be set in first request."),
+        ("g", "m", -2, None, None, "MemberEpoch is invalid."),
+    ],
+)
+def test_invalid_heartbeat_requests_are_invalid_request_with_kafkas_message(
+    group_id: str,
+    member_id: str,
+    epoch: int,
+    names: list[str] | None,
+    rack: str | None,
+    message: str,
+) -> None:
+    with pytest.raises(KafkaError) as e:
+        validate_heartbeat_request(group_id, member_id, epoch, names, rack)
+    assert code_of(e) is ErrorCode.invalid_request
+    assert e.value.message == message
+
+
+def test_valid_heartbeat_requests_pass_validation() -> None:
+    validate_heartbeat_request("g", UUID_MEMBER, 0, ["t1"], "rack-a")
+    validate_heartbeat_request("g", "m", 7, None, None)  # unchanged subscription: null
+    validate_heartbeat_request("g", "m", 7, [], None)  # not a join: an empty list is allowed
+    validate_heartbeat_request("g", "m", -1, None, None)
+
+
+def test_a_deleted_group_still_validates_the_request_first() -> None:
+    group = ShareGroup("g")
+    group.replay_all(group.delete())
+    with pytest.raises(KafkaError) as e:
+        heartbeat(group, "a", -2)
+    assert code_of(e) is ErrorCode.invalid_request
+    with pytest.raises(KafkaError) as e:
+        heartbeat(group, "a", 3)
+    assert code_of(e) is ErrorCode.group_id_not_found
 
 
 def test_group_max_size_reached() -> None:
