@@ -113,8 +113,9 @@ class ShareSessionContext:
     """What a ShareFetch request means for the session, for the handler to act on.
 
     For a final request (epoch -1) the session is still in the cache: the handler
-    applies the acknowledgements, releases the member's records and then calls
-    `ShareSessionCache.remove`. `partitions` is what to fetch (empty when final).
+    applies the acknowledgements, then removes the session and releases the member's
+    records on `session.partitions` (Kafka's releaseSession). `partitions` is what to
+    fetch: empty when final, which is not what a final request releases.
     """
 
     epoch: int

@@ -128,6 +128,25 @@ def test_final_epoch_returns_a_final_context_and_remove_closes() -> None:
     assert cache.remove("g", "m") is None
 
 
+def test_a_session_closed_with_the_final_epoch_is_not_closed_again_by_its_disconnect() -> None:
+    # Kafka marks the connection's entry stale when the session is removed first, so the
+    # disconnect releases nothing twice.
+    cache = ShareSessionCache()
+    opened(cache, connection_id="c1")
+    assert cache.share_acknowledge("g", "m", FINAL_EPOCH, 0).partitions == [P0, P1]
+    assert cache.remove("g", "m") is not None
+    assert cache.remove_connection("c1") == []
+
+
+def test_a_session_reopened_on_a_new_connection_survives_the_old_connection_closing() -> None:
+    cache = ShareSessionCache()
+    opened(cache, connection_id="c1")
+    reopened = opened(cache, parts=(Q0,), connection_id="c2")
+    assert cache.remove_connection("c1") == []
+    assert cache.get("g", "m") is reopened.session
+    assert [s.key for s in cache.remove_connection("c2")] == [("g", "m")]
+
+
 def test_share_acknowledge_epoch_rules() -> None:
     cache = ShareSessionCache()
     opened(cache)
