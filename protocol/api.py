@@ -4,14 +4,17 @@ Message layouts come from kio (generated from Kafka's own JSON schemas). This mo
 adds the few things kio leaves to the server: header versions per API version,
 looking up entity classes, building a response entity of any version from a plain
 mapping (so a handler writes one dict and every version it supports is encoded
-from it), and a generic error response for a request the broker cannot serve.
+from it), a generic error response for a request the broker cannot serve, and the
+table of handlers by api key and version range.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import io
+import pkgutil
 import struct
 import types
 import typing
@@ -20,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pkgutil import resolve_name
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kio.schema.index import api_key_map, schema_name_map
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
@@ -36,7 +39,13 @@ API_VERSIONS_KEY = 18
 HEADER_PREFIX = struct.Struct(">hhi")
 
 Entity = Any
-Handler = Callable[[Any, Any], Awaitable[Mapping[str, Any] | None]]
+# What a handler answers: a mapping `build_response` turns into the request's version
+# of the response, or None for no response at all (Produce with acks=0).
+Response = Mapping[str, Any]
+# The request context the server passes handlers (the broker's `RequestContext`).
+Ctx = TypeVar("Ctx")
+# A handler as the table holds it: request context and decoded kio request entity in.
+Handler = Callable[[Ctx, Any], Awaitable[Response | None]]
 
 
 class UnknownApi(Exception):
@@ -323,6 +332,38 @@ def _zero(plan: _FieldPlan) -> Any:
     return 0
 
 
+_field_names: dict[tuple[str, str], frozenset[str]] = {}
+
+
+def field_names(cls: type[Any]) -> frozenset[str]:
+    """Every field name any version of entity `cls` has (cached per entity name).
+
+    kio generates one module per API, version and kind (`kio.schema.fetch.v18.
+    response`); the same entity name in its sibling version packages is the same
+    entity at another version.
+    """
+    package, _, rest = cls.__module__.rpartition(".v")
+    version, _, kind = rest.partition(".")
+    if not (package and version.isdigit() and kind):
+        return frozenset(f.name for f in dataclasses.fields(cls))
+    key = (f"{package}.{kind}", cls.__name__)
+    names = _field_names.get(key)
+    if names is None:
+        found: set[str] = set()
+        for sub in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if not (sub.name.startswith("v") and sub.name[1:].isdigit()):
+                continue
+            try:
+                module = importlib.import_module(f"{package}.{sub.name}.{kind}")
+            except ModuleNotFoundError:
+                continue
+            other = getattr(module, cls.__name__, None)
+            if isinstance(other, type) and dataclasses.is_dataclass(other):
+                found.update(f.name for f in dataclasses.fields(other))
+        names = _field_names[key] = frozenset(found)
+    return names
+
+
 def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
     """Build an entity of class `cls` from a mapping, recursively.
 
@@ -365,19 +406,21 @@ def error_response(
     Every other error code in it stays zero and every array empty: a generic answer
     for a request that could not be decoded or served at all.
     """
-    data: dict[str, Any] = {"error_code": code, "error_message": message}
-    return build_response(api_key, version, data)
+    cls = response_class(api_key, version)
+    data = {"error_code": code, "error_message": message}
+    # Not every response has both (Metadata has neither): give it those it has.
+    return build(cls, {k: v for k, v in data.items() if k in field_names(cls)})
 
 
 @dataclass(slots=True, frozen=True)
-class ApiEntry:
+class ApiEntry(Generic[Ctx]):
     api_key: int
     min_version: int
     max_version: int
-    handler: Handler
+    handler: Handler[Ctx]
 
 
-class ApiTable:
+class ApiTable(Generic[Ctx]):
     """api key -> supported version range -> handler.
 
     ApiVersions advertises exactly what is registered here, so a version is only
@@ -385,25 +428,29 @@ class ApiTable:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, ApiEntry] = {}
+        self._entries: dict[int, ApiEntry[Ctx]] = {}
 
-    def register(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
+    def register(
+        self, api_key: int, min_version: int, max_version: int, handler: Handler[Ctx]
+    ) -> None:
         known = schema_versions(api_key)
         if known is None or min_version < known[0] or max_version > known[1]:
             raise ValueError(
                 f"kio has no schema for {api_name(api_key)} v{min_version}-{max_version}"
             )
+        if api_key in self._entries:
+            raise ValueError(f"{api_name(api_key)} is registered twice")
         self._entries[api_key] = ApiEntry(api_key, min_version, max_version, handler)
 
-    def lookup(self, api_key: int, version: int) -> ApiEntry | None:
+    def lookup(self, api_key: int, version: int) -> ApiEntry[Ctx] | None:
         entry = self._entries.get(api_key)
         if entry is None or not entry.min_version <= version <= entry.max_version:
             return None
         return entry
 
-    def entries(self) -> list[ApiEntry]:
+    def entries(self) -> list[ApiEntry[Ctx]]:
         return sorted(self._entries.values(), key=lambda e: e.api_key)
 
-    def entry(self, api_key: int) -> ApiEntry | None:
+    def entry(self, api_key: int) -> ApiEntry[Ctx] | None:
         """The api's entry whatever the version (for error messages)."""
         return self._entries.get(api_key)

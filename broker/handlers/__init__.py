@@ -1,19 +1,81 @@
-"""Request handlers, one module per API family; each registers its APIs on the table."""
+"""Request handlers: one module-level function per API, found in the table below.
+
+Every handler is `async def name(ctx, req, broker) -> response mapping | None`:
+- `ctx` is the server's `RequestContext` (header, client, connection);
+- `req` is kio's decoded request entity, typed as the union of the versions served
+  (`broker.handlers.requests` says why a union);
+- `broker` is typed as the module's small Protocol of the stores and managers the
+  handler uses (`TopicsBroker`, ...), so a handler sees only those; the `Broker` is
+  bound to it when the table is built, and mypy checks it satisfies every Protocol.
+The mapping is encoded as the request's version of the response by
+`protocol.api.build_response`, which refuses a key no version of that response has.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.handlers import configs, produce_fetch, topics
+from broker.server import RequestContext
+from protocol.api import ApiTable, Response
 
 if TYPE_CHECKING:
     from broker.broker import Broker
 
+# A handler before the broker is bound to it. The request is `Any` here because each
+# handler takes its own API's request union; the unit tests check that union against
+# the versions registered below.
+BrokerHandler = Callable[[RequestContext, Any, "Broker"], Awaitable[Response | None]]
+
+
+@dataclass(slots=True, frozen=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handler: BrokerHandler
+
+
+# Every API spool serves, with the versions it advertises in ApiVersions.
+APIS: tuple[Api, ...] = (
+    Api(19, 2, 7, topics.create_topics),
+    Api(20, 1, 6, topics.delete_topics),
+    Api(37, 0, 3, topics.create_partitions),
+    Api(32, 1, 4, configs.describe_configs),
+    Api(44, 0, 1, configs.incremental_alter_configs),
+    Api(0, 3, 13, produce_fetch.produce),
+    Api(1, 4, 18, produce_fetch.fetch),
+    Api(2, 1, 11, produce_fetch.list_offsets),
+    Api(21, 0, 2, produce_fetch.delete_records),
+)
+
+
+def build_table(broker: Broker) -> ApiTable[RequestContext]:
+    """The broker's ApiTable: every entry of `APIS` with `broker` bound."""
+    table: ApiTable[RequestContext] = ApiTable()
+    for api in APIS:
+        table.register(
+            api.key, api.min_version, api.max_version, functools.partial(_call, api.handler, broker)
+        )
+    return table
+
+
+async def _call(
+    handler: BrokerHandler, broker: Broker, ctx: RequestContext, req: Any
+) -> Response | None:
+    return await handler(ctx, req, broker)
+
 
 def register_all(broker: Broker) -> None:
-    from broker.handlers import cluster, configs, produce_fetch, share, share_state, topics
+    from broker.handlers import cluster, share, share_state
 
+    for api in APIS:
+        broker.table.register(
+            api.key, api.min_version, api.max_version, functools.partial(_call, api.handler, broker)
+        )
     cluster.register(broker)
-    topics.register(broker)
-    configs.register(broker)
-    produce_fetch.register(broker)
     share.register(broker)
     share_state.register(broker)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 
-from broker.cluster import Topic, topic_record
+from broker.cluster import MetadataStore, Topic, topic_record
 from broker.config import (
     BOOLEAN,
     BROKER_KEYS,
@@ -15,19 +16,36 @@ from broker.config import (
     SOURCE_DYNAMIC_TOPIC,
     STRING,
     TOPIC_KEYS,
+    BrokerConfig,
     ConfigKey,
     format_value,
     parse_value,
 )
+from broker.handlers.requests import DescribeConfigsRequest, IncrementalAlterConfigsRequest
 from broker.handlers.topics import validate_topic_configs
+from broker.logs import LogManager
 from broker.server import RequestContext
 from coordinator.group_config import AlterConfigOp
+from coordinator.group_coordinator import GroupCoordinator
 from protocol.errors import ErrorCode, KafkaError
 
-if TYPE_CHECKING:
-    from broker.broker import Broker
-
 log = structlog.get_logger("spool.configs")
+
+
+class ConfigsBroker(Protocol):
+    """What the config handlers use of the broker."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def logs(self) -> LogManager: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
+
 
 _GROUP_TYPES = {"boolean": BOOLEAN, "string": STRING, "int": INT}
 
@@ -37,8 +55,15 @@ TOPIC, BROKER, GROUP = 2, 4, 32
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
+class _Detail(NamedTuple):
+    """What a DescribeConfigs request asks for beyond names and values."""
+
+    synonyms: bool
+    documentation: bool  # v3+
+
+
 def _entry(
-    key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any]], req: Any
+    key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any]], detail: _Detail
 ) -> dict[str, Any]:
     return {
         "name": key.name,
@@ -46,14 +71,14 @@ def _entry(
         "read_only": key.read_only,
         "config_source": source,
         "is_sensitive": False,
-        "synonyms": synonyms if getattr(req, "include_synonyms", False) else [],
+        "synonyms": synonyms if detail.synonyms else [],
         "config_type": key.type,
-        "documentation": key.doc if getattr(req, "include_documentation", False) else None,
+        "documentation": key.doc if detail.documentation else None,
     }
 
 
 def apply_ops(
-    current: dict[str, str], ops: list[Any], keys: dict[str, ConfigKey], resource: str
+    current: dict[str, str], ops: Sequence[AlterConfigOp], keys: dict[str, ConfigKey], resource: str
 ) -> dict[str, str]:
     """Apply IncrementalAlterConfigs operations to a copy of `current`."""
     updated = dict(current)
@@ -66,13 +91,13 @@ def apply_ops(
                 ErrorCode.invalid_config,
                 f"Cannot update {resource} config {op.name}: it is read-only",
             )
-        if op.config_operation == SET:
+        if op.op == SET:
             if op.value is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Null value for {op.name}")
             updated[op.name] = format_value(parse_value(key, op.value, resource=resource)) or ""
-        elif op.config_operation == DELETE:
+        elif op.op == DELETE:
             updated.pop(op.name, None)
-        elif op.config_operation in (APPEND, SUBTRACT):
+        elif op.op in (APPEND, SUBTRACT):
             if key.type != 7:
                 raise KafkaError(
                     ErrorCode.invalid_config,
@@ -80,7 +105,7 @@ def apply_ops(
                 )
             items = [v for v in updated.get(op.name, str(key.default or "")).split(",") if v]
             values = [v.strip() for v in (op.value or "").split(",") if v.strip()]
-            if op.config_operation == APPEND:
+            if op.op == APPEND:
                 items += [v for v in values if v not in items]
             else:
                 items = [v for v in items if v not in values]
@@ -89,186 +114,185 @@ def apply_ops(
         else:
             raise KafkaError(
                 ErrorCode.invalid_request,
-                f"Unknown config operation {op.config_operation} for {op.name}",
+                f"Unknown config operation {op.op} for {op.name}",
             )
     return updated
 
 
-def register(broker: Broker) -> None:
-    def check_broker_name(name: str) -> None:
-        if name not in ("", str(broker.node_id)):
-            raise KafkaError(
-                ErrorCode.invalid_request,
-                f"Unexpected broker id {name!r}; this is broker {broker.node_id}",
-            )
+def _check_broker_name(broker: ConfigsBroker, name: str) -> None:
+    if name not in ("", str(broker.node_id)):
+        raise KafkaError(
+            ErrorCode.invalid_request,
+            f"Unexpected broker id {name!r}; this is broker {broker.node_id}",
+        )
 
-    def describe_topic(req: Any, res: Any) -> list[dict[str, Any]]:
-        topic = broker.metadata.state.topics.get(res.resource_name)
-        if topic is None:
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name!r} does not exist"
+
+def _describe_topic(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+    topic = broker.metadata.state.topics.get(name)
+    if topic is None:
+        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name!r} does not exist")
+    settings = broker.logs.topic_settings(topic.configs)
+    out = []
+    for config, key in sorted(TOPIC_KEYS.items()):
+        synonyms = []
+        if config in topic.configs:
+            source = SOURCE_DYNAMIC_TOPIC
+            synonyms.append(
+                {"name": config, "value": topic.configs[config], "source": SOURCE_DYNAMIC_TOPIC}
             )
-        settings = broker.logs.topic_settings(topic.configs)
-        out = []
-        for name, key in sorted(TOPIC_KEYS.items()):
-            synonyms = []
-            if name in topic.configs:
-                source = SOURCE_DYNAMIC_TOPIC
-                synonyms.append(
-                    {"name": name, "value": topic.configs[name], "source": SOURCE_DYNAMIC_TOPIC}
-                )
-            else:
-                source = SOURCE_DEFAULT
-            if key.broker_synonym:
-                bsrc = broker.config.source(key.broker_synonym)
-                if bsrc != SOURCE_DEFAULT:
-                    if name not in topic.configs:
-                        source = bsrc
-                    synonyms.append(
-                        {
-                            "name": key.broker_synonym,
-                            "value": format_value(broker.config.get(key.broker_synonym)),
-                            "source": bsrc,
-                        }
-                    )
+        else:
+            source = SOURCE_DEFAULT
+        if key.broker_synonym:
+            bsrc = broker.config.source(key.broker_synonym)
+            if bsrc != SOURCE_DEFAULT:
+                if config not in topic.configs:
+                    source = bsrc
                 synonyms.append(
                     {
                         "name": key.broker_synonym,
-                        "value": format_value(BROKER_KEYS[key.broker_synonym].default),
-                        "source": SOURCE_DEFAULT,
+                        "value": format_value(broker.config.get(key.broker_synonym)),
+                        "source": bsrc,
                     }
                 )
-            out.append(_entry(key, settings[name], source, synonyms, req))
-        return out
-
-    def describe_broker(req: Any, res: Any) -> list[dict[str, Any]]:
-        check_broker_name(res.resource_name)
-        out = []
-        for name, key in sorted(BROKER_KEYS.items()):
-            source = broker.config.source(name)
-            synonyms = [
-                {"name": name, "value": format_value(broker.config.get(name)), "source": source}
-            ]
-            out.append(_entry(key, broker.config.get(name), source, synonyms, req))
-        return out
-
-    def describe_group(req: Any, res: Any) -> list[dict[str, Any]]:
-        if not res.resource_name:
-            raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
-        out = []
-        for e in broker.groups.configs.describe(res.resource_name):
-            out.append(
+            synonyms.append(
                 {
-                    "name": e.name,
-                    "value": e.value,
-                    "read_only": False,
-                    "config_source": e.source,
-                    "is_sensitive": False,
-                    "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
-                    if getattr(req, "include_synonyms", False)
-                    else [],
-                    "config_type": _GROUP_TYPES.get(e.type, 2),
-                    "documentation": e.doc
-                    if getattr(req, "include_documentation", False)
-                    else None,
+                    "name": key.broker_synonym,
+                    "value": format_value(BROKER_KEYS[key.broker_synonym].default),
+                    "source": SOURCE_DEFAULT,
                 }
             )
-        return out
+        out.append(_entry(key, settings[config], source, synonyms, detail))
+    return out
 
-    async def describe_configs(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        results = []
-        for res in req.resources:
-            entry: dict[str, Any] = {
-                "resource_type": res.resource_type,
-                "resource_name": res.resource_name,
-                "error_code": ErrorCode.none,
+
+def _describe_broker(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+    _check_broker_name(broker, name)
+    out = []
+    for config, key in sorted(BROKER_KEYS.items()):
+        source = broker.config.source(config)
+        synonyms = [
+            {"name": config, "value": format_value(broker.config.get(config)), "source": source}
+        ]
+        out.append(_entry(key, broker.config.get(config), source, synonyms, detail))
+    return out
+
+
+def _describe_group(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+    if not name:
+        raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
+    out = []
+    for e in broker.groups.configs.describe(name):
+        out.append(
+            {
+                "name": e.name,
+                "value": e.value,
+                "read_only": False,
+                "config_source": e.source,
+                "is_sensitive": False,
+                "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
+                if detail.synonyms
+                else [],
+                "config_type": _GROUP_TYPES.get(e.type, 2),
+                "documentation": e.doc if detail.documentation else None,
             }
-            try:
-                if res.resource_type == TOPIC:
-                    configs = describe_topic(req, res)
-                elif res.resource_type == BROKER:
-                    configs = describe_broker(req, res)
-                elif res.resource_type == GROUP:
-                    configs = describe_group(req, res)
-                else:
-                    raise KafkaError(
-                        ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-                    )
-                if res.configuration_keys is not None:
-                    wanted = set(res.configuration_keys)
-                    configs = [c for c in configs if c["name"] in wanted]
-                entry["configs"] = configs
-            except KafkaError as exc:
-                entry.update(error_code=exc.code, error_message=exc.message)
-            results.append(entry)
-        return {"throttle_time": 0, "results": results}
-
-    async def alter_topic(res: Any, validate_only: bool) -> None:
-        topic = broker.metadata.state.topics.get(res.resource_name)
-        if topic is None:
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name!r} does not exist"
-            )
-        updated = validate_topic_configs(
-            dict(apply_ops(topic.configs, res.configs, TOPIC_KEYS, "topic"))
         )
-        if validate_only or updated == topic.configs:
-            return
-        changed = Topic(topic.name, topic.topic_id, topic.partitions, updated)
-        await broker.metadata.commit([topic_record(changed)])
-        broker.logs.reconfigure_topic(topic.name, updated)
-        log.info("topic_config_altered", topic=topic.name, configs=updated)
-
-    async def alter_broker(res: Any, validate_only: bool) -> None:
-        check_broker_name(res.resource_name)
-        updated = apply_ops(
-            broker.metadata.state.broker_configs, res.configs, BROKER_KEYS, "broker"
-        )
-        if validate_only:
-            return
-        await broker.metadata.commit([{"type": "broker_config", "configs": updated}])
-        apply_dynamic_broker_config(broker)
-        log.info("broker_config_altered", configs=updated)
-
-    async def incremental_alter_configs(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        responses = []
-        for res in req.resources:
-            entry: dict[str, Any] = {
-                "resource_type": res.resource_type,
-                "resource_name": res.resource_name,
-                "error_code": ErrorCode.none,
-            }
-            try:
-                names = [c.name for c in res.configs]
-                if len(names) != len(set(names)):
-                    raise KafkaError(
-                        ErrorCode.invalid_request,
-                        "A config name appears more than once for one resource",
-                    )
-                if res.resource_type == TOPIC:
-                    await alter_topic(res, req.validate_only)
-                elif res.resource_type == BROKER:
-                    await alter_broker(res, req.validate_only)
-                elif res.resource_type == GROUP:
-                    await broker.groups.alter_configs(
-                        res.resource_name,
-                        [AlterConfigOp(c.name, c.config_operation, c.value) for c in res.configs],
-                        req.validate_only,
-                    )
-                else:
-                    raise KafkaError(
-                        ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
-                    )
-            except KafkaError as exc:
-                entry.update(error_code=exc.code, error_message=exc.message)
-            responses.append(entry)
-        return {"throttle_time": 0, "responses": responses}
-
-    broker.table.register(32, 1, 4, describe_configs)
-    broker.table.register(44, 0, 1, incremental_alter_configs)
+    return out
 
 
-def apply_dynamic_broker_config(broker: Broker) -> None:
+async def describe_configs(
+    ctx: RequestContext, req: DescribeConfigsRequest, broker: ConfigsBroker
+) -> dict[str, Any]:
+    detail = _Detail(req.include_synonyms, getattr(req, "include_documentation", False))
+    results = []
+    for res in req.resources:
+        entry: dict[str, Any] = {
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+            "error_code": ErrorCode.none,
+        }
+        try:
+            if res.resource_type == TOPIC:
+                configs = _describe_topic(broker, res.resource_name, detail)
+            elif res.resource_type == BROKER:
+                configs = _describe_broker(broker, res.resource_name, detail)
+            elif res.resource_type == GROUP:
+                configs = _describe_group(broker, res.resource_name, detail)
+            else:
+                raise KafkaError(
+                    ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
+                )
+            if res.configuration_keys is not None:
+                wanted = set(res.configuration_keys)
+                configs = [c for c in configs if c["name"] in wanted]
+            entry["configs"] = configs
+        except KafkaError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+        results.append(entry)
+    return {"throttle_time": 0, "results": results}
+
+
+async def _alter_topic(
+    broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
+) -> None:
+    topic = broker.metadata.state.topics.get(name)
+    if topic is None:
+        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name!r} does not exist")
+    updated = validate_topic_configs(dict(apply_ops(topic.configs, ops, TOPIC_KEYS, "topic")))
+    if validate_only or updated == topic.configs:
+        return
+    changed = Topic(topic.name, topic.topic_id, topic.partitions, updated)
+    await broker.metadata.commit([topic_record(changed)])
+    broker.logs.reconfigure_topic(topic.name, updated)
+    log.info("topic_config_altered", topic=topic.name, configs=updated)
+
+
+async def _alter_broker(
+    broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
+) -> None:
+    _check_broker_name(broker, name)
+    updated = apply_ops(broker.metadata.state.broker_configs, ops, BROKER_KEYS, "broker")
+    if validate_only:
+        return
+    await broker.metadata.commit([{"type": "broker_config", "configs": updated}])
+    apply_dynamic_broker_config(broker)
+    log.info("broker_config_altered", configs=updated)
+
+
+async def incremental_alter_configs(
+    ctx: RequestContext, req: IncrementalAlterConfigsRequest, broker: ConfigsBroker
+) -> dict[str, Any]:
+    responses = []
+    for res in req.resources:
+        entry: dict[str, Any] = {
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+            "error_code": ErrorCode.none,
+        }
+        try:
+            ops = [AlterConfigOp(c.name, c.config_operation, c.value) for c in res.configs]
+            names = [op.name for op in ops]
+            if len(names) != len(set(names)):
+                raise KafkaError(
+                    ErrorCode.invalid_request,
+                    "A config name appears more than once for one resource",
+                )
+            if res.resource_type == TOPIC:
+                await _alter_topic(broker, res.resource_name, ops, req.validate_only)
+            elif res.resource_type == BROKER:
+                await _alter_broker(broker, res.resource_name, ops, req.validate_only)
+            elif res.resource_type == GROUP:
+                await broker.groups.alter_configs(res.resource_name, ops, req.validate_only)
+            else:
+                raise KafkaError(
+                    ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
+                )
+        except KafkaError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+        responses.append(entry)
+    return {"throttle_time": 0, "responses": responses}
+
+
+def apply_dynamic_broker_config(broker: ConfigsBroker) -> None:
     """Make the stored dynamic broker configs live, and re-derive topic settings."""
     broker.config.dynamic = {
         name: parse_value(BROKER_KEYS[name], value, resource="broker")

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 
-from broker.logs import Partition, validate_produce_data, wait_for_any
+from broker.cluster import MetadataStore
+from broker.handlers.requests import (
+    DeleteRecordsRequest,
+    FetchRequest,
+    FetchSessionRequest,
+    ListOffsetsRequest,
+    ProduceRequest,
+)
+from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
-
-if TYPE_CHECKING:
-    from broker.broker import Broker
 
 log = structlog.get_logger("spool.data")
 
@@ -21,12 +27,31 @@ EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4,
 READ_COMMITTED = 1
 
 
-def _topic_name(broker: Broker, entry: Any) -> tuple[str | None, Any]:
+class DataBroker(Protocol):
+    """What the data handlers use of the broker: topic names and ids, partition logs."""
+
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def logs(self) -> LogManager: ...
+
+
+class _Wanted(NamedTuple):
+    """A partition a Fetch asks for."""
+
+    name: str | None
+    topic_id: uuid.UUID | None
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+def _topic_name(broker: DataBroker, entry: object) -> tuple[str | None, uuid.UUID | None]:
     """Name and id of a request topic that carries either (newer versions use ids)."""
-    topic_id = getattr(entry, "topic_id", None)
-    name = getattr(entry, "name", None)
+    topic_id: uuid.UUID | None = getattr(entry, "topic_id", None)  # Produce v13+, Fetch v13+
+    name: str | None = getattr(entry, "name", None)  # Produce before v13
     if name is None:  # not `or`: an empty name is a name (unknown), not a missing one
-        name = getattr(entry, "topic", None)
+        name = getattr(entry, "topic", None)  # Fetch before v13
     if name is None and topic_id is not None:
         topic = broker.metadata.state.topics_by_id.get(topic_id)
         return (topic.name if topic else None), topic_id
@@ -40,172 +65,176 @@ def _unknown_topic_error(name: str | None) -> ErrorCode:
     return ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
 
 
-def register(broker: Broker) -> None:
-    async def produce(ctx: RequestContext, req: Any) -> dict[str, Any] | None:
-        acks = req.acks
-        timeout_s = max(req.timeout.total_seconds(), 0.001)
-        responses = []
-        waits: list[tuple[dict[str, Any], Partition, int]] = []
-        for t in req.topic_data:
-            name, topic_id = _topic_name(broker, t)
-            parts = []
-            for p in t.partition_data:
-                entry: dict[str, Any] = {
-                    "index": p.index,
-                    "error_code": ErrorCode.none,
-                    "base_offset": -1,
-                    "log_append_time": -1,
-                    "log_start_offset": -1,
-                }
-                try:
-                    if acks not in (-1, 0, 1):
-                        raise KafkaError(
-                            ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, got {acks}"
-                        )
-                    if req.transactional_id is not None:
-                        raise KafkaError(
-                            ErrorCode.transactional_id_authorization_failed,
-                            "Transactions are not supported by this broker yet",
-                        )
-                    part = broker.logs.get(name, p.index) if name else None
-                    if part is None:
-                        raise KafkaError(
-                            _unknown_topic_error(name),
-                            f"This server does not host {name}-{p.index}",
-                        )
-                    data, batches = validate_produce_data(p.records or b"")
-                    outcome = part.append(data, batches)
-                    entry.update(
-                        base_offset=outcome.base_offset,
-                        log_append_time=outcome.log_append_time,
-                        log_start_offset=outcome.log_start_offset,
-                    )
-                    if acks == -1:
-                        waits.append((entry, part, outcome.last_offset))
-                except KafkaError as exc:
-                    if exc.code == ErrorCode.corrupt_message:
-                        log.warning(
-                            "corrupt_batch",
-                            topic=name,
-                            partition=p.index,
-                            client_id=ctx.header.client_id,
-                            error=exc.message,
-                        )
-                    entry.update(error_code=exc.code, error_message=exc.message)
-                parts.append(entry)
-            responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
-        if waits:
-            results = await asyncio.gather(
-                *(part.wait_durable(last, timeout_s) for _, part, last in waits),
-                return_exceptions=True,
-            )
-            for (entry, _, _), result in zip(waits, results, strict=True):
-                if isinstance(result, KafkaError):
-                    entry.update(error_code=result.code, error_message=result.message)
-                elif isinstance(result, BaseException):
-                    raise result
-        if acks == 0:
-            return None
-        return {"responses": responses, "throttle_time": 0}
-
-    async def fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        committed_only = getattr(req, "isolation_level", 0) == READ_COMMITTED
-        deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
-        session_id = getattr(req, "session_id", 0)
-        session_epoch = getattr(req, "session_epoch", -1)
-        if session_id != 0 or session_epoch > 0:
-            # spool answers every fetch in full and never creates a fetch session
-            # (KIP-227 allows session id 0); a client asking for one it was never
-            # given gets Kafka's error and falls back to full fetches.
-            return {
-                "error_code": ErrorCode.fetch_session_id_not_found,
-                "session_id": 0,
-                "responses": [],
+async def produce(
+    ctx: RequestContext, req: ProduceRequest, broker: DataBroker
+) -> dict[str, Any] | None:
+    acks = req.acks
+    timeout_s = max(req.timeout.total_seconds(), 0.001)
+    responses = []
+    waits: list[tuple[dict[str, Any], Partition, int]] = []
+    for t in req.topic_data:
+        name, topic_id = _topic_name(broker, t)
+        parts = []
+        for p in t.partition_data:
+            entry: dict[str, Any] = {
+                "index": p.index,
+                "error_code": ErrorCode.none,
+                "base_offset": -1,
+                "log_append_time": -1,
+                "log_start_offset": -1,
             }
-        wanted: list[tuple[str | None, Any, Any]] = []
-        for t in req.topics:
-            name, topic_id = _topic_name(broker, t)
-            for p in t.partitions:
-                wanted.append((name, topic_id, p))
-        while True:
-            responses, total, errors = _fetch_once(broker, req, wanted, committed_only)
-            remaining = deadline - time.monotonic()
-            if total >= req.min_bytes or errors or remaining <= 0 or not wanted:
-                break
-            await _wait_for_data(broker, wanted, remaining)
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.none,
-            "session_id": 0,
-            "responses": responses,
-        }
-
-    async def list_offsets(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        committed_only = getattr(req, "isolation_level", 0) == READ_COMMITTED
-        topics = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                entry: dict[str, Any] = {
-                    "partition_index": p.partition_index,
-                    "error_code": ErrorCode.none,
-                    "timestamp": -1,
-                    "offset": -1,
-                    "leader_epoch": 0,
-                }
-                part = broker.logs.get(t.name, p.partition_index)
-                if part is None:
-                    entry.update(error_code=ErrorCode.unknown_topic_or_partition)
-                else:
-                    offset, ts = _offset_for(part, p.timestamp, committed_only)
-                    entry.update(offset=offset, timestamp=ts)
-                parts.append(entry)
-            topics.append({"name": t.name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics}
-
-    async def delete_records(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        topics = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                entry: dict[str, Any] = {
-                    "partition_index": p.partition_index,
-                    "low_watermark": -1,
-                    "error_code": ErrorCode.none,
-                }
-                part = broker.logs.get(t.name, p.partition_index)
-                try:
-                    if part is None:
-                        raise KafkaError(ErrorCode.unknown_topic_or_partition)
-                    entry["low_watermark"] = await part.delete_records_before(p.offset)
-                    log.info(
-                        "records_deleted",
-                        topic=t.name,
-                        partition=p.partition_index,
-                        log_start_offset=entry["low_watermark"],
+            try:
+                if acks not in (-1, 0, 1):
+                    raise KafkaError(
+                        ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, got {acks}"
                     )
-                except KafkaError as exc:
-                    entry["error_code"] = exc.code
-                parts.append(entry)
-            topics.append({"name": t.name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics}
+                if req.transactional_id is not None:
+                    raise KafkaError(
+                        ErrorCode.transactional_id_authorization_failed,
+                        "Transactions are not supported by this broker yet",
+                    )
+                part = broker.logs.get(name, p.index) if name else None
+                if part is None:
+                    raise KafkaError(
+                        _unknown_topic_error(name),
+                        f"This server does not host {name}-{p.index}",
+                    )
+                data, batches = validate_produce_data(p.records or b"")
+                outcome = part.append(data, batches)
+                entry.update(
+                    base_offset=outcome.base_offset,
+                    log_append_time=outcome.log_append_time,
+                    log_start_offset=outcome.log_start_offset,
+                )
+                if acks == -1:
+                    waits.append((entry, part, outcome.last_offset))
+            except KafkaError as exc:
+                if exc.code == ErrorCode.corrupt_message:
+                    log.warning(
+                        "corrupt_batch",
+                        topic=name,
+                        partition=p.index,
+                        client_id=ctx.header.client_id,
+                        error=exc.message,
+                    )
+                entry.update(error_code=exc.code, error_message=exc.message)
+            parts.append(entry)
+        responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
+    if waits:
+        results = await asyncio.gather(
+            *(part.wait_durable(last, timeout_s) for _, part, last in waits),
+            return_exceptions=True,
+        )
+        for (entry, _, _), result in zip(waits, results, strict=True):
+            if isinstance(result, KafkaError):
+                entry.update(error_code=result.code, error_message=result.message)
+            elif isinstance(result, BaseException):
+                raise result
+    if acks == 0:
+        return None
+    return {"responses": responses, "throttle_time": 0}
 
-    broker.table.register(0, 3, 13, produce)
-    broker.table.register(1, 4, 18, fetch)
-    broker.table.register(2, 1, 11, list_offsets)
-    broker.table.register(21, 0, 2, delete_records)
+
+async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> dict[str, Any]:
+    committed_only = req.isolation_level == READ_COMMITTED
+    deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+    if isinstance(req, FetchSessionRequest) and (req.session_id != 0 or req.session_epoch > 0):
+        # spool answers every fetch in full and never creates a fetch session
+        # (KIP-227 allows session id 0); a client asking for one it was never
+        # given gets Kafka's error and falls back to full fetches.
+        return {
+            "error_code": ErrorCode.fetch_session_id_not_found,
+            "session_id": 0,
+            "responses": [],
+        }
+    wanted: list[_Wanted] = []
+    for t in req.topics:
+        name, topic_id = _topic_name(broker, t)
+        for p in t.partitions:
+            wanted.append(
+                _Wanted(name, topic_id, p.partition, p.fetch_offset, p.partition_max_bytes)
+            )
+    while True:
+        responses, total, errors = _fetch_once(broker.logs, req.max_bytes, wanted, committed_only)
+        remaining = deadline - time.monotonic()
+        if total >= req.min_bytes or errors or remaining <= 0 or not wanted:
+            break
+        await _wait_for_data(broker.logs, wanted, remaining)
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": responses,
+    }
+
+
+async def list_offsets(
+    ctx: RequestContext, req: ListOffsetsRequest, broker: DataBroker
+) -> dict[str, Any]:
+    isolation_level: int = getattr(req, "isolation_level", 0)  # v2+
+    committed_only = isolation_level == READ_COMMITTED
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            entry: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "error_code": ErrorCode.none,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": 0,
+            }
+            part = broker.logs.get(t.name, p.partition_index)
+            if part is None:
+                entry.update(error_code=ErrorCode.unknown_topic_or_partition)
+            else:
+                offset, ts = _offset_for(part, p.timestamp, committed_only)
+                entry.update(offset=offset, timestamp=ts)
+            parts.append(entry)
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def delete_records(
+    ctx: RequestContext, req: DeleteRecordsRequest, broker: DataBroker
+) -> dict[str, Any]:
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            entry: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "low_watermark": -1,
+                "error_code": ErrorCode.none,
+            }
+            part = broker.logs.get(t.name, p.partition_index)
+            try:
+                if part is None:
+                    raise KafkaError(ErrorCode.unknown_topic_or_partition)
+                entry["low_watermark"] = await part.delete_records_before(p.offset)
+                log.info(
+                    "records_deleted",
+                    topic=t.name,
+                    partition=p.partition_index,
+                    log_start_offset=entry["low_watermark"],
+                )
+            except KafkaError as exc:
+                entry["error_code"] = exc.code
+            parts.append(entry)
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
 
 
 def _fetch_once(
-    broker: Broker, req: Any, wanted: list[tuple[str | None, Any, Any]], committed_only: bool
+    logs: LogManager, max_bytes: int, wanted: list[_Wanted], committed_only: bool
 ) -> tuple[list[dict[str, Any]], int, bool]:
-    budget = req.max_bytes
+    budget = max_bytes
     total = 0
     errors = False
-    by_topic: dict[tuple[str | None, Any], list[dict[str, Any]]] = {}
-    for name, topic_id, p in wanted:
+    by_topic: dict[tuple[str | None, uuid.UUID | None], list[dict[str, Any]]] = {}
+    for w in wanted:
         entry: dict[str, Any] = {
-            "partition_index": p.partition,
+            "partition_index": w.partition,
             "error_code": ErrorCode.none,
             "high_watermark": -1,
             "last_stable_offset": -1,
@@ -214,9 +243,9 @@ def _fetch_once(
             "preferred_read_replica": -1,
             "records": b"",
         }
-        part = broker.logs.get(name, p.partition) if name else None
+        part = logs.get(w.name, w.partition) if w.name else None
         if part is None:
-            entry["error_code"] = _unknown_topic_error(name)
+            entry["error_code"] = _unknown_topic_error(w.name)
             errors = True
         else:
             entry.update(
@@ -227,11 +256,11 @@ def _fetch_once(
             )
             # KIP-74: the first partition returns at least one whole batch even past
             # max_bytes; later ones only what is left of the budget.
-            limit = min(p.partition_max_bytes, budget)
+            limit = min(w.partition_max_bytes, budget)
             size = max(limit, 1) if total == 0 else limit
             try:
                 data = (
-                    part.read(p.fetch_offset, size, committed_only=committed_only)
+                    part.read(w.fetch_offset, size, committed_only=committed_only)
                     if size > 0
                     else b""
                 )
@@ -242,7 +271,7 @@ def _fetch_once(
             entry["records"] = data
             total += len(data)
             budget = max(budget - len(data), 0)
-        by_topic.setdefault((name, topic_id), []).append(entry)
+        by_topic.setdefault((w.name, w.topic_id), []).append(entry)
     responses = [
         {"topic": name, "topic_id": topic_id, "partitions": parts}
         for (name, topic_id), parts in by_topic.items()
@@ -250,11 +279,9 @@ def _fetch_once(
     return responses, total, errors
 
 
-async def _wait_for_data(
-    broker: Broker, wanted: list[tuple[str | None, Any, Any]], timeout_s: float
-) -> None:
+async def _wait_for_data(logs: LogManager, wanted: list[_Wanted], timeout_s: float) -> None:
     """Park until any fetched partition's high watermark moves, or the timeout."""
-    parts = [broker.logs.get(name, p.partition) for name, _, p in wanted if name]
+    parts = [logs.get(w.name, w.partition) for w in wanted if w.name]
     await wait_for_any([part for part in parts if part is not None], timeout_s)
 
 

@@ -127,3 +127,17 @@ def test_null_and_empty_arrays_stay_distinct() -> None:
     assert every.topics is None
     assert none.topics == ()
     assert named.topics[0].name == "t"
+
+
+def test_field_names_are_the_union_over_every_version() -> None:
+    v0 = api.field_names(api.response_class(3, 0))
+    v13 = api.field_names(api.response_class(3, 13))
+    assert v0 == v13
+    assert {"cluster_authorized_operations", "cluster_id", "error_code"} <= v0
+    assert api.field_names(api.response_class(3, 0)) is v0  # computed once
+
+
+def test_error_response_gives_only_the_error_fields_the_response_has() -> None:
+    # DeleteRecords has neither a top-level error code nor message in any version.
+    body = api.error_response(21, 0, ErrorCode.unsupported_version, "nope")
+    assert body.topics == ()

@@ -1,0 +1,36 @@
+"""The handler table: one entry per API, each handler typed with exactly the kio
+request classes of the versions it is registered for."""
+
+from __future__ import annotations
+
+import types
+import typing
+
+import pytest
+
+from broker.handlers import APIS
+from protocol import api
+
+
+def test_each_api_is_listed_once() -> None:
+    keys = [a.key for a in APIS]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("entry", APIS, ids=lambda a: api.api_name(a.key))
+def test_request_type_is_the_union_of_the_served_versions(entry: typing.Any) -> None:
+    hint = typing.get_type_hints(entry.handler)["req"]
+    annotated = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+    served = {
+        api.request_class(entry.key, version)
+        for version in range(entry.min_version, entry.max_version + 1)
+    }
+    assert annotated == served
+
+
+@pytest.mark.parametrize("entry", APIS, ids=lambda a: api.api_name(a.key))
+def test_handler_is_a_module_level_function_named_for_its_api(entry: typing.Any) -> None:
+    handler = entry.handler
+    assert handler.__name__ == api.api_name(entry.key)  # Kafka's name: metadata, share_fetch
+    assert handler.__qualname__ == handler.__name__  # not a closure or a method
+    assert handler.__module__.startswith("broker.handlers.")
