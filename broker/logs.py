@@ -253,6 +253,13 @@ class Partition:
         self._advance_hw(self.log.log_end_offset)
 
 
+# Upper bound on a produce batch's decompressed size, so a small compressed batch that
+# expands without end (a decompression bomb) is refused instead of filling memory.
+# Producers bound batches by their uncompressed size (batch.size, max.request.size,
+# 1 MiB by default), so real batches stay far below it.
+MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
+
+
 def validate_produce_data(data: bytes) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
     """Copy produce data into a mutable buffer and check every batch (CRC, framing)."""
     buf = bytearray(data)
@@ -264,7 +271,7 @@ def validate_produce_data(data: bytes) -> tuple[bytearray, list[tuple[int, Batch
             # As Kafka's LogValidator: the records of a compressed batch are read before
             # it is stored, so one that does not decompress is refused, not kept to
             # fail every later reader (ListOffsets by timestamp).
-            decode_records(buf, pos, header)
+            decode_records(buf, pos, header, max_decompressed_size=MAX_DECOMPRESSED_BATCH_BYTES)
     return buf, batches
 
 
