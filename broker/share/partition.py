@@ -20,7 +20,7 @@ state, so memory and work follow the number of distinct ranges, not the number o
 (Kafka's ``InFlightBatch``). A range is split only where its records' states come to differ
 and adjacent ranges in identical state are merged again.
 
-Durable view: ACQUIRED is written as AVAILABLE with its delivery count (SPEC section 3), so a
+Durable view: ACQUIRED is written as AVAILABLE with its delivery count, so a
 crash redelivers rather than loses, and an offset of the window with no state batch means
 "AVAILABLE, never delivered" (delivery count 0), as Kafka reads gaps in persisted state.
 """

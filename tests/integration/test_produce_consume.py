@@ -161,7 +161,7 @@ def test_records_across_rolled_segments_read_back_after_restart(
     records: list[Record] = [(0, f"k{i}".encode(), rng.randbytes(400), []) for i in range(count)]
     outcome = produce(Producer(producer_config(broker)), topic, records)
     assert outcome.errors == [] and outcome.unflushed == 0
-    # ~4 MB in 1 MiB segments (DESIGN.md: topics/<topic>-<p>/<base offset>.log).
+    # ~4 MB in 1 MiB segments (topics/<topic>-<p>/<base offset>.log, as Kafka lays out a partition).
     segments = sorted((broker.data_dir / "topics" / f"{topic}-0").glob("*.log"))
     assert len(segments) >= 3, segments
 

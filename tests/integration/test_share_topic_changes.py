@@ -1,4 +1,4 @@
-"""Share groups follow topics that grow, disappear and come back (SPEC section 2)."""
+"""Share groups follow topics that grow, disappear and come back (as Kafka's group coordinator follows topic metadata)."""
 
 from __future__ import annotations
 
