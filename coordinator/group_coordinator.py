@@ -1,62 +1,67 @@
-"""The group coordinator runtime: share groups, their configs, timers and share state.
+"""The group coordinator: share groups, their configs, timers and share state.
 
-The rules live in the sans-IO `ShareGroup` and `GroupConfigStore`; this runtime looks
-groups up, feeds them the current topic metadata and time, applies the records they
-return (`_apply`, the one place records take effect), initializes share-partition
-state through the `Persister`, and tells the broker when members go away so their
-acquired records can be released.
+The rules live in the sans-IO `ShareGroup` and `GroupConfigStore`; this shell looks
+groups up, feeds them the current topic metadata and time, and runs every change as an
+operation of the `CoordinatorRuntime` over `data/groups/`: records are computed from
+committed state under the group's key (its id), fsynced, then replayed (`_replay`, the
+one place group records take effect). It initializes share-partition state through the
+`Persister`, and tells the broker when members go away so their acquired records can be
+released. Group configs are keyed by group id too, so a config change and a heartbeat
+of one group never interleave.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import copy
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
-from coordinator.group_config import (
-    AlterConfigOp,
-    GroupConfig,
-    GroupConfigRecord,
-    GroupConfigStore,
+from coordinator.group_config import AlterConfigOp, GroupConfig, GroupConfigRecord, GroupConfigStore
+from coordinator.group_records import GroupRecord
+from coordinator.runtime import (
+    CoordinatorLog,
+    CoordinatorRuntime,
+    KeyCompaction,
+    for_coordinator_rpc,
 )
 from coordinator.share_group import (
     HeartbeatResult,
     ShareGroup,
+    ShareGroupCurrentMemberAssignmentTombstone,
     ShareGroupDescription,
+    ShareGroupMemberMetadataTombstone,
     ShareGroupRecord,
+    ShareGroupTargetAssignmentMemberTombstone,
+    ShareGroupTombstone,
+    validate_heartbeat_request,
 )
 from coordinator.share_state import UNINITIALIZED_START_OFFSET, Persister, ShareStateKey
+from persister.clock import SYSTEM_CLOCK, Clock, Timer
+from persister.record_log import MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.groups")
 
-
-class RecordLog(Protocol):
-    """Where the coordinator's records go (persister.record_log.RecordLog)."""
-
-    def write(self, records: Sequence[tuple[bytes | None, bytes | None]]) -> None: ...
-    async def sync(self) -> None: ...
-    def replay(self) -> Iterator[tuple[bytes | None, bytes | None]]: ...
-    def close(self) -> None: ...
-
-
 TopicsProvider = Callable[[], Mapping[uuid.UUID, TopicMetadata]]
 MemberRemoved = Callable[[str, str], None]
 StateDeleted = Callable[[str, uuid.UUID], None]
+Partitions = dict[uuid.UUID, frozenset[int]]
 
 # How often member session timeouts are checked.
-EXPIRY_SWEEP_S = 0.25
+EXPIRY_SWEEP_MS = 250
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+# Records that only remove a member: for a group that is not there they change nothing.
+_MEMBER_TOMBSTONES = (
+    ShareGroupMemberMetadataTombstone,
+    ShareGroupTargetAssignmentMemberTombstone,
+    ShareGroupCurrentMemberAssignmentTombstone,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,75 +76,97 @@ class GroupCoordinator:
         persister: Persister,
         topics: TopicsProvider,
         config_store: GroupConfigStore,
-        record_log: RecordLog | None = None,
+        record_log: CoordinatorLog | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.persister = persister
-        self.record_log = record_log
         self.topics = topics
         self.configs = config_store
+        self.clock = clock
         self.groups: dict[str, ShareGroup] = {}
+        self.runtime: CoordinatorRuntime[GroupRecord] = CoordinatorRuntime(
+            "groups",
+            record_log if record_log is not None else MemoryRecordLog(),
+            encode=group_records.encode,
+            decode=group_records.decode,
+            replay=self._replay,
+            clock=clock,
+            compaction=KeyCompaction(group_records.compaction_keys, clock),
+        )
         # Called with (group id, member id) after a member leaves or is fenced.
         self.member_removed_hooks: list[MemberRemoved] = []
         # Called with (group id, topic id) when a group's share state of a topic is deleted.
         self.state_deleted_hooks: list[StateDeleted] = []
+        self._expiry_timer: Timer | None = None
         self._expiry_task: asyncio.Task[None] | None = None
         self._initializing: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     # -- lifecycle --------------------------------------------------------------
 
     def load(self) -> None:
         """Rebuild groups and configs by replaying the record log (startup)."""
-        if self.record_log is None:
-            return
-        count = 0
-        for _, value in self.record_log.replay():
-            if value is None:
-                continue
-            record = group_records.decode(value)
-            count += 1
-            if isinstance(record, GroupConfigRecord):
-                self.configs.replay(record)
-            else:
-                group = self.groups.get(record.group_id)
-                if group is None:
-                    group = self.groups[record.group_id] = ShareGroup(record.group_id)
-                group.replay(record)
-        for group_id, group in list(self.groups.items()):
-            if group.deleted:
-                del self.groups[group_id]
-            else:
-                group.on_loaded(now_ms(), self.config(group_id))
+        count = self.runtime.load()
+        now = self.clock.now_ms()
+        for group_id, group in self.groups.items():
+            group.on_loaded(now, self.config(group_id))
         log.info("groups_loaded", records=count, groups=len(self.groups))
 
     def start(self) -> None:
-        self._expiry_task = asyncio.create_task(self._expiry_loop())
+        self._stopped = False
+        self._schedule_expiry()
 
     async def stop(self) -> None:
+        self._stopped = True
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
         if self._expiry_task is not None:
             self._expiry_task.cancel()
         for task in list(self._initializing):
             task.cancel()
+        await self.runtime.stop()
 
     def close(self) -> None:
-        if self.record_log is not None:
-            self.record_log.close()
+        self.runtime.close()
 
     # -- records ----------------------------------------------------------------
 
-    async def _apply(self, group: ShareGroup, records: Iterable[ShareGroupRecord]) -> None:
-        """The one place group records take effect: written to the log, replayed, and
-        fsynced before the caller answers (later requests already see the change)."""
-        records = list(records)
-        if not records:
+    def _replay(self, record: GroupRecord) -> None:
+        """The one place group records take effect, live (once fsynced) and at startup."""
+        if isinstance(record, GroupConfigRecord):
+            self.configs.replay(record)
             return
-        if self.record_log is not None:
-            self.record_log.write([group_records.encode(r) for r in records])
-        group.replay_all(records)
-        if self.record_log is not None:
-            await self.record_log.sync()
+        group = self.groups.get(record.group_id)
+        if isinstance(record, ShareGroupTombstone):
+            if group is not None:
+                group.replay(record)
+                del self.groups[record.group_id]
+            return
+        if group is None:
+            if isinstance(record, _MEMBER_TOMBSTONES):
+                return
+            group = self.groups[record.group_id] = ShareGroup(record.group_id)
+        group.replay(record)
 
     def config(self, group_id: str) -> GroupConfig:
         return self.configs.config(group_id)
+
+    @staticmethod
+    def _with_initializing(
+        group: ShareGroup, records: Sequence[ShareGroupRecord]
+    ) -> tuple[list[ShareGroupRecord], Partitions]:
+        """Add to `records` the bookkeeping that starts share-state initialization of the
+        partitions the group subscribes to once they apply (in the same batch, as
+        Kafka's heartbeat does), and return those partitions."""
+        after = group
+        if records:
+            after = copy.deepcopy(group)
+            after.replay_all(records)
+        pending = after.partitions_to_initialize()
+        if not pending:
+            return list(records), {}
+        return [*records, *after.mark_initializing(pending)], pending
 
     # -- ShareGroupHeartbeat ----------------------------------------------------
 
@@ -153,32 +180,54 @@ class GroupCoordinator:
         client_id: str,
         client_host: str,
     ) -> HeartbeatResult:
-        if not group_id:
-            raise KafkaError(ErrorCode.invalid_group_id, "GroupId can't be empty.")
-        group = self.groups.get(group_id)
-        if group is None or group.deleted:
-            if member_epoch != 0:
-                raise KafkaError(
-                    ErrorCode.unknown_member_id, f"Share group {group_id} does not exist"
-                )
-            group = ShareGroup(group_id)
-            self.groups[group_id] = group
-        before = set(group.members)
-        result = group.heartbeat(
-            member_id,
-            member_epoch,
-            subscribed_topic_names,
-            rack_id,
-            client_id,
-            client_host,
-            self.topics(),
-            now_ms(),
-            self.config(group_id),
+        # Kafka validates the request before anything else; then a group that does not
+        # exist is GROUP_ID_NOT_FOUND unless the member joins (GroupMetadataManager's
+        # getOrMaybeCreateShareGroup, and shareGroup() for a leave).
+        validate_heartbeat_request(
+            group_id, member_id, member_epoch, subscribed_topic_names, rack_id
         )
-        await self._apply(group, result.records)
-        for gone in before - set(group.members):
+
+        def op() -> tuple[list[ShareGroupRecord], tuple[HeartbeatResult, set[str], Partitions]]:
+            group = self.groups.get(group_id)
+            if group is None:
+                if member_epoch != 0:
+                    raise KafkaError(
+                        ErrorCode.group_id_not_found, f"Share group {group_id} not found."
+                    )
+                # Computes the new group's first records; replaying them creates it.
+                group = ShareGroup(group_id)
+            before = set(group.members)
+            result = group.heartbeat(
+                member_id,
+                member_epoch,
+                subscribed_topic_names,
+                rack_id,
+                client_id,
+                client_host,
+                self.topics(),
+                self.clock.now_ms(),
+                self.config(group_id),
+            )
+            records, pending = self._with_initializing(group, result.records)
+            return records, (result, before, pending)
+
+        try:
+            result, before, pending = await self.runtime.run(group_id, op)
+        except KafkaError as exc:
+            raise for_coordinator_rpc(exc) from exc
+        group = self.groups.get(group_id)
+        members = set() if group is None else set(group.members)
+        if (
+            group is not None
+            and member_id in members
+            and group.session_deadline_ms(member_id) is None
+        ):
+            # A new group: the replay created it, not the one that set the session timer.
+            group.on_loaded(self.clock.now_ms(), self.config(group_id))
+        for gone in before - members:
             self._member_removed(group_id, gone, "left")
-        if member_id not in before and member_id in group.members:
+        if member_id not in before and member_id in members:
+            assert group is not None
             log.info(
                 "member_joined",
                 group=group_id,
@@ -186,7 +235,7 @@ class GroupCoordinator:
                 group_epoch=group.group_epoch,
                 client_id=client_id,
             )
-        self._initialize_new_partitions(group)
+        self._start_initializing(group_id, pending)
         return result
 
     def _member_removed(self, group_id: str, member_id: str, reason: str) -> None:
@@ -194,43 +243,52 @@ class GroupCoordinator:
         for hook in self.member_removed_hooks:
             hook(group_id, member_id)
 
-    def _initialize_new_partitions(self, group: ShareGroup) -> None:
-        """Give newly subscribed partitions share state (InitializeShareGroupState)."""
-        pending = group.partitions_to_initialize()
-        if not pending:
+    # -- share-state initialization ---------------------------------------------
+
+    def _start_initializing(self, group_id: str, pending: Partitions) -> None:
+        """Give newly subscribed partitions share state (InitializeShareGroupState); their
+        bookkeeping already says `initializing`."""
+        if not pending or self._stopped:
             return
-        records = group.mark_initializing(pending)
-        if self.record_log is not None:
-            self.record_log.write([group_records.encode(r) for r in records])
-        group.replay_all(records)
-        task = asyncio.create_task(self._initialize(group, pending))
+        task = asyncio.ensure_future(self._initialize(group_id, pending))
         self._initializing.add(task)
         task.add_done_callback(self._initializing.discard)
 
-    async def _initialize(
-        self, group: ShareGroup, pending: Mapping[uuid.UUID, Iterable[int]]
-    ) -> None:
+    async def _initialize(self, group_id: str, pending: Mapping[uuid.UUID, Iterable[int]]) -> None:
         done: dict[uuid.UUID, set[int]] = {}
         failed: dict[uuid.UUID, set[int]] = {}
         for topic_id, partitions in pending.items():
             for partition in partitions:
-                key = ShareStateKey(group.group_id, topic_id, partition)
+                key = ShareStateKey(group_id, topic_id, partition)
                 try:
                     await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
                     log.warning(
                         "share_state_initialize_failed",
-                        group=group.group_id,
+                        group=group_id,
                         topic_id=str(topic_id),
                         partition=partition,
                         error=exc.message,
                     )
                     failed.setdefault(topic_id, set()).add(partition)
-        if done:
-            await self._apply(group, group.mark_initialized(done))
-        if failed:
-            await self._apply(group, group.mark_uninitialized(failed))
+        try:
+            if done:
+                await self._mark(group_id, lambda g: g.mark_initialized(done))
+            if failed:
+                await self._mark(group_id, lambda g: g.mark_uninitialized(failed))
+        except KafkaError as exc:
+            # The partitions stay `initializing`; a share fetch initializes them on use.
+            log.warning("share_state_bookkeeping_failed", group=group_id, error=exc.message)
+
+    async def _mark(
+        self, group_id: str, records_of: Callable[[ShareGroup], list[ShareGroupRecord]]
+    ) -> None:
+        def op() -> tuple[list[ShareGroupRecord], None]:
+            group = self.groups.get(group_id)
+            return ([] if group is None else records_of(group)), None
+
+        await self.runtime.run(group_id, op)
 
     def is_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> bool:
         group = self.groups.get(group_id)
@@ -239,54 +297,96 @@ class GroupCoordinator:
     async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> None:
         """Initialize share state now if the group's background initialization has not
         reached this partition yet (a fetch can arrive right after the heartbeat)."""
-        group = self.groups.get(group_id)
-        if group is None or self.is_initialized(group_id, topic_id, partition):
+        if group_id not in self.groups or self.is_initialized(group_id, topic_id, partition):
             return
         for task in list(self._initializing):
             await asyncio.shield(task)
-        if not self.is_initialized(group_id, topic_id, partition):
-            await self._initialize(group, {topic_id: [partition]})
+        if group_id in self.groups and not self.is_initialized(group_id, topic_id, partition):
+            await self._initialize(group_id, {topic_id: [partition]})
 
     # -- timers and topic changes -------------------------------------------------
 
-    async def _expiry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRY_SWEEP_S)
-            try:
-                await self.expire_members(now_ms())
-            except Exception:
-                log.exception("member_expiry_failed")
+    def _schedule_expiry(self) -> None:
+        if self._stopped:
+            return
+        self._expiry_timer = self.clock.call_at(
+            self.clock.now_ms() + EXPIRY_SWEEP_MS, self._on_expiry_timer
+        )
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_task = asyncio.ensure_future(self._expiry_sweep())
+
+    async def _expiry_sweep(self) -> None:
+        try:
+            await self.expire_members(self.clock.now_ms())
+        except Exception:
+            log.exception("member_expiry_failed")
+        finally:
+            self._schedule_expiry()
 
     async def expire_members(self, at_ms: int) -> None:
-        for group in list(self.groups.values()):
-            result = group.expire_members(at_ms)
-            if not result.expired:
+        """Fence the members whose session timed out by `at_ms` (share.session.timeout.ms)."""
+        for group_id, group in list(self.groups.items()):
+            if not group.expire_members(at_ms).expired:
                 continue
-            await self._apply(group, result.records)
-            for member in result.expired:
-                self._member_removed(group.group_id, member.member_id, "session_timeout")
+
+            def op(group_id: str = group_id) -> tuple[list[ShareGroupRecord], list[str]]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    return [], []
+                result = group.expire_members(at_ms)
+                return result.records, [m.member_id for m in result.expired]
+
+            try:
+                expired = await self.runtime.run(group_id, op)
+            except KafkaError as exc:
+                log.warning("member_expiry_not_written", group=group_id, error=exc.message)
+                continue
+            for member_id in expired:
+                self._member_removed(group_id, member_id, "session_timeout")
 
     async def on_topics_changed(self) -> None:
         """Topics were created, deleted or grew: recompute assignments, drop dead state."""
         topics = self.topics()
-        for group in list(self.groups.values()):
-            if group.deleted:
+        for group_id in list(self.groups):
+
+            def op(
+                group_id: str = group_id,
+            ) -> tuple[list[ShareGroupRecord], tuple[Partitions, Partitions]]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    return [], ({}, {})
+                result = group.on_topics_changed(topics)
+                # What had share state, as committed before these records forget it.
+                deleted = {
+                    topic_id: group.initialized.get(topic_id, frozenset())
+                    | group.initializing.get(topic_id, frozenset())
+                    for topic_id in result.deleted_topic_ids
+                }
+                records, pending = self._with_initializing(group, result.records)
+                return records, (deleted, pending)
+
+            try:
+                deleted, pending = await self.runtime.run(group_id, op)
+            except KafkaError as exc:
+                log.warning("topic_change_not_written", group=group_id, error=exc.message)
                 continue
-            result = group.on_topics_changed(topics)
-            await self._apply(group, result.records)
-            for topic_id in result.deleted_topic_ids:
-                partitions = group.initialized.get(topic_id, frozenset()) | group.initializing.get(
-                    topic_id, frozenset()
-                )
-                for partition in partitions:
-                    await self.persister.delete_state(
-                        ShareStateKey(group.group_id, topic_id, partition)
-                    )
-                if partitions:
-                    await self._apply(group, group.mark_uninitialized({topic_id: partitions}))
+            for topic_id, partitions in deleted.items():
+                for partition in sorted(partitions):
+                    key = ShareStateKey(group_id, topic_id, partition)
+                    try:
+                        await self.persister.delete_state(key)
+                    except KafkaError as exc:
+                        log.warning(
+                            "share_state_delete_failed",
+                            group=group_id,
+                            topic_id=str(topic_id),
+                            partition=partition,
+                            error=exc.message,
+                        )
                 for hook in self.state_deleted_hooks:
-                    hook(group.group_id, topic_id)
-            self._initialize_new_partitions(group)
+                    hook(group_id, topic_id)
+            self._start_initializing(group_id, pending)
 
     # -- describe / list / configs ------------------------------------------------
 
@@ -306,13 +406,14 @@ class GroupCoordinator:
     async def alter_configs(
         self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
     ) -> None:
-        records = self.configs.incremental_alter(group_id, ops)
+        """IncrementalAlterConfigs of a GROUP; a failed write is KAFKA_STORAGE_ERROR."""
         if validate_only:
+            self.configs.incremental_alter(group_id, ops)
             return
-        if self.record_log is not None:
-            self.record_log.write([group_records.encode(r) for r in records])
-        for record in records:
-            self.configs.replay(record)
-        if self.record_log is not None:
-            await self.record_log.sync()
+
+        def op() -> tuple[list[GroupConfigRecord], list[GroupConfigRecord]]:
+            records = self.configs.incremental_alter(group_id, ops)
+            return records, records
+
+        records = await self.runtime.run(group_id, op)
         log.info("group_config_altered", group=group_id, configs={r.name: r.value for r in records})

@@ -1,9 +1,30 @@
-"""JSON codec for the group coordinator's records (share groups and group configs).
+"""Codec for the group coordinator's records (share groups and group configs) in `data/groups/`.
 
 The records are the dataclasses of `coordinator.share_group` and
-`coordinator.group_config`; each is stored as one key/value record in `data/groups/`
-with the record type and group id in the key, so a future compaction can keep the
-latest record per key.
+`coordinator.group_config`. Each is stored under a key named after Kafka's record type,
+with Kafka's type number, and keyed the way Kafka keys it, so compaction can keep the
+newest record per key (one key per group-metadata piece, per member, per config):
+
+    type  name                                key fields
+    10    ShareGroupMemberMetadata            group_id, member_id
+    11    ShareGroupMetadata                  group_id
+    12    ShareGroupTargetAssignmentMetadata  group_id
+    13    ShareGroupTargetAssignmentMember    group_id, member_id
+    14    ShareGroupCurrentMemberAssignment   group_id, member_id
+    15    ShareGroupStatePartitionMetadata    group_id
+    4     ConfigRecord                        resource_type (32, GROUP), resource_name, config
+
+(the share-group numbers are the `apiKey`s of Kafka 4.2's ShareGroup*Key.json coordinator
+keys; ConfigRecord is the KRaft metadata record Kafka stores group configs as). The key
+is compact JSON: `{"type": 10, "name": "ShareGroupMemberMetadata", "group_id": ...}`; the
+value is spool's own JSON layout of the other fields with a `version`, or null for a
+tombstone, as Kafka deletes a key. A group's deletion is tombstones on its three
+group-level keys (Kafka's ShareGroup.createGroupTombstoneRecords); its members are gone
+already, since only an empty group can be deleted.
+
+Data directories written before these keys (JSON list keys and values tagged with the
+Python class name, `{"type": "ShareGroupMetadataRecord", ...}`) still load: `decode`
+reads both, and `compaction_keys` maps both onto the keys above.
 """
 
 from __future__ import annotations
@@ -11,32 +32,72 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from coordinator import share_group as sg
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigRecord
+from persister.record_log import KeyValue
 
 GroupRecord = sg.ShareGroupRecord | GroupConfigRecord
 
-_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (
-        sg.ShareGroupMetadataRecord,
-        sg.ShareGroupMemberMetadataRecord,
-        sg.ShareGroupMemberMetadataTombstone,
-        sg.ShareGroupTargetAssignmentMemberRecord,
-        sg.ShareGroupTargetAssignmentMemberTombstone,
-        sg.ShareGroupTargetAssignmentMetadataRecord,
-        sg.ShareGroupCurrentMemberAssignmentRecord,
-        sg.ShareGroupCurrentMemberAssignmentTombstone,
-        sg.ShareGroupStatePartitionMetadataRecord,
-        sg.ShareGroupTombstone,
-        GroupConfigRecord,
-    )
+VALUE_VERSION = 0
+# Kafka's ConfigResource.Type.GROUP.
+GROUP_RESOURCE_TYPE = 32
+
+SHARE_GROUP_MEMBER_METADATA = 10
+SHARE_GROUP_METADATA = 11
+SHARE_GROUP_TARGET_ASSIGNMENT_METADATA = 12
+SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER = 13
+SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT = 14
+SHARE_GROUP_STATE_PARTITION_METADATA = 15
+CONFIG_RECORD = 4
+
+TYPE_NAMES = {
+    SHARE_GROUP_MEMBER_METADATA: "ShareGroupMemberMetadata",
+    SHARE_GROUP_METADATA: "ShareGroupMetadata",
+    SHARE_GROUP_TARGET_ASSIGNMENT_METADATA: "ShareGroupTargetAssignmentMetadata",
+    SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER: "ShareGroupTargetAssignmentMember",
+    SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT: "ShareGroupCurrentMemberAssignment",
+    SHARE_GROUP_STATE_PARTITION_METADATA: "ShareGroupStatePartitionMetadata",
+    CONFIG_RECORD: "ConfigRecord",
 }
+
+# Record class -> type number, for records with a value and for tombstones.
+_VALUE_TYPES: dict[type[Any], int] = {
+    sg.ShareGroupMemberMetadataRecord: SHARE_GROUP_MEMBER_METADATA,
+    sg.ShareGroupMetadataRecord: SHARE_GROUP_METADATA,
+    sg.ShareGroupTargetAssignmentMetadataRecord: SHARE_GROUP_TARGET_ASSIGNMENT_METADATA,
+    sg.ShareGroupTargetAssignmentMemberRecord: SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER,
+    sg.ShareGroupCurrentMemberAssignmentRecord: SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT,
+    sg.ShareGroupStatePartitionMetadataRecord: SHARE_GROUP_STATE_PARTITION_METADATA,
+}
+_TOMBSTONE_TYPES: dict[type[Any], int] = {
+    sg.ShareGroupMemberMetadataTombstone: SHARE_GROUP_MEMBER_METADATA,
+    sg.ShareGroupTargetAssignmentMemberTombstone: SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER,
+    sg.ShareGroupCurrentMemberAssignmentTombstone: SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT,
+}
+_VALUE_CLASSES = {number: cls for cls, number in _VALUE_TYPES.items()}
+_TOMBSTONE_CLASSES = {number: cls for cls, number in _TOMBSTONE_TYPES.items()}
+_MEMBER_TYPES = frozenset(
+    {
+        SHARE_GROUP_MEMBER_METADATA,
+        SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER,
+        SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT,
+    }
+)
+# Deleting a group deletes these keys; replaying the last one forgets the group.
+_GROUP_KEYS = (
+    SHARE_GROUP_STATE_PARTITION_METADATA,
+    SHARE_GROUP_TARGET_ASSIGNMENT_METADATA,
+    SHARE_GROUP_METADATA,
+)
+_KEY_FIELDS = frozenset({"group_id", "member_id"})
 _ASSIGNMENTS = {"assignment", "initializing", "initialized"}
+
+
+# ------------------------------------------------------------------ field codec
 
 
 def _to_json(name: str, value: Any) -> Any:
@@ -59,18 +120,161 @@ def _from_json(name: str, value: Any) -> Any:
     return value
 
 
-def encode(record: GroupRecord) -> tuple[bytes, bytes]:
-    kind = type(record).__name__
-    fields = {f.name: _to_json(f.name, getattr(record, f.name)) for f in dataclasses.fields(record)}
-    key = json.dumps([kind, fields.get("group_id"), fields.get("member_id"), fields.get("name")])
-    return key.encode(), json.dumps({"type": kind, **fields}, sort_keys=True).encode()
+def _key(record_type: int, group_id: str, member_or_config: str | None = None) -> bytes:
+    key: dict[str, Any] = {"type": record_type, "name": TYPE_NAMES[record_type]}
+    if record_type == CONFIG_RECORD:
+        key.update(resource_type=GROUP_RESOURCE_TYPE, resource_name=group_id)
+        key["config"] = member_or_config
+    else:
+        key["group_id"] = group_id
+        if record_type in _MEMBER_TYPES:
+            key["member_id"] = member_or_config
+    return json.dumps(key, separators=(",", ":")).encode()
 
 
-def decode(value: bytes) -> GroupRecord:
+def _value(record: Any) -> bytes:
+    fields = {
+        f.name: _to_json(f.name, getattr(record, f.name))
+        for f in dataclasses.fields(record)
+        if f.name not in _KEY_FIELDS
+    }
+    return json.dumps({"version": VALUE_VERSION, **fields}, sort_keys=True).encode()
+
+
+# ------------------------------------------------------------------ encode
+
+
+def encode(record: GroupRecord) -> list[KeyValue]:
+    """The key/value records storing `record` (a group deletion is three tombstones)."""
+    if isinstance(record, GroupConfigRecord):
+        value = None if record.value is None else json.dumps({"value": record.value}).encode()
+        return [(_key(CONFIG_RECORD, record.group_id, record.name), value)]
+    if isinstance(record, sg.ShareGroupTombstone):
+        return [(_key(t, record.group_id), None) for t in _GROUP_KEYS]
+    member_id = getattr(record, "member_id", None)
+    tombstone_type = _TOMBSTONE_TYPES.get(type(record))
+    if tombstone_type is not None:
+        return [(_key(tombstone_type, record.group_id, member_id), None)]
+    return [(_key(_VALUE_TYPES[type(record)], record.group_id, member_id), _value(record))]
+
+
+# ------------------------------------------------------------------ decode
+
+
+def _parse_key(key: bytes | None) -> Mapping[str, Any] | list[Any]:
+    if key is None:
+        raise ValueError("group record has no key")
+    parsed: Mapping[str, Any] | list[Any] = json.loads(key)
+    return parsed
+
+
+def _record_type(key: Mapping[str, Any]) -> int:
+    record_type = key.get("type")
+    if record_type not in TYPE_NAMES or key.get("name") != TYPE_NAMES[record_type]:
+        raise ValueError(
+            f"unknown group record type {record_type!r} ({key.get('name')!r}); known: "
+            + ", ".join(f"{n} {name}" for n, name in sorted(TYPE_NAMES.items()))
+        )
+    assert isinstance(record_type, int)
+    return record_type
+
+
+def decode(key: bytes | None, value: bytes | None) -> GroupRecord | None:
+    """The record stored as (key, value); None for a tombstone that replay needs not see
+    (a deleted group's assignment-metadata and state-partition keys: forgetting the
+    group covers them). ValueError if it is not a group record."""
+    parsed = _parse_key(key)
+    if isinstance(parsed, list):
+        if value is None:
+            raise ValueError("group record in the class-name format has no value")
+        return _decode_class_name_format(value)
+    record_type = _record_type(parsed)
+    if record_type == CONFIG_RECORD:
+        if parsed.get("resource_type") != GROUP_RESOURCE_TYPE:
+            raise ValueError(f"ConfigRecord for resource type {parsed.get('resource_type')!r}")
+        config_value = None if value is None else json.loads(value)["value"]
+        return GroupConfigRecord(parsed["resource_name"], parsed["config"], config_value)
+    group_id = parsed["group_id"]
+    member = {"member_id": parsed["member_id"]} if record_type in _MEMBER_TYPES else {}
+    if value is None:
+        if record_type == SHARE_GROUP_METADATA:
+            return sg.ShareGroupTombstone(group_id)
+        cls = _TOMBSTONE_CLASSES.get(record_type)
+        return None if cls is None else cls(group_id=group_id, **member)
     data: Mapping[str, Any] = json.loads(value)
-    cls = _TYPES.get(data["type"])
+    if data.get("version") != VALUE_VERSION:
+        raise ValueError(
+            f"{TYPE_NAMES[record_type]} value version {data.get('version')!r} is not "
+            f"supported (only {VALUE_VERSION})"
+        )
+    cls = _VALUE_CLASSES[record_type]
+    fields = {
+        f.name: _from_json(f.name, data[f.name])
+        for f in dataclasses.fields(cls)
+        if f.name not in _KEY_FIELDS
+    }
+    record: GroupRecord = cls(group_id=group_id, **member, **fields)
+    return record
+
+
+# The format before Kafka's record types: values tagged with the Python class name.
+_CLASS_NAME_TYPES: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (
+        sg.ShareGroupMetadataRecord,
+        sg.ShareGroupMemberMetadataRecord,
+        sg.ShareGroupMemberMetadataTombstone,
+        sg.ShareGroupTargetAssignmentMemberRecord,
+        sg.ShareGroupTargetAssignmentMemberTombstone,
+        sg.ShareGroupTargetAssignmentMetadataRecord,
+        sg.ShareGroupCurrentMemberAssignmentRecord,
+        sg.ShareGroupCurrentMemberAssignmentTombstone,
+        sg.ShareGroupStatePartitionMetadataRecord,
+        sg.ShareGroupTombstone,
+        GroupConfigRecord,
+    )
+}
+
+
+def _decode_class_name_format(value: bytes) -> GroupRecord:
+    data: Mapping[str, Any] = json.loads(value)
+    cls = _CLASS_NAME_TYPES.get(data["type"])
     if cls is None:
         raise ValueError(f"unknown group record type {data['type']!r}")
     kwargs = {f.name: _from_json(f.name, data[f.name]) for f in dataclasses.fields(cls)}
     record: GroupRecord = cls(**kwargs)
     return record
+
+
+# ------------------------------------------------------------------ compaction
+
+
+def _record_keys(record: GroupRecord) -> list[tuple[Hashable, bool]]:
+    """(compaction key, deletes it) for each key the record sets."""
+    if isinstance(record, GroupConfigRecord):
+        return [((CONFIG_RECORD, record.group_id, record.name), record.value is None)]
+    if isinstance(record, sg.ShareGroupTombstone):
+        return [((t, record.group_id, ""), True) for t in _GROUP_KEYS]
+    member_id = getattr(record, "member_id", "")
+    tombstone_type = _TOMBSTONE_TYPES.get(type(record))
+    if tombstone_type is not None:
+        return [((tombstone_type, record.group_id, member_id), True)]
+    return [((_VALUE_TYPES[type(record)], record.group_id, member_id), False)]
+
+
+def compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hashable, bool]]:
+    """The keys a stored record sets, for `persister.record_log.compact_by_key`; the
+    same for both formats, so a log mixing them compacts correctly."""
+    parsed = _parse_key(key)
+    if isinstance(parsed, list):
+        record = decode(key, value)
+        assert record is not None
+        return _record_keys(record)
+    record_type = _record_type(parsed)
+    if record_type == CONFIG_RECORD:
+        subkey = parsed["config"]
+        group_id = parsed["resource_name"]
+    else:
+        group_id = parsed["group_id"]
+        subkey = parsed["member_id"] if record_type in _MEMBER_TYPES else ""
+    return [((record_type, group_id, subkey), value is None)]

@@ -1,60 +1,89 @@
-"""The durable share coordinator: `ShareCoordinatorShard` on the share-state log.
+"""The share coordinator as a `Persister`: `ShareCoordinatorShard` run by the coordinator
+runtime.
 
 Implements `Persister` for the share-partition leader, the group coordinator and the
-wire RPCs. Each call asks the shard for records, writes them to `data/share-state/`,
-replays them (the same `replay` recovery uses), and returns once they are fsynced, so
-an acknowledged write survives kill -9. Closed segments are compacted in a worker
-thread; only the swap of a compacted segment runs on the event loop.
+wire RPCs (83-87). Each call is a runtime operation keyed by the share-partition key:
+the shard computes records from committed state, the runtime writes them to the log,
+waits for the fsync, then replays them (the same `replay` recovery uses), so an
+acknowledged write survives kill -9 and a failed one changes nothing
+(KAFKA_STORAGE_ERROR). `DurablePersister` keeps the log in `data/share-state/` and
+compacts its closed segments in a worker thread (`persister.share_compaction`); only
+the swap of a compacted segment runs on the event loop. `InMemoryPersister` runs the
+same runtime over an in-memory log, for unit tests of its callers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
-from coordinator.share_coordinator import ShareCoordinatorShard
+from coordinator.runtime import CoordinatorLog, CoordinatorRuntime, StillValid
+from coordinator.share_coordinator import (
+    DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
+    ShareCoordinatorShard,
+)
 from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
 from persister import share_records
+from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
-from persister.log import LogConfig
-from persister.record_log import RecordLog
-from persister.share_compaction import (
-    plan_share_compaction,
-    read_share_records,
-    write_cleaned_segment,
-)
+from persister.log import PartitionLog
+from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
+from persister.share_compaction import plan_share_compaction, write_cleaned_segment
 
 log = structlog.get_logger("spool.share_coordinator")
 
+# share.coordinator.state.topic.segment.bytes
+DEFAULT_SEGMENT_BYTES = 104857600
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+
+def _encode(record: share_records.ShareRecord) -> list[KeyValue]:
+    return [share_records.encode(record)]
+
+
+def _decode(key: bytes | None, value: bytes | None) -> share_records.ShareRecord:
+    if key is None:
+        raise ValueError("share-state record has no key")
+    return share_records.decode(key, value)
 
 
 class _ShardPersister:
-    """`Persister` over a `ShareCoordinatorShard`; subclasses decide where records go."""
+    """`Persister` over a `ShareCoordinatorShard` run by a `CoordinatorRuntime`."""
 
-    def __init__(self, snapshot_update_records_per_snapshot: int = 500) -> None:
+    def __init__(
+        self,
+        record_log: CoordinatorLog,
+        snapshot_update_records_per_snapshot: int,
+        clock: Clock,
+    ) -> None:
         self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
-
-    async def _commit(self, records: Sequence[share_records.ShareRecord]) -> None:
-        for record in records:
-            self.shard.replay(record)
+        self.clock = clock
+        self.runtime: CoordinatorRuntime[share_records.ShareRecord] = CoordinatorRuntime(
+            "share-state",
+            record_log,
+            encode=_encode,
+            decode=_decode,
+            replay=self.shard.replay,
+            clock=clock,
+            compaction=_ShareCompaction(clock) if record_log.partition_log is not None else None,
+        )
 
     async def initialize_state(
         self, key: ShareStateKey, state_epoch: int, start_offset: int
     ) -> None:
-        records, _ = self.shard.initialize_state(key, state_epoch, start_offset, _now_ms())
-        await self._commit(records)
+        await self.runtime.run(
+            key,
+            lambda: self.shard.initialize_state(
+                key, state_epoch, start_offset, self.clock.now_ms()
+            ),
+        )
 
     async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState:
-        records, state = self.shard.read_state(key, leader_epoch, _now_ms())
-        await self._commit(records)
-        return state
+        return await self.runtime.run(
+            key, lambda: self.shard.read_state(key, leader_epoch, self.clock.now_ms())
+        )
 
     async def write_state(
         self,
@@ -64,21 +93,58 @@ class _ShardPersister:
         start_offset: int,
         batches: Sequence[PersistedBatch],
     ) -> None:
-        records, _ = self.shard.write_state(
-            key, state_epoch, leader_epoch, start_offset, batches, _now_ms()
+        await self.runtime.run(
+            key,
+            lambda: self.shard.write_state(
+                key, state_epoch, leader_epoch, start_offset, batches, self.clock.now_ms()
+            ),
         )
-        await self._commit(records)
 
     async def delete_state(self, key: ShareStateKey) -> None:
-        records, _ = self.shard.delete_state(key)
-        await self._commit(records)
+        await self.runtime.run(key, lambda: self.shard.delete_state(key))
 
     async def read_summary(self, key: ShareStateKey) -> ShareState:
+        # A read: committed state only, nothing to write.
         return self.shard.read_summary(key)
+
+    def load(self) -> int:
+        """Rebuild the shard by replaying the log; returns the records replayed."""
+        started = self.clock.now_ms()
+        count = self.runtime.load()
+        log.info(
+            "share_state_loaded",
+            records=count,
+            keys=len(tuple(self.shard.keys())),
+            seconds=round((self.clock.now_ms() - started) / 1000, 3),
+        )
+        return count
+
+    async def compact(self) -> int:
+        """Compact closed segments not compacted yet; returns segments rewritten."""
+        return await self.runtime.compact()
+
+    async def stop(self) -> None:
+        await self.runtime.stop()
+
+    def close(self) -> None:
+        self.runtime.close()
 
 
 class InMemoryPersister(_ShardPersister):
-    """The share coordinator without a log: for unit tests of its callers."""
+    """The share coordinator over an in-memory log: for unit tests of its callers."""
+
+    def __init__(
+        self,
+        snapshot_update_records_per_snapshot: int = DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
+        *,
+        record_log: CoordinatorLog | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(
+            MemoryRecordLog() if record_log is None else record_log,
+            snapshot_update_records_per_snapshot,
+            clock,
+        )
 
 
 class DurablePersister(_ShardPersister):
@@ -89,58 +155,38 @@ class DurablePersister(_ShardPersister):
         directory: Path,
         commit: GroupCommit,
         *,
-        snapshot_update_records_per_snapshot: int = 500,
-        segment_bytes: int = 104857600,
+        snapshot_update_records_per_snapshot: int = DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(snapshot_update_records_per_snapshot)
-        self.records = RecordLog(
-            directory,
-            commit,
-            LogConfig(segment_bytes=segment_bytes, retention_ms=-1, segment_ms=2**62),
-        )
-        self._compacted_segments: tuple[int, ...] = ()
+        self.records = RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock)
+        super().__init__(self.records, snapshot_update_records_per_snapshot, clock)
 
-    def load(self) -> int:
-        """Rebuild the shard by replaying the log; returns the records replayed."""
-        started = time.monotonic()
-        count = 0
-        for _, record in read_share_records(self.records.log):
-            self.shard.replay(record)
-            count += 1
-        log.info(
-            "share_state_loaded",
-            records=count,
-            keys=len(tuple(self.shard.keys())),
-            seconds=round(time.monotonic() - started, 3),
-        )
-        return count
 
-    async def _commit(self, records: Sequence[share_records.ShareRecord]) -> None:
-        if not records:
-            return
-        self.records.write([share_records.encode(r) for r in records])
-        for record in records:
-            self.shard.replay(record)
-        await self.records.sync()
+class _ShareCompaction:
+    """The share-state log's compaction (`persister.share_compaction`): per key, what
+    precedes its last snapshot or tombstone goes; segments are swapped one at a time."""
 
-    async def compact(self) -> int:
-        """Compact closed segments not compacted yet; returns segments rewritten."""
-        plog = self.records.log
-        closed = tuple(plog.closed_segment_base_offsets)
-        if not closed or closed == self._compacted_segments:
-            return 0
-        # Closed segments never change, so reading them and writing the cleaned copies
-        # can leave the loop; appends go to the active segment meanwhile.
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    async def __call__(
+        self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
+    ) -> int:
+        # The plan reads the closed segments as they are when it runs (perhaps more than
+        # `base_offsets`, if one rolled meanwhile); it is used only while every segment it
+        # read still holds committed records alone.
         plan = await asyncio.to_thread(plan_share_compaction, plog)
         rewritten = 0
         for base_offset in plan.base_offsets:
             cleaned = await asyncio.to_thread(write_cleaned_segment, plog, base_offset, plan)
+            if not still_valid(plan.base_offsets):
+                if cleaned is not None:
+                    cleaned.unlink(missing_ok=True)
+                log.info("share_state_compaction_abandoned", base_offset=base_offset)
+                break
             if cleaned is not None:
-                plog.replace_closed_segment(base_offset, cleaned, _now_ms())
+                plog.replace_closed_segment(base_offset, cleaned, self._clock.now_ms())
                 rewritten += 1
-        self._compacted_segments = closed
-        log.info("share_state_compacted", segments=len(closed), rewritten=rewritten)
+        log.info("share_state_compacted", segments=len(plan.base_offsets), rewritten=rewritten)
         return rewritten
-
-    def close(self) -> None:
-        self.records.close()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.server import RequestContext
+from coordinator.runtime import for_coordinator_rpc
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 
@@ -49,6 +50,9 @@ def register(broker: Broker) -> None:
                         raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
                     entry.update(await op(ShareStateKey(req.group_id, t.topic_id, p.partition), p))
                 except KafkaError as exc:
+                    # A failed durable write answers NOT_COORDINATOR, as Kafka's share
+                    # coordinator does; the caller retries.
+                    exc = for_coordinator_rpc(exc)
                     entry.update(error_code=exc.code, error_message=exc.message)
                 parts.append(entry)
             results.append({"topic_id": t.topic_id, "partitions": parts})

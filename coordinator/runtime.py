@@ -1,0 +1,403 @@
+"""The coordinator runtime: the one place a record-writing state machine's change becomes
+durable and then visible.
+
+Every coordinator in spool (share-partition state, share groups and their configs,
+cluster metadata, the transaction coordinator to come) is a sans-IO state machine whose
+operations read committed state and return `(records, response)`, and whose `replay`
+is the only code that changes state, live and on startup alike. `CoordinatorRuntime.run`
+executes one operation:
+
+1. wait for the operation's key (a share-state key, a group id, the one cluster-metadata
+   key): operations on one key run one at a time, so each is computed from the state
+   all earlier ones left;
+2. call the operation; if it returned records, write them to the log (one batch);
+3. wait until they are fsynced. Operations on other keys write and wait meanwhile, so
+   concurrent writers share fsync rounds (group commit, `persister.commit`);
+4. replay the records, in order, then return the response.
+
+Nothing is applied before its fsync succeeded, so no request ever sees a change that a
+crash could take back.
+
+Kafka's CoordinatorRuntime applies records before they are committed and keeps its
+state in timeline structures that it reverts to the last committed offset when a write
+fails; readers see only committed snapshots. Serializing operations per key gives the
+same guarantee more simply: an operation never reads another's uncommitted change,
+because changes reach memory only once durable and the next operation on that key
+waits for it.
+
+A failed write: if appending (EIO, ENOSPC, ...) or the fsync fails, the log is truncated
+back to where the failed records begin, and every operation whose records lie at or
+after that point fails as well, even one whose own, later fsync round succeeded (its
+records were cut); none of them is replayed. Callers get
+KafkaError(KAFKA_STORAGE_ERROR); `for_coordinator_rpc` maps it to NOT_COORDINATOR where
+Kafka's coordinator services do (CoordinatorOperationExceptionHelper), which clients
+retry. The broker keeps serving, and the next operation after the disk recovers
+succeeds. If the truncation itself fails, the log's files may disagree with memory: the
+runtime refuses every later write with KAFKA_STORAGE_ERROR until a restart replays the
+log.
+
+Compaction: a runtime with a `Compaction` compacts the log's closed segments in the
+background after a segment roll, off the event loop, swapping the result in on the loop;
+only segments whose records are all committed are touched, and a plan made while a
+failed write was being undone is thrown away. `KeyCompaction` keeps per key the newest
+record and drops deleted keys; the share-state log has its own (`share_persister`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import structlog
+
+from persister.clock import SYSTEM_CLOCK, Clock
+from persister.log import PartitionLog
+from persister.record_log import CompactionKeys, KeyValue, compact_by_key
+from protocol.errors import ErrorCode, KafkaError
+
+log = structlog.get_logger("spool.runtime")
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+Operation = Callable[[], tuple[Sequence[R], T]]
+# Whether the closed segments a compaction read are still safe to replace: no failed
+# write was undone since it started and they hold only committed records.
+StillValid = Callable[[Sequence[int]], bool]
+
+
+class CoordinatorLog(Protocol):
+    """Where a runtime's records go: persister.record_log.RecordLog or MemoryRecordLog."""
+
+    @property
+    def partition_log(self) -> PartitionLog | None: ...
+
+    @property
+    def end_offset(self) -> int: ...
+
+    def write(self, records: Sequence[KeyValue]) -> int: ...
+
+    async def sync(self) -> None: ...
+
+    def truncate(self, offset: int) -> None: ...
+
+    def replay(self) -> Iterator[KeyValue]: ...
+
+    def close(self) -> None: ...
+
+
+class Compaction(Protocol):
+    async def __call__(
+        self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
+    ) -> int:
+        """Compact the closed segments `base_offsets`; return how many were rewritten."""
+
+
+def storage_error(message: str) -> KafkaError:
+    return KafkaError(ErrorCode.kafka_storage_error, message)
+
+
+def for_coordinator_rpc(exc: KafkaError) -> KafkaError:
+    """The error a coordinator RPC answers for `exc`: Kafka's coordinator services turn
+    KAFKA_STORAGE_ERROR into NOT_COORDINATOR, which clients retry after looking the
+    coordinator up again (CoordinatorOperationExceptionHelper.handleOperationException)."""
+    if exc.code == ErrorCode.kafka_storage_error:
+        return KafkaError(ErrorCode.not_coordinator, exc.message)
+    return exc
+
+
+@dataclass(slots=True, eq=False)
+class _Write:
+    """Records written and not yet replayed or undone."""
+
+    start: int
+    error: KafkaError | None = None
+
+
+class _KeyLocks:
+    """One asyncio.Lock per key while anyone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+def _consume_result(task: asyncio.Task[object]) -> None:
+    # The caller went away (cancelled); its operation still finished or failed.
+    if not task.cancelled():
+        task.exception()
+
+
+class CoordinatorRuntime(Generic[R]):
+    """Runs a state machine's operations against its record log; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        record_log: CoordinatorLog,
+        *,
+        encode: Callable[[R], Sequence[KeyValue]],
+        decode: Callable[[bytes | None, bytes | None], R | None],
+        replay: Callable[[R], None],
+        clock: Clock = SYSTEM_CLOCK,
+        compaction: Compaction | None = None,
+    ) -> None:
+        self.name = name
+        self.record_log = record_log
+        self.clock = clock
+        self._encode = encode
+        self._decode = decode
+        self._replay = replay
+        self._compaction = compaction
+        self._locks = _KeyLocks()
+        self._inflight: list[_Write] = []
+        # Bumped whenever a failed write is undone: compaction plans made before are void.
+        self.truncations = 0
+        # Why the log refuses writes (its truncation failed), until a restart.
+        self.failed: str | None = None
+        self._compaction_lock = asyncio.Lock()
+        self._compaction_task: asyncio.Task[int] | None = None
+        self._compacted: tuple[int, ...] = ()
+
+    # ------------------------------------------------------------------ startup
+
+    def load(self) -> int:
+        """Replay the whole log into the state machine (startup); return records replayed."""
+        count = 0
+        for key, value in self.record_log.replay():
+            record = self._decode(key, value)
+            if record is not None:
+                self._replay(record)
+                count += 1
+        return count
+
+    # --------------------------------------------------------------- operations
+
+    async def run(self, key: Hashable, op: Operation[R, T]) -> T:
+        """Run `op` once every earlier operation on `key` is done; make its records
+        durable, replay them, return its response. KafkaError from `op` passes through
+        (nothing written); a failed write raises KafkaError(KAFKA_STORAGE_ERROR).
+
+        A caller cancelled midway does not stop the operation: once its records are
+        written they are replayed or undone, and the key stays held until then.
+        """
+        task = asyncio.ensure_future(self._run(key, op))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_consume_result)
+            raise
+
+    async def _run(self, key: Hashable, op: Operation[R, T]) -> T:
+        async with self._locks.hold(key):
+            if self.failed is not None:
+                raise storage_error(self.failed)
+            records, response = op()
+            if records:
+                await self._commit(records)
+            return response
+
+    async def _commit(self, records: Sequence[R]) -> None:
+        encoded = [kv for record in records for kv in self._encode(record)]
+        write = _Write(self.record_log.end_offset)
+        self._inflight.append(write)
+        try:
+            try:
+                write.start = self.record_log.write(encoded)
+            except Exception as exc:
+                self._undo(write.start, exc, "append")
+                if _is_storage_failure(exc):
+                    raise self._write_error(exc, "append") from exc
+                raise
+            try:
+                await self.record_log.sync()
+            except Exception as exc:
+                if write.error is None:
+                    self._undo(write.start, exc, "fsync")
+                assert write.error is not None
+                raise write.error from exc
+            if write.error is not None:
+                # An earlier write failed and its undo cut these records too.
+                raise write.error
+            for record in records:
+                self._replay(record)
+        finally:
+            self._inflight.remove(write)
+        self._maybe_compact()
+
+    def _write_error(self, exc: BaseException, stage: str) -> KafkaError:
+        return storage_error(
+            f"could not make the {self.name} change durable: {stage} failed ({exc}); "
+            "nothing was applied, retry once the disk is healthy"
+        )
+
+    def _undo(self, offset: int, exc: BaseException, stage: str) -> None:
+        """Cut the log back to `offset` and fail every write that lies there or later."""
+        error = self._write_error(exc, stage)
+        failed = 0
+        for write in self._inflight:
+            if write.start >= offset and write.error is None:
+                write.error = error
+                failed += 1
+        self.truncations += 1
+        log.error(
+            "coordinator_write_failed",
+            runtime=self.name,
+            stage=stage,
+            offset=offset,
+            failed_operations=failed,
+            error=repr(exc),
+        )
+        try:
+            self.record_log.truncate(offset)
+        except Exception as truncate_exc:
+            self.failed = (
+                f"the {self.name} log could not be truncated after a failed {stage} "
+                f"({truncate_exc}); writes are refused until the broker restarts"
+            )
+            log.critical(
+                "coordinator_log_failed",
+                runtime=self.name,
+                offset=offset,
+                error=repr(truncate_exc),
+                write_error=repr(exc),
+            )
+
+    @property
+    def committed_offset(self) -> int:
+        """Below this offset every record is durable and replayed (or being replayed)."""
+        return min((w.start for w in self._inflight), default=self.record_log.end_offset)
+
+    @property
+    def pending_writes(self) -> int:
+        """Writes appended and not yet replayed or undone."""
+        return len(self._inflight)
+
+    @property
+    def keys_in_use(self) -> int:
+        """Keys with an operation running or waiting (for tests and metrics)."""
+        return len(self._locks)
+
+    # --------------------------------------------------------------- compaction
+
+    def _committed_closed_segments(self, plog: PartitionLog) -> list[int]:
+        bases = plog.segment_base_offsets
+        committed = self.committed_offset
+        return [b for b, limit in itertools.pairwise(bases) if limit <= committed]
+
+    def _maybe_compact(self) -> None:
+        plog = self.record_log.partition_log
+        if self._compaction is None or plog is None or self._compaction_task is not None:
+            return
+        if tuple(self._committed_closed_segments(plog)) == self._compacted:
+            return
+        task = asyncio.ensure_future(self.compact())
+        self._compaction_task = task
+
+        def done(finished: asyncio.Task[int]) -> None:
+            self._compaction_task = None
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error(
+                    "coordinator_compaction_failed",
+                    runtime=self.name,
+                    error=repr(finished.exception()),
+                )
+
+        task.add_done_callback(done)
+
+    async def compact(self) -> int:
+        """Compact the closed segments not compacted yet; return segments rewritten."""
+        plog = self.record_log.partition_log
+        if self._compaction is None or plog is None:
+            return 0
+        async with self._compaction_lock:
+            bases = self._committed_closed_segments(plog)
+            if not bases or tuple(bases) == self._compacted:
+                return 0
+            truncations = self.truncations
+
+            def still_valid(read: Sequence[int]) -> bool:
+                return self.truncations == truncations and set(read) <= set(
+                    self._committed_closed_segments(plog)
+                )
+
+            rewritten = await self._compaction(plog, bases, still_valid)
+            self._compacted = tuple(
+                b for b in self._committed_closed_segments(plog) if b <= bases[-1]
+            )
+            return rewritten
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def stop(self) -> None:
+        """Stop a background compaction (the log stays as it was or fully swapped)."""
+        task = self._compaction_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def close(self) -> None:
+        if self._compaction_task is not None:
+            self._compaction_task.cancel()
+        self.record_log.close()
+
+
+def _is_storage_failure(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or (
+        isinstance(exc, KafkaError) and exc.code == ErrorCode.kafka_storage_error
+    )
+
+
+class KeyCompaction:
+    """Compaction for logs whose every record sets its key's whole value: keep the
+    newest record per key in the closed segments, drop keys whose newest is a tombstone
+    (`persister.record_log.compact_by_key`), and merge the closed segments into one, so
+    the log holds the live state plus the active segment."""
+
+    def __init__(self, keys_of: CompactionKeys, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._keys_of = keys_of
+        self._clock = clock
+
+    async def __call__(
+        self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
+    ) -> int:
+        result = await asyncio.to_thread(compact_by_key, plog, base_offsets, self._keys_of)
+        if not still_valid(base_offsets):
+            if result.cleaned is not None:
+                result.cleaned.unlink(missing_ok=True)
+            return 0
+        if result.cleaned is None:
+            # Nothing left: the segments go and the log starts after them.
+            bases = plog.segment_base_offsets
+            plog.delete_records_before(bases[bases.index(base_offsets[-1]) + 1])
+        else:
+            plog.replace_closed_segments(base_offsets, result.cleaned, self._clock.now_ms())
+        log.info(
+            "coordinator_log_compacted",
+            directory=str(plog.directory),
+            segments=len(base_offsets),
+            records_before=result.records_before,
+            records_after=result.records_after,
+        )
+        return len(base_offsets)
