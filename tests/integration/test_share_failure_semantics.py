@@ -40,7 +40,7 @@ from tests.integration.share_helpers import (
 
 pytestmark = pytest.mark.timeout(180)
 
-HEARTBEAT, FETCH, ACK, API_VERSIONS, METADATA = 76, 78, 79, 18, 3
+HEARTBEAT, DESCRIBE, FETCH, ACK, API_VERSIONS, METADATA = 76, 77, 78, 79, 18, 3
 INITIALIZE, READ, WRITE, DELETE, SUMMARY = 83, 84, 85, 86, 87
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 
@@ -277,15 +277,19 @@ def test_session_timeout_keeps_acquired_records_until_their_locks_expire(
         assert acquired(r) == {(tid, 0): [(0, 0, 1)]}
 
         # Another member keeps heartbeating while "m-silent" stops and is fenced.
-        assert (await heartbeat(client, g, "m-busy", 0, ["fenced"])).error_code == 0
-        busy_epoch = 1
+        busy = await heartbeat(client, g, "m-busy", 0, ["fenced"])
+        assert busy.error_code == ErrorCode.none
+        busy_epoch = busy.member_epoch
         fenced = False
         while time.monotonic() - acquired_at < 4:
             hb = await heartbeat(client, g, "m-busy", busy_epoch)
+            assert hb.error_code == ErrorCode.none, hb
             busy_epoch = hb.member_epoch
-            fenced = fenced or "member=m-silent" in "".join(
-                log_lines(broker, "member_removed", "reason=session_timeout")
+            described = await client.request(
+                DESCRIBE, 1, {"group_ids": [g], "include_authorized_operations": False}
             )
+            members = {m.member_id for m in described.groups[0].members}
+            fenced = fenced or members == {"m-busy"}
             await asyncio.sleep(0.3)
         assert fenced, "m-silent was never fenced by session timeout"
         epoch, r = await fetch_until_acquired(client, g, "m-busy", 0, tps, timeout_s=0.1)
@@ -573,6 +577,44 @@ def test_a_fetch_whose_state_write_is_fenced_gets_not_leader_or_follower(
         part = partitions_of(r)[(tid, 0)]
         assert part.error_code == ErrorCode.not_leader_or_follower, part
         assert part.acquired_records == ()
+
+    run(broker, scenario)
+
+
+# --- 3. ShareGroupHeartbeat validation -------------------------------------------------
+
+
+def test_heartbeat_validation_and_unknown_groups_answer_as_kafka(broker: Broker) -> None:
+    create_topic(broker, "hb-rules", partitions=1)
+    uuid_member = str(uuid.uuid4())  # 36 characters
+
+    async def scenario(client: KafkaClient) -> None:
+        async def code(group: str, member: str, epoch: int, **kw: Any) -> ErrorCode:
+            return ErrorCode((await heartbeat(client, group, member, epoch, **kw)).error_code)
+
+        assert await code("g-none", "m", 3) == ErrorCode.group_id_not_found
+        assert await code("g-none", "m", -1) == ErrorCode.group_id_not_found
+        assert await code("", "m", 0, topics=["hb-rules"]) == ErrorCode.invalid_request
+        assert await code("", "m", 2) == ErrorCode.invalid_request
+        assert await code("g-none", "", 0, topics=["hb-rules"]) == ErrorCode.invalid_request
+        too_long = uuid_member + "0"
+        assert await code("g-none", too_long, 0, topics=["hb-rules"]) == ErrorCode.invalid_request
+        assert await code("g-none", "m", -2) == ErrorCode.invalid_request
+        assert await code("g-none", "m", 0) == ErrorCode.invalid_request
+        assert await code("g-none", "m", 0, topics=[]) == ErrorCode.invalid_request
+        rack = await code("g-none", "m", 0, topics=["hb-rules"], rack="")
+        assert rack == ErrorCode.invalid_request
+        # None of the refused requests created the group.
+        listed = await client.request(16, 5, {"states_filter": [], "types_filter": []})
+        assert [g.group_id for g in listed.groups] == []
+
+        joined = await heartbeat(client, "g-rules", uuid_member, 0, ["hb-rules"])
+        assert joined.error_code == ErrorCode.none
+        assert await code("g-rules", "stranger", 1) == ErrorCode.unknown_member_id
+        assert await code("g-rules", "stranger", -1) == ErrorCode.unknown_member_id
+        refused = await heartbeat(client, "g-rules", too_long, 1)
+        assert refused.error_code == ErrorCode.invalid_request
+        assert refused.error_message
 
     run(broker, scenario)
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.group_config import GroupConfig
+from coordinator.group_config import GroupConfig, GroupConfigStore
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_group import (
     HeartbeatResult,
     ShareGroup,
@@ -18,6 +19,7 @@ from coordinator.share_group import (
     member_id_valid,
     validate_heartbeat_request,
 )
+from coordinator.share_persister import InMemoryPersister
 from protocol.errors import ErrorCode, KafkaError
 
 T1 = uuid.UUID(int=1)
@@ -161,6 +163,57 @@ def test_a_deleted_group_still_validates_the_request_first() -> None:
     with pytest.raises(KafkaError) as e:
         heartbeat(group, "a", 3)
     assert code_of(e) is ErrorCode.group_id_not_found
+
+
+def coordinator() -> GroupCoordinator:
+    return GroupCoordinator(InMemoryPersister(), lambda: TOPICS, GroupConfigStore())
+
+
+async def coordinator_heartbeat(
+    groups: GroupCoordinator,
+    group_id: str,
+    member_id: str,
+    epoch: int,
+    names: list[str] | None = None,
+) -> HeartbeatResult:
+    return await groups.heartbeat(group_id, member_id, epoch, names, None, "c", "/127.0.0.1")
+
+
+@pytest.mark.parametrize("epoch", [1, 5, -1])
+async def test_unknown_group_is_group_id_not_found_unless_the_member_joins(epoch: int) -> None:
+    groups = coordinator()
+    with pytest.raises(KafkaError) as e:
+        await coordinator_heartbeat(groups, "nobody", "m", epoch)
+    assert code_of(e) is ErrorCode.group_id_not_found
+    assert groups.list_groups() == []
+    joined = await coordinator_heartbeat(groups, "nobody", "m", 0, ["t1"])
+    assert joined.member_epoch > 0
+    await groups.stop()
+
+
+@pytest.mark.parametrize(
+    ("group_id", "member_id", "epoch"),
+    [("", "m", 0), ("", "m", 3), ("g", "m", -2), ("g", "", 3), ("g", "m" * 37, 0)],
+)
+async def test_coordinator_validates_before_looking_the_group_up(
+    group_id: str, member_id: str, epoch: int
+) -> None:
+    groups = coordinator()
+    with pytest.raises(KafkaError) as e:
+        await coordinator_heartbeat(groups, group_id, member_id, epoch, ["t1"])
+    assert code_of(e) is ErrorCode.invalid_request
+    assert groups.list_groups() == []
+    await groups.stop()
+
+
+async def test_unknown_member_of_an_existing_group_is_unknown_member_id() -> None:
+    groups = coordinator()
+    await coordinator_heartbeat(groups, "g", "a", 0, ["t1"])
+    for epoch in (1, -1):
+        with pytest.raises(KafkaError) as e:
+            await coordinator_heartbeat(groups, "g", "stranger", epoch)
+        assert code_of(e) is ErrorCode.unknown_member_id
+    await groups.stop()
 
 
 def test_group_max_size_reached() -> None:
