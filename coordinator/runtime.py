@@ -175,6 +175,7 @@ class CoordinatorRuntime(Generic[R]):
         self.truncations = 0
         # Why the log refuses writes (its truncation failed), until a restart.
         self.failed: str | None = None
+        self._closed = False
         self._compaction_lock = asyncio.Lock()
         self._compaction_task: asyncio.Task[int] | None = None
         self._compacted: tuple[int, ...] = ()
@@ -210,6 +211,9 @@ class CoordinatorRuntime(Generic[R]):
 
     async def _run(self, key: Hashable, op: Operation[R, T]) -> T:
         async with self._locks.hold(key):
+            if self._closed:
+                # Shutting down: a late background operation is refused, not an alarm.
+                raise storage_error(f"the {self.name} log is closed")
             if self.failed is not None:
                 raise storage_error(self.failed)
             records, response = op()
@@ -358,6 +362,7 @@ class CoordinatorRuntime(Generic[R]):
                 await task
 
     def close(self) -> None:
+        self._closed = True
         if self._compaction_task is not None:
             self._compaction_task.cancel()
         self.record_log.close()

@@ -284,6 +284,35 @@ async def test_a_failed_write_changes_nothing_and_the_next_one_succeeds(
     assert reopen(store, open_table).table.values == live
 
 
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_failed_write_that_rolled_a_segment_removes_it(
+    open_table: Callable[..., TableStore], disk: Disk, stage: str
+) -> None:
+    store = open_table(segment_bytes=600)
+    plog = store.log.log
+
+    def active_size() -> int:
+        return (plog.directory / f"{plog.segment_base_offsets[-1]:020d}.log").stat().st_size
+
+    await store.set("k00", "v00")
+    batch = active_size()
+    i = 1
+    while active_size() + batch <= 600:  # the next (same-sized) write rolls
+        await store.set(f"k{i:02d}", "v00")
+        i += 1
+    segments, live = plog.segment_base_offsets, dict(store.table.values)
+    disk.fail(stage, errno.ENOSPC)
+    with pytest.raises(KafkaError):
+        await store.set(f"k{i:02d}", "v00")
+    assert plog.segment_base_offsets == segments
+    assert len(list(plog.directory.glob("*.log"))) == len(segments)
+    assert store.table.values == live
+    await store.set(f"k{i:02d}", "v01")
+    assert len(plog.segment_base_offsets) == len(segments) + 1
+    live = dict(store.table.values)
+    assert reopen(store, open_table).table.values == live
+
+
 async def test_an_operation_appended_after_a_failed_one_fails_too(
     open_table: Callable[..., TableStore], disk: Disk, commit: GroupCommit
 ) -> None:
