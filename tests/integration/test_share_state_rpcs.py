@@ -423,21 +423,24 @@ def test_malformed_state_batch_is_invalid_request_and_changes_nothing(
 def test_empty_group_id_gets_an_empty_response(broker: Broker, api: str) -> None:
     # Kafka's ShareCoordinatorService answers an empty group id with no results at all.
     tid = uuid.uuid4()
-    partition = {
-        "partition": 0,
-        "state_epoch": 0,
-        "leader_epoch": 0,
-        "start_offset": 0,
-        "state_batches": [],
-    }
-    topics = [{"topic_id": tid, "partitions": [partition]}]
-    key, version = {
-        "initialize": (INITIALIZE, 0),
-        "read": (READ, 0),
-        "write": (WRITE, 1),
-        "delete": (DELETE, 0),
-        "summary": (SUMMARY, 1),
+    key, version, partition = {
+        "initialize": (INITIALIZE, 0, {"partition": 0, "state_epoch": 0, "start_offset": 0}),
+        "read": (READ, 0, {"partition": 0, "leader_epoch": 0}),
+        "write": (
+            WRITE,
+            1,
+            {
+                "partition": 0,
+                "state_epoch": 0,
+                "leader_epoch": 0,
+                "start_offset": 0,
+                "state_batches": [],
+            },
+        ),
+        "delete": (DELETE, 0, {"partition": 0}),
+        "summary": (SUMMARY, 1, {"partition": 0, "leader_epoch": 0}),
     }[api]
+    topics = [{"topic_id": tid, "partitions": [partition]}]
     response = call(broker, key, version, {"group_id": "", "topics": topics})
     assert response.results == (), f"{api} with group id '': {response}"
 
