@@ -115,7 +115,8 @@ class _Write:
     """Records written and not yet replayed or undone."""
 
     start: int
-    error: KafkaError | None = None
+    # Why it failed, once a failed write's undo cut it (each waiter raises its own error).
+    error: str | None = None
 
 
 class _KeyLocks:
@@ -239,10 +240,10 @@ class CoordinatorRuntime(Generic[R]):
                 if write.error is None:
                     self._undo(write.start, exc, "fsync")
                 assert write.error is not None
-                raise write.error from exc
+                raise storage_error(write.error) from exc
             if write.error is not None:
                 # An earlier write failed and its undo cut these records too.
-                raise write.error
+                raise storage_error(write.error)
             for record in records:
                 self._replay(record)
         finally:
@@ -257,7 +258,7 @@ class CoordinatorRuntime(Generic[R]):
 
     def _undo(self, offset: int, exc: BaseException, stage: str) -> None:
         """Cut the log back to `offset` and fail every write that lies there or later."""
-        error = self._write_error(exc, stage)
+        error = self._write_error(exc, stage).message
         failed = 0
         for write in self._inflight:
             if write.start >= offset and write.error is None:
