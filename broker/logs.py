@@ -150,7 +150,17 @@ class Partition:
             append_time = ts
             for pos, header in batches:
                 set_log_append_time(data, pos, header, ts)
-        result = self.log.append(data, ts)
+        try:
+            result = self.log.append(data, ts)
+        except KafkaError as exc:
+            if exc.code == ErrorCode.kafka_storage_error:
+                log.error(
+                    "partition_write_failed",
+                    topic=self.topic,
+                    partition=self.index,
+                    error=exc.message,
+                )
+            raise
         records = 0
         for pos, _ in batches:
             assigned = parse_header(data, pos)

@@ -416,12 +416,12 @@ class PartitionLog:
 
         first_offset = placed[0][1].base_offset
         last_offset = placed[-1][1].last_offset
-        if self._should_roll(len(data), max_timestamp, last_offset, now_ms):
-            self._roll(now_ms, first_offset if not assign_offsets else None)
-        if assign_offsets:
-            for pos, header in placed:
-                set_base_offset(data, pos, header.base_offset)
         try:
+            if self._should_roll(len(data), max_timestamp, last_offset, now_ms):
+                self._roll(now_ms, first_offset if not assign_offsets else None)
+            if assign_offsets:
+                for pos, header in placed:
+                    set_base_offset(data, pos, header.base_offset)
             self._active.append(data, placed, now_ms, self.config.index_interval_bytes)
         except OSError as exc:
             raise KafkaError(
@@ -453,8 +453,9 @@ class PartitionLog:
     def _roll(self, now_ms: int, base_offset: int | None = None) -> None:
         old = self._active
         new_base = self.log_end_offset if base_offset is None else base_offset
-        old.on_become_inactive()
+        # The new segment first: if the disk refuses it, the old one stays active as it was.
         new = LogSegment.create(self._directory, new_base, now_ms)
+        old.on_become_inactive()
         with self._lock:
             self._segments.append(new)
             self._base_offsets.append(new_base)
