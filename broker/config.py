@@ -11,67 +11,59 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coordinator.group_config import BROKER_CONFIG_DEFS, ShareGroupBrokerConfig
+from protocol.configs import ConfigDef, ConfigType, one_of
 from protocol.errors import ErrorCode, KafkaError
 
 # DescribeConfigs ConfigType values (KIP-569).
-BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigKey:
-    name: str
-    type: int
-    default: Any
-    doc: str
-    validator: Callable[[Any], str | None] | None = None
-    # Broker key a topic config inherits its default from.
-    broker_synonym: str | None = None
-    read_only: bool = False
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = (
+    ConfigType.BOOLEAN,
+    ConfigType.STRING,
+    ConfigType.INT,
+    ConfigType.SHORT,
+    ConfigType.LONG,
+    ConfigType.DOUBLE,
+    ConfigType.LIST,
+)
 
 
 def _at_least(n: int) -> Callable[[Any], str | None]:
     return lambda v: None if v >= n else f"must be at least {n}"
 
 
-def _one_of(*choices: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
-
-
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 
-BROKER_KEYS: dict[str, ConfigKey] = {
+BROKER_KEYS: dict[str, ConfigDef] = {
     k.name: k
     for k in [
-        ConfigKey("node.id", INT, 1, "This broker's node id.", _at_least(0), read_only=True),
-        ConfigKey("broker.rack", STRING, None, "Rack of this broker.", read_only=True),
-        ConfigKey(
+        ConfigDef("node.id", INT, 1, "This broker's node id.", _at_least(0), read_only=True),
+        ConfigDef("broker.rack", STRING, None, "Rack of this broker.", read_only=True),
+        ConfigDef(
             "num.partitions",
             INT,
             1,
             "Default partition count of auto-created topics.",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "default.replication.factor",
             SHORT,
             1,
             "Replication factor of auto-created topics (spool is one node).",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "auto.create.topics.enable",
             BOOLEAN,
             True,
             "Create a topic when a client asks for metadata of or produces to it.",
         ),
-        ConfigKey("delete.topic.enable", BOOLEAN, True, "Allow DeleteTopics."),
-        ConfigKey(
+        ConfigDef("delete.topic.enable", BOOLEAN, True, "Allow DeleteTopics."),
+        ConfigDef(
             "socket.request.max.bytes",
             INT,
             104857600,
@@ -79,7 +71,7 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             _at_least(1),
         ),
         # The socket server's resource bounds (Kafka's SocketServerConfigs), read at start.
-        ConfigKey(
+        ConfigDef(
             "queued.max.request.bytes",
             LONG,
             -1,
@@ -88,7 +80,7 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             "(-1: no limit). When set, at least socket.request.max.bytes.",
             read_only=True,
         ),
-        ConfigKey(
+        ConfigDef(
             "connections.max.idle.ms",
             LONG,
             600000,
@@ -96,7 +88,7 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             "flight for this long (negative: never).",
             read_only=True,
         ),
-        ConfigKey(
+        ConfigDef(
             "max.connections",
             INT,
             INT_MAX,
@@ -104,7 +96,7 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             _at_least(0),
             read_only=True,
         ),
-        ConfigKey(
+        ConfigDef(
             "max.connections.per.ip",
             INT,
             INT_MAX,
@@ -113,7 +105,7 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             _at_least(0),
             read_only=True,
         ),
-        ConfigKey(
+        ConfigDef(
             "max.connections.per.ip.overrides",
             STRING,
             "",
@@ -121,42 +113,42 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             '"hostName:100,127.0.0.1:200".',
             read_only=True,
         ),
-        ConfigKey(
+        ConfigDef(
             "message.max.bytes", INT, 1048588, "Largest record batch accepted.", _at_least(0)
         ),
-        ConfigKey(
+        ConfigDef(
             "log.segment.bytes", INT, 1073741824, "Segment file size before a roll.", _at_least(14)
         ),
-        ConfigKey("log.roll.ms", LONG, 604800000, "Segment age before a roll.", _at_least(1)),
-        ConfigKey(
+        ConfigDef("log.roll.ms", LONG, 604800000, "Segment age before a roll.", _at_least(1)),
+        ConfigDef(
             "log.retention.ms",
             LONG,
             604800000,
             "Age after which segments are deleted (-1: forever).",
             _at_least(-1),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.retention.bytes",
             LONG,
             -1,
             "Partition size above which old segments are deleted (-1: no limit).",
             _at_least(-1),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.retention.check.interval.ms",
             LONG,
             300000,
             "How often retention is enforced.",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.index.interval.bytes",
             INT,
             4096,
             "Bytes between offset-index entries.",
             _at_least(0),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.flush.interval.messages",
             LONG,
             1,
@@ -165,59 +157,59 @@ BROKER_KEYS: dict[str, ConfigKey] = {
             f"{LONG_MAX} leaves flushing to the OS, as Kafka does.",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.message.timestamp.type",
             STRING,
             "CreateTime",
             "CreateTime or LogAppendTime.",
-            _one_of("CreateTime", "LogAppendTime"),
+            one_of("CreateTime", "LogAppendTime"),
         ),
-        ConfigKey(
+        ConfigDef(
             "compression.type",
             STRING,
             "producer",
             "Topic compression default.",
-            _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+            one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.cleanup.policy",
             LIST,
             "delete",
             "delete or compact.",
-            _one_of("delete", "compact", "compact,delete", "delete,compact"),
+            one_of("delete", "compact", "compact,delete", "delete,compact"),
         ),
-        ConfigKey(
+        ConfigDef(
             "min.insync.replicas", INT, 1, "Kept for clients; spool is one node.", _at_least(1)
         ),
-        ConfigKey(
+        ConfigDef(
             "transactional.id.expiration.ms",
             INT,
             604800000,
             "Expiry of idle transactional ids.",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "producer.id.expiration.ms",
             INT,
             86400000,
             "Expiry of idle idempotent producer state.",
             _at_least(1),
         ),
-        ConfigKey(
+        ConfigDef(
             "share.coordinator.snapshot.update.records.per.snapshot",
             INT,
             500,
             "Updates of a share partition's state between two snapshots in the share-state log.",
             _at_least(0),
         ),
-        ConfigKey(
+        ConfigDef(
             "share.coordinator.state.topic.segment.bytes",
             INT,
             104857600,
             "Segment size of the share-state log; closed segments are compacted.",
             _at_least(1024),
         ),
-        ConfigKey(
+        ConfigDef(
             "log.cleaner.backoff.ms",
             LONG,
             15000,
@@ -228,34 +220,21 @@ BROKER_KEYS: dict[str, ConfigKey] = {
 }
 
 
-def _share_key(name: str) -> ConfigKey:
-    d = BROKER_CONFIG_DEFS[name]
-
-    def check(v: Any) -> str | None:
-        if d.min is not None and v < d.min:
-            return f"must be at least {d.min}"
-        if d.max is not None and v > d.max:
-            return f"must be at most {d.max}"
-        return None
-
-    return ConfigKey(name, INT, d.default, d.doc, check)
-
-
 # KIP-932's broker-level share-group keys (defaults and bounds of the group configs).
-BROKER_KEYS.update({name: _share_key(name) for name in BROKER_CONFIG_DEFS})
+BROKER_KEYS.update(BROKER_CONFIG_DEFS)
 
-TOPIC_KEYS: dict[str, ConfigKey] = {
+TOPIC_KEYS: dict[str, ConfigDef] = {
     k.name: k
     for k in [
-        ConfigKey(
+        ConfigDef(
             "cleanup.policy",
             LIST,
             "delete",
             "delete or compact.",
-            _one_of("delete", "compact", "compact,delete", "delete,compact"),
+            one_of("delete", "compact", "compact,delete", "delete,compact"),
             "log.cleanup.policy",
         ),
-        ConfigKey(
+        ConfigDef(
             "retention.ms",
             LONG,
             604800000,
@@ -263,7 +242,7 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(-1),
             "log.retention.ms",
         ),
-        ConfigKey(
+        ConfigDef(
             "retention.bytes",
             LONG,
             -1,
@@ -271,7 +250,7 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(-1),
             "log.retention.bytes",
         ),
-        ConfigKey(
+        ConfigDef(
             "segment.bytes",
             INT,
             1073741824,
@@ -279,10 +258,10 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(14),
             "log.segment.bytes",
         ),
-        ConfigKey(
+        ConfigDef(
             "segment.ms", LONG, 604800000, "Segment age before a roll.", _at_least(1), "log.roll.ms"
         ),
-        ConfigKey(
+        ConfigDef(
             "max.message.bytes",
             INT,
             1048588,
@@ -290,7 +269,7 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(0),
             "message.max.bytes",
         ),
-        ConfigKey(
+        ConfigDef(
             "index.interval.bytes",
             INT,
             4096,
@@ -298,7 +277,7 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(0),
             "log.index.interval.bytes",
         ),
-        ConfigKey(
+        ConfigDef(
             "flush.messages",
             LONG,
             1,
@@ -306,23 +285,23 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
             _at_least(1),
             "log.flush.interval.messages",
         ),
-        ConfigKey(
+        ConfigDef(
             "message.timestamp.type",
             STRING,
             "CreateTime",
             "CreateTime or LogAppendTime.",
-            _one_of("CreateTime", "LogAppendTime"),
+            one_of("CreateTime", "LogAppendTime"),
             "log.message.timestamp.type",
         ),
-        ConfigKey(
+        ConfigDef(
             "compression.type",
             STRING,
             "producer",
             "Compression of stored batches.",
-            _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+            one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
             "compression.type",
         ),
-        ConfigKey(
+        ConfigDef(
             "min.insync.replicas",
             INT,
             1,
@@ -334,7 +313,7 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
 }
 
 
-def parse_value(key: ConfigKey, raw: Any, *, resource: str) -> Any:
+def parse_value(key: ConfigDef, raw: Any, *, resource: str) -> Any:
     """Parse and validate a config value; KafkaError(INVALID_CONFIG) says which and why."""
     try:
         if key.type == BOOLEAN:
@@ -360,8 +339,8 @@ def parse_value(key: ConfigKey, raw: Any, *, resource: str) -> Any:
             ErrorCode.invalid_config,
             f"Invalid value {raw!r} for {resource} config {key.name}: {exc}",
         ) from None
-    if key.validator is not None and value is not None:
-        problem = key.validator(value)
+    if value is not None:
+        problem = key.problem(value)
         if problem:
             raise KafkaError(
                 ErrorCode.invalid_config,

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
 
 __all__ = [
@@ -44,9 +45,9 @@ __all__ = [
 
 ConfigValue = int | str | bool
 
-INT: Literal["int"] = "int"
-STRING: Literal["string"] = "string"
-BOOLEAN: Literal["boolean"] = "boolean"
+INT = ConfigType.INT
+STRING = ConfigType.STRING
+BOOLEAN = ConfigType.BOOLEAN
 INT32_MAX = 2**31 - 1
 
 # ListOffsets sentinel timestamps that `share.auto.offset.reset` maps to.
@@ -54,24 +55,8 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 
 
-@dataclass(frozen=True, slots=True)
-class ConfigDef:
-    """One config key: Kafka's name, type, default, fixed bounds and documentation."""
-
-    name: str
-    type: Literal["int", "string", "boolean"]
-    default: ConfigValue
-    doc: str
-    min: int | None = None
-    max: int | None = None
-    # For a group config: the broker key it defaults to, and the broker keys that bound it.
-    broker_synonym: str | None = None
-    broker_min: str | None = None
-    broker_max: str | None = None
-
-
 def _broker(name: str, default: int, doc: str, lo: int, hi: int | None = None) -> ConfigDef:
-    return ConfigDef(name, INT, default, doc, lo, hi)
+    return ConfigDef(name, INT, default, doc, min=lo, max=hi)
 
 
 # Kafka's `ShareGroupConfig` and the share part of `GroupCoordinatorConfig` (4.2).
@@ -209,55 +194,50 @@ GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
             INT,
             45000,
             "The timeout to detect client failures when using the share group protocol.",
-            1,
-            None,
-            "group.share.session.timeout.ms",
-            "group.share.min.session.timeout.ms",
-            "group.share.max.session.timeout.ms",
+            min=1,
+            broker_synonym="group.share.session.timeout.ms",
+            broker_min="group.share.min.session.timeout.ms",
+            broker_max="group.share.max.session.timeout.ms",
         ),
         ConfigDef(
             "share.heartbeat.interval.ms",
             INT,
             5000,
             "The heartbeat interval given to the members.",
-            1,
-            None,
-            "group.share.heartbeat.interval.ms",
-            "group.share.min.heartbeat.interval.ms",
-            "group.share.max.heartbeat.interval.ms",
+            min=1,
+            broker_synonym="group.share.heartbeat.interval.ms",
+            broker_min="group.share.min.heartbeat.interval.ms",
+            broker_max="group.share.max.heartbeat.interval.ms",
         ),
         ConfigDef(
             "share.record.lock.duration.ms",
             INT,
             30000,
             "The record acquisition lock duration in milliseconds.",
-            1000,
-            None,
-            "group.share.record.lock.duration.ms",
-            "group.share.min.record.lock.duration.ms",
-            "group.share.max.record.lock.duration.ms",
+            min=1000,
+            broker_synonym="group.share.record.lock.duration.ms",
+            broker_min="group.share.min.record.lock.duration.ms",
+            broker_max="group.share.max.record.lock.duration.ms",
         ),
         ConfigDef(
             "share.delivery.count.limit",
             INT,
             5,
             "The maximum number of delivery attempts for a record delivered to a share group.",
-            2,
-            None,
-            "group.share.delivery.count.limit",
-            "group.share.min.delivery.count.limit",
-            "group.share.max.delivery.count.limit",
+            min=2,
+            broker_synonym="group.share.delivery.count.limit",
+            broker_min="group.share.min.delivery.count.limit",
+            broker_max="group.share.max.delivery.count.limit",
         ),
         ConfigDef(
             "share.partition.max.record.locks",
             INT,
             2000,
             "Share-group record lock limit per share-partition.",
-            100,
-            None,
-            "group.share.partition.max.record.locks",
-            "group.share.min.partition.max.record.locks",
-            "group.share.max.partition.max.record.locks",
+            min=100,
+            broker_synonym="group.share.partition.max.record.locks",
+            broker_min="group.share.min.partition.max.record.locks",
+            broker_max="group.share.max.partition.max.record.locks",
         ),
         ConfigDef(
             "share.auto.offset.reset",
@@ -673,7 +653,7 @@ class GroupConfigEntry:
     value: str
     source: int
     is_default: bool
-    type: str
+    type: ConfigType
     doc: str
     read_only: bool = False
 

@@ -9,15 +9,11 @@ import structlog
 
 from broker.cluster import MetadataStore, Topic, topic_record
 from broker.config import (
-    BOOLEAN,
     BROKER_KEYS,
-    INT,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_TOPIC,
-    STRING,
     TOPIC_KEYS,
     BrokerConfig,
-    ConfigKey,
     format_value,
     parse_value,
 )
@@ -27,6 +23,7 @@ from broker.logs import LogManager
 from broker.server import RequestContext
 from coordinator.group_config import AlterConfigOp
 from coordinator.group_coordinator import GroupCoordinator
+from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.configs")
@@ -47,8 +44,6 @@ class ConfigsBroker(Protocol):
     def groups(self) -> GroupCoordinator: ...
 
 
-_GROUP_TYPES = {"boolean": BOOLEAN, "string": STRING, "int": INT}
-
 # ConfigResource types.
 TOPIC, BROKER, GROUP = 2, 4, 32
 # IncrementalAlterConfigs operations.
@@ -63,7 +58,7 @@ class _Detail(NamedTuple):
 
 
 def _entry(
-    key: ConfigKey, value: Any, source: int, synonyms: list[dict[str, Any]], detail: _Detail
+    key: ConfigDef, value: Any, source: int, synonyms: list[dict[str, Any]], detail: _Detail
 ) -> dict[str, Any]:
     return {
         "name": key.name,
@@ -78,7 +73,7 @@ def _entry(
 
 
 def apply_ops(
-    current: dict[str, str], ops: Sequence[AlterConfigOp], keys: dict[str, ConfigKey], resource: str
+    current: dict[str, str], ops: Sequence[AlterConfigOp], keys: dict[str, ConfigDef], resource: str
 ) -> dict[str, str]:
     """Apply IncrementalAlterConfigs operations to a copy of `current`."""
     updated = dict(current)
@@ -98,7 +93,7 @@ def apply_ops(
         elif op.op == DELETE:
             updated.pop(op.name, None)
         elif op.op in (APPEND, SUBTRACT):
-            if key.type != 7:
+            if key.type != ConfigType.LIST:
                 raise KafkaError(
                     ErrorCode.invalid_config,
                     f"Config {op.name} is not a list, so APPEND/SUBTRACT do not apply",
@@ -192,7 +187,7 @@ def _describe_group(broker: ConfigsBroker, name: str, detail: _Detail) -> list[d
                 "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
                 if detail.synonyms
                 else [],
-                "config_type": _GROUP_TYPES.get(e.type, 2),
+                "config_type": e.type,
                 "documentation": e.doc if detail.documentation else None,
             }
         )

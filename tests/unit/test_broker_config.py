@@ -60,3 +60,15 @@ def test_share_group_keys_must_agree_with_their_bounds() -> None:
         }
     )
     assert config.share_groups().record_lock_duration_ms == 2000
+
+
+def test_share_group_broker_keys_are_the_group_config_table_itself() -> None:
+    """One definition per key: the broker reads and describes the group.share.* keys
+    from the same table that bounds the share.* group configs."""
+    from broker.config import BROKER_KEYS
+    from coordinator.group_config import BROKER_CONFIG_DEFS
+
+    for name, definition in BROKER_CONFIG_DEFS.items():
+        assert BROKER_KEYS[name] is definition
+    with pytest.raises(KafkaError, match=re.escape("group.share.max.size")):
+        BrokerConfig({"group.share.max.size": 0})
