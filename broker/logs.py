@@ -14,7 +14,6 @@ import errno
 import os
 import resource
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 import structlog
 
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
+from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
 from persister.log import LogConfig, PartitionLog
 from persister.producer_state import ProducerStateManager
@@ -48,10 +48,6 @@ FILES_PER_NEW_PARTITION = 3
 MIN_FREE_FILES = 64
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass(slots=True, frozen=True)
 class AppendOutcome:
     base_offset: int
@@ -70,8 +66,10 @@ class Partition:
         plog: PartitionLog,
         commit: GroupCommit,
         settings: dict[str, Any],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.topic = topic
+        self.clock = clock
         self.topic_id = topic_id
         self.index = index
         self.log = plog
@@ -144,7 +142,7 @@ class Partition:
                 ErrorCode.duplicate_sequence_number,
                 "A produce request mixing new and already-written batches was refused",
             )
-        ts = now_ms()
+        ts = self.clock.now_ms()
         append_time = -1
         if self.settings["message.timestamp.type"] == "LogAppendTime":
             append_time = ts
@@ -288,8 +286,15 @@ def validate_produce_data(data: bytes) -> tuple[bytearray, list[tuple[int, Batch
 class LogManager:
     """All topic partitions under `data/topics/`, and their retention."""
 
-    def __init__(self, directory: Path, config: BrokerConfig, commit: GroupCommit) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: BrokerConfig,
+        commit: GroupCommit,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.directory = directory
+        self.clock = clock
         self.config = config
         self.commit = commit
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -368,9 +373,9 @@ class LogManager:
                 if not path.exists():
                     created.append(path)
                 self._check_topic_id(path, topic_id)
-                plog = PartitionLog.open(path, cfg, now_ms())
+                plog = PartitionLog.open(path, cfg, self.clock.now_ms())
                 self.partitions[(topic, index)] = Partition(
-                    topic, topic_id, index, plog, self.commit, settings
+                    topic, topic_id, index, plog, self.commit, settings, self.clock
                 )
                 opened.append((topic, index))
         except OSError as exc:
@@ -440,7 +445,7 @@ class LogManager:
 
     def enforce_retention(self) -> int:
         deleted = 0
-        ts = now_ms()
+        ts = self.clock.now_ms()
         for part in self:
             deleted += part.log.enforce_retention(ts)
         return deleted
