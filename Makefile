@@ -42,7 +42,7 @@ fuzz: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy --strict protocol persister coordinator broker/share
+	$(BIN)/mypy --strict protocol persister coordinator broker
 
 format: install
 	$(BIN)/ruff format .

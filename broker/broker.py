@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,9 @@ import structlog
 
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
-from broker.logs import LogManager
+from broker.logs import LogManager, Partition
 from broker.server import RequestContext, Server, ServerLimits, error_frame
-from broker.share.manager import SharePartitionManager
+from broker.share.manager import LogPartition, SharePartitionManager
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
@@ -29,6 +30,13 @@ from protocol import api, guard
 from protocol.errors import ErrorCode
 
 log = structlog.get_logger("spool.broker")
+
+
+def _offset_for_timestamp(part: LogPartition, timestamp: int) -> int | None:
+    # The share manager hands back a partition `Broker.log_partition` gave it.
+    assert isinstance(part, Partition)
+    found = part.offset_for_timestamp(timestamp)
+    return found[0] if found else None
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,7 +60,6 @@ class Broker:
         self.listen = listen
         self._advertise = advertise
         self.node_id: int = config.get("node.id")
-        self.table = api.ApiTable()
         self.commit = GroupCommit()
         self.metadata: MetadataStore
         self.logs: LogManager
@@ -68,9 +75,9 @@ class Broker:
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
         self.topic_changed_hooks: list[Callable[[str], None]] = []
-        from broker.handlers import register_all
+        from broker.handlers import build_table
 
-        register_all(self)
+        self.table: api.ApiTable[RequestContext] = build_table(self)
 
     @property
     def advertised(self) -> Endpoint:
@@ -81,16 +88,6 @@ class Broker:
             host = "127.0.0.1"
         port = self.server.port if self.server is not None else self.listen.port
         return Endpoint(host, port)
-
-    def broker_entry(self) -> dict[str, Any]:
-        ep = self.advertised
-        return {
-            "node_id": self.node_id,
-            "broker_id": self.node_id,
-            "host": ep.host,
-            "port": ep.port,
-            "rack": self.config.get("broker.rack"),
-        }
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +143,7 @@ class Broker:
             persister,
             self.groups,
             self.log_partition,
-            lambda part, ts: found[0] if (found := part.offset_for_timestamp(ts)) else None,
+            _offset_for_timestamp,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
@@ -191,7 +188,7 @@ class Broker:
             for t in self.metadata.state.topics.values()
         }
 
-    def log_partition(self, topic_id: Any, partition: int) -> Any:
+    def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None:
         topic = self.metadata.state.topics_by_id.get(topic_id)
         return None if topic is None else self.logs.get(topic.name, partition)
 
@@ -268,11 +265,7 @@ class Broker:
         result = await entry.handler(ctx, request)
         if result is None:
             return None
-        body = (
-            result
-            if not isinstance(result, dict)
-            else api.build_response(h.api_key, h.api_version, result)
-        )
+        body = api.build_response(h.api_key, h.api_version, result)
         return api.encode_response(h.api_key, h.api_version, h.correlation_id, body)
 
     def _unsupported(self, ctx: RequestContext) -> bytes:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.handlers import configs, produce_fetch, topics
+from broker.handlers import cluster, configs, produce_fetch, share, share_state, topics
 from broker.server import RequestContext
 from protocol.api import ApiTable, Response
 
@@ -41,6 +41,12 @@ class Api:
 
 # Every API spool serves, with the versions it advertises in ApiVersions.
 APIS: tuple[Api, ...] = (
+    Api(18, 0, 4, cluster.api_versions),
+    Api(3, 0, 13, cluster.metadata),
+    Api(60, 0, 2, cluster.describe_cluster),
+    Api(10, 0, 6, cluster.find_coordinator),
+    # v6 (KIP-939) is latestVersionUnstable in Kafka 4.2: a default broker stops at v5.
+    Api(22, 0, 5, cluster.init_producer_id),
     Api(19, 2, 7, topics.create_topics),
     Api(20, 1, 6, topics.delete_topics),
     Api(37, 0, 3, topics.create_partitions),
@@ -50,6 +56,16 @@ APIS: tuple[Api, ...] = (
     Api(1, 4, 18, produce_fetch.fetch),
     Api(2, 1, 11, produce_fetch.list_offsets),
     Api(21, 0, 2, produce_fetch.delete_records),
+    Api(76, 1, 1, share.share_group_heartbeat),
+    Api(77, 1, 1, share.share_group_describe),
+    Api(16, 0, 5, share.list_groups),
+    Api(78, 1, 2, share.share_fetch),
+    Api(79, 1, 2, share.share_acknowledge),
+    Api(83, 0, 0, share_state.initialize_share_group_state),
+    Api(84, 0, 0, share_state.read_share_group_state),
+    Api(85, 0, 1, share_state.write_share_group_state),
+    Api(86, 0, 0, share_state.delete_share_group_state),
+    Api(87, 0, 1, share_state.read_share_group_state_summary),
 )
 
 
@@ -67,15 +83,3 @@ async def _call(
     handler: BrokerHandler, broker: Broker, ctx: RequestContext, req: Any
 ) -> Response | None:
     return await handler(ctx, req, broker)
-
-
-def register_all(broker: Broker) -> None:
-    from broker.handlers import cluster, share, share_state
-
-    for api in APIS:
-        broker.table.register(
-            api.key, api.min_version, api.max_version, functools.partial(_call, api.handler, broker)
-        )
-    cluster.register(broker)
-    share.register(broker)
-    share_state.register(broker)

@@ -300,3 +300,21 @@ FetchSessionRequest: TypeAlias = (
     | fetch_v17.FetchRequest
     | fetch_v18.FetchRequest
 )
+FindCoordinatorBatchRequest: TypeAlias = (
+    find_coordinator_v4.FindCoordinatorRequest
+    | find_coordinator_v5.FindCoordinatorRequest
+    | find_coordinator_v6.FindCoordinatorRequest
+)
+
+# The partition entries of the share-state RPCs (83-87), one class per version.
+InitializeStatePartition: TypeAlias = initialize_share_group_state_v0.request.PartitionData
+ReadStatePartition: TypeAlias = read_share_group_state_v0.request.PartitionData
+WriteStatePartition: TypeAlias = (
+    write_share_group_state_v0.request.PartitionData
+    | write_share_group_state_v1.request.PartitionData
+)
+DeleteStatePartition: TypeAlias = delete_share_group_state_v0.request.PartitionData
+ReadStateSummaryPartition: TypeAlias = (
+    read_share_group_state_summary_v0.request.PartitionData
+    | read_share_group_state_summary_v1.request.PartitionData
+)

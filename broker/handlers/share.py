@@ -4,26 +4,61 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
-from broker.logs import Subscribable, wait_for_any
+from broker.cluster import MetadataStore
+from broker.handlers.requests import (
+    ListGroupsRequest,
+    ShareAcknowledgeRequest,
+    ShareFetchRequest,
+    ShareGroupDescribeRequest,
+    ShareGroupHeartbeatRequest,
+)
+from broker.logs import Partition, Subscribable, wait_for_any
 from broker.server import RequestContext
+from broker.share.manager import SharePartitionManager
+from broker.share.session import ShareSessionCache
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_group import member_id_valid
 from coordinator.share_state import ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
 
-if TYPE_CHECKING:
-    from broker.broker import Broker
-
 log = structlog.get_logger("spool.share")
+
+
+class ShareBroker(Protocol):
+    """What the share-group handlers use of the broker."""
+
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
+    @property
+    def sessions(self) -> ShareSessionCache: ...
+    @property
+    def share(self) -> SharePartitionManager: ...
+
+    # Round-robin start for share fetches, so MaxRecords starves no partition.
+    share_rotation: int
+
+    def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None: ...
+
 
 SHARE_GROUP_TYPE = "share"
 # Share groups report "share" as their protocol type in ListGroups, as Kafka does.
 SHARE_PROTOCOL_TYPE = "share"
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 Entries = dict[tuple[uuid.UUID, int], dict[str, Any]]
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def _topic_id(topic_id: uuid.UUID | None) -> uuid.UUID:
+    """kio reads the zero uuid as None; to Kafka it is a topic id naming no topic."""
+    return ZERO_UUID if topic_id is None else topic_id
 
 
 def _now_ms() -> int:
@@ -78,385 +113,409 @@ def invalid_member_id(api: str, member_id: str | None) -> KafkaError | None:
     )
 
 
-def register(broker: Broker) -> None:
-    def leader(broker: Broker) -> dict[str, int]:
-        return {"leader_id": broker.node_id, "leader_epoch": 0}
+def _leader(node_id: int) -> dict[str, int]:
+    return {"leader_id": node_id, "leader_epoch": 0}
 
-    def partition_entry(entries: Entries, tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
-        """The response entry of a partition, created empty on first use."""
-        if tp not in entries:
-            entries[tp] = {
-                "partition_index": tp[1],
-                "error_code": ErrorCode.none,
-                "acknowledge_error_code": ErrorCode.none,
-                "current_leader": leader(broker),
-                "records": b"",
-                "acquired_records": [],
-            }
-        return entries[tp]
 
-    async def share_group_heartbeat(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        try:
-            result = await broker.groups.heartbeat(
-                req.group_id,
-                req.member_id,
-                req.member_epoch,
-                None if req.subscribed_topic_names is None else list(req.subscribed_topic_names),
-                req.rack_id,
-                ctx.header.client_id or "",
-                ctx.client_host,
-            )
-        except KafkaError as exc:
-            log.info(
-                "share_heartbeat_refused",
-                group=req.group_id,
-                member=req.member_id,
-                member_epoch=req.member_epoch,
-                error=exc.code.name,
-                reason=exc.message,
-            )
-            return {
-                "error_code": exc.code,
-                "error_message": exc.message,
-                "member_id": req.member_id,
-                "member_epoch": -1,
-                "heartbeat_interval": 0,
-                "assignment": None,
-            }
-        assignment = None
-        if result.assignment is not None:
-            assignment = {
-                "topic_partitions": [
-                    {"topic_id": topic_id, "partitions": sorted(parts)}
-                    for topic_id, parts in sorted(
-                        result.assignment.items(), key=lambda i: str(i[0])
-                    )
-                ]
-            }
-        return {
+def _partition_entry(node_id: int, entries: Entries, tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
+    """The response entry of a partition, created empty on first use."""
+    if tp not in entries:
+        entries[tp] = {
+            "partition_index": tp[1],
             "error_code": ErrorCode.none,
-            "member_id": result.member_id,
-            "member_epoch": result.member_epoch,
-            "heartbeat_interval": result.heartbeat_interval_ms,
-            "assignment": assignment,
+            "acknowledge_error_code": ErrorCode.none,
+            "current_leader": _leader(node_id),
+            "records": b"",
+            "acquired_records": [],
         }
+    return entries[tp]
 
-    async def share_group_describe(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
-        groups = []
-        for group_id in req.group_ids:
-            try:
-                d = broker.groups.describe(group_id)
-            except KafkaError as exc:
-                groups.append(
-                    {
-                        "group_id": group_id,
-                        "error_code": exc.code,
-                        "error_message": exc.message,
-                        "group_state": "Dead",
-                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-                    }
-                )
-                continue
+
+async def share_group_heartbeat(
+    ctx: RequestContext, req: ShareGroupHeartbeatRequest, broker: ShareBroker
+) -> dict[str, Any]:
+    try:
+        result = await broker.groups.heartbeat(
+            req.group_id,
+            req.member_id,
+            req.member_epoch,
+            None if req.subscribed_topic_names is None else list(req.subscribed_topic_names),
+            req.rack_id,
+            ctx.header.client_id or "",
+            ctx.client_host,
+        )
+    except KafkaError as exc:
+        log.info(
+            "share_heartbeat_refused",
+            group=req.group_id,
+            member=req.member_id,
+            member_epoch=req.member_epoch,
+            error=exc.code.name,
+            reason=exc.message,
+        )
+        return {
+            "error_code": exc.code,
+            "error_message": exc.message,
+            "member_id": req.member_id,
+            "member_epoch": -1,
+            "heartbeat_interval": 0,
+            "assignment": None,
+        }
+    assignment = None
+    if result.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": topic_id, "partitions": sorted(parts)}
+                for topic_id, parts in sorted(result.assignment.items(), key=lambda i: str(i[0]))
+            ]
+        }
+    return {
+        "error_code": ErrorCode.none,
+        "member_id": result.member_id,
+        "member_epoch": result.member_epoch,
+        "heartbeat_interval": result.heartbeat_interval_ms,
+        "assignment": assignment,
+    }
+
+
+async def share_group_describe(
+    ctx: RequestContext, req: ShareGroupDescribeRequest, broker: ShareBroker
+) -> dict[str, Any]:
+    names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
+    groups = []
+    for group_id in req.group_ids:
+        try:
+            d = broker.groups.describe(group_id)
+        except KafkaError as exc:
             groups.append(
                 {
-                    "error_code": ErrorCode.none,
-                    "group_id": d.group_id,
-                    "group_state": d.group_state,
-                    "group_epoch": d.group_epoch,
-                    "assignment_epoch": d.assignment_epoch,
-                    "assignor_name": d.assignor_name,
-                    "members": [
-                        {
-                            "member_id": m.member_id,
-                            "rack_id": m.rack_id,
-                            "member_epoch": m.member_epoch,
-                            "client_id": m.client_id,
-                            "client_host": m.client_host,
-                            "subscribed_topic_names": list(m.subscribed_topic_names),
-                            "assignment": {
-                                "topic_partitions": [
-                                    {
-                                        "topic_id": tid,
-                                        "topic_name": names.get(tid, ""),
-                                        "partitions": sorted(parts),
-                                    }
-                                    for tid, parts in m.assignment.items()
-                                ]
-                            },
-                        }
-                        for m in d.members
-                    ],
+                    "group_id": group_id,
+                    "error_code": exc.code,
+                    "error_message": exc.message,
+                    "group_state": "Dead",
                     "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
                 }
             )
-        return {"throttle_time": 0, "groups": groups}
-
-    async def list_groups(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        states = {s.lower() for s in (getattr(req, "states_filter", None) or ())}
-        types = {t.lower() for t in (getattr(req, "types_filter", None) or ())}
-        groups = []
-        if not types or SHARE_GROUP_TYPE in types:
-            for g in broker.groups.list_groups():
-                if states and g.state.lower() not in states:
-                    continue
-                groups.append(
+            continue
+        groups.append(
+            {
+                "error_code": ErrorCode.none,
+                "group_id": d.group_id,
+                "group_state": d.group_state,
+                "group_epoch": d.group_epoch,
+                "assignment_epoch": d.assignment_epoch,
+                "assignor_name": d.assignor_name,
+                "members": [
                     {
-                        "group_id": g.group_id,
-                        "protocol_type": SHARE_PROTOCOL_TYPE,
-                        "group_state": g.state,
-                        "group_type": SHARE_GROUP_TYPE,
+                        "member_id": m.member_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": m.member_epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": list(m.subscribed_topic_names),
+                        "assignment": {
+                            "topic_partitions": [
+                                {
+                                    "topic_id": tid,
+                                    "topic_name": names.get(tid, ""),
+                                    "partitions": sorted(parts),
+                                }
+                                for tid, parts in m.assignment.items()
+                            ]
+                        },
                     }
-                )
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+                    for m in d.members
+                ],
+                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            }
+        )
+    return {"throttle_time": 0, "groups": groups}
 
-    def topic_known(topic_id: uuid.UUID) -> bool:
-        return topic_id in broker.metadata.state.topics_by_id
 
-    async def apply_acknowledgements(
-        group_id: str, member_id: str, req: Any, version: int
-    ) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
-        """Apply every partition's acknowledgements; each gets its own result."""
-        results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
-        is_renew_ack = bool(getattr(req, "is_renew_ack", False))
-        for t in req.topics:
-            for p in t.partitions:
-                if not p.acknowledgement_batches:
-                    continue
-                tp = (t.topic_id, p.partition_index)
-                if not topic_known(t.topic_id):
-                    results[tp] = (
-                        ErrorCode.unknown_topic_id,
-                        f"Topic id {t.topic_id} does not exist",
-                    )
-                    continue
-                batches = [
-                    (b.first_offset, b.last_offset, tuple(b.acknowledge_types))
-                    for b in p.acknowledgement_batches
-                ]
-                invalid = acknowledgement_batches_error(
-                    batches, supports_renew=version >= 2, is_renew_ack=is_renew_ack
-                )
-                if invalid is not None:
-                    results[tp] = (ErrorCode.invalid_request, invalid)
-                    continue
-                results[tp] = await broker.share.acknowledge(
-                    ShareStateKey(group_id, t.topic_id, p.partition_index), member_id, batches
-                )
-        return results
-
-    async def close_session(
-        group_id: str, member_id: str, partitions: list[tuple[uuid.UUID, int]]
-    ) -> None:
-        """ShareSessionEpoch -1, after the request's acknowledgements were applied:
-        release what the member still holds on the session's partitions and forget the
-        session (Kafka's SharePartitionManager.releaseSession)."""
-        broker.sessions.remove(group_id, member_id)
-        keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
-        await broker.share.release_member(group_id, member_id, keys)
-
-    async def share_fetch(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        group_id, member_id = req.group_id or "", req.member_id or ""
-        config = broker.groups.config(group_id)
-        base: dict[str, Any] = {
-            "throttle_time": 0,
-            "acquisition_lock_timeout": config.record_lock_duration_ms,
-        }
-        requested = [(t.topic_id, p.partition_index) for t in req.topics for p in t.partitions]
-        forgotten = [(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions]
-        has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
-        renew_only = ctx.api_version >= 2 and bool(getattr(req, "is_renew_ack", False))
-        try:
-            invalid = invalid_member_id("ShareFetch", req.member_id)
-            if invalid is not None:
-                raise invalid
-            if not group_id:
-                raise KafkaError(ErrorCode.invalid_request, "ShareFetch needs a GroupId")
-            if renew_only:
-                # KIP-1222: a renew-only ShareFetch must not ask for records.
-                nonzero = [
-                    name
-                    for name, value in (
-                        ("maxBytes", req.max_bytes),
-                        ("minBytes", req.min_bytes),
-                        ("maxRecords", req.max_records),
-                        ("maxWaitMs", int(req.max_wait.total_seconds() * 1000)),
-                    )
-                    if value != 0
-                ]
-                if nonzero:
-                    raise KafkaError(
-                        ErrorCode.invalid_request,
-                        f"{', '.join(nonzero)} must be set to 0 if isRenewAck is true.",
-                    )
-            session_ctx = broker.sessions.share_fetch(
-                group_id,
-                member_id,
-                req.share_session_epoch,
-                requested,
-                forgotten,
-                _now_ms(),
-                has_acknowledgements=has_acks,
-                connection_id=str(ctx.connection_id),
-            )
-        except KafkaError as exc:
-            log.info(
-                "share_fetch_refused",
-                group=group_id,
-                member=member_id,
-                epoch=req.share_session_epoch,
-                error=exc.code.name,
-                reason=exc.message,
-            )
-            return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
-        ack_results = await apply_acknowledgements(group_id, member_id, req, ctx.api_version)
-        entries: Entries = {}
-
-        def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
-            return partition_entry(entries, tp)
-
-        for tp, (code, message) in ack_results.items():
-            entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
-        if session_ctx.is_final:
-            # The session's partitions: a final context fetches nothing, but releases all.
-            await close_session(group_id, member_id, session_ctx.session.partitions)
-            return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
-        for tp in requested:
-            entry(tp)
-        if renew_only:
-            # KIP-1222: a renew-only request carries acknowledgements and fetches nothing.
-            return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
-
-        partitions = session_ctx.partitions
-        deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
-        while True:
-            if broker.sessions.get(group_id, member_id) is not session_ctx.session:
-                # The session was closed (epoch -1, disconnect) or replaced while this
-                # fetch waited: records acquired now could only sit locked until expiry.
-                break
-            got_any = await fetch_round(group_id, member_id, req, partitions, entries)
-            remaining = deadline - time.monotonic()
-            if got_any or remaining <= 0 or not partitions:
-                break
-            await wait_for_work(group_id, partitions, remaining)
-        return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
-
-    async def fetch_round(
-        group_id: str,
-        member_id: str,
-        req: Any,
-        partitions: list[tuple[uuid.UUID, int]],
-        entries: Entries,
-    ) -> bool:
-        """One pass over the session's partitions; True if anything was acquired or failed."""
-        max_records = req.max_records if req.max_records > 0 else 500
-        max_bytes = req.max_bytes
-        got_any = False
-        # Start at a different partition each time so none is starved by MaxRecords.
-        start = broker.share_rotation % max(len(partitions), 1)
-        broker.share_rotation += 1
-        for tid, p in partitions[start:] + partitions[:start]:
-            if max_records <= 0 or max_bytes <= 0:
-                break
-            tp = (tid, p)
-            if not topic_known(tid):
-                partition_entry(entries, tp).update(
-                    error_code=ErrorCode.unknown_topic_id,
-                    error_message=f"Topic id {tid} does not exist",
-                )
-                got_any = True
+async def list_groups(
+    ctx: RequestContext, req: ListGroupsRequest, broker: ShareBroker
+) -> dict[str, Any]:
+    states_filter: tuple[str, ...] = getattr(req, "states_filter", ())  # v4+
+    types_filter: tuple[str, ...] = getattr(req, "types_filter", ())  # v5+
+    states = {s.lower() for s in states_filter or ()}
+    types = {t.lower() for t in types_filter or ()}
+    groups = []
+    if not types or SHARE_GROUP_TYPE in types:
+        for g in broker.groups.list_groups():
+            if states and g.state.lower() not in states:
                 continue
-            fetched = await broker.share.acquire(
-                ShareStateKey(group_id, tid, p),
-                member_id,
-                max_records=max_records,
-                batch_size=max(req.batch_size, 1),
-                max_bytes=max_bytes,
-            )
-            if fetched.error_code != ErrorCode.none:
-                partition_entry(entries, tp).update(
-                    error_code=fetched.error_code, error_message=fetched.error_message
-                )
-                got_any = True
-                continue
-            if not fetched.acquired:
-                continue
-            e = partition_entry(entries, tp)
-            e["records"] = fetched.records
-            e["acquired_records"] = [
+            groups.append(
                 {
-                    "first_offset": r.first_offset,
-                    "last_offset": r.last_offset,
-                    "delivery_count": r.delivery_count,
+                    "group_id": g.group_id,
+                    "protocol_type": SHARE_PROTOCOL_TYPE,
+                    "group_state": g.state,
+                    "group_type": SHARE_GROUP_TYPE,
                 }
-                for r in fetched.acquired
+            )
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+
+
+def _topic_known(broker: ShareBroker, topic_id: uuid.UUID) -> bool:
+    return topic_id in broker.metadata.state.topics_by_id
+
+
+async def _apply_acknowledgements(
+    broker: ShareBroker,
+    group_id: str,
+    member_id: str,
+    req: ShareFetchRequest | ShareAcknowledgeRequest,
+    version: int,
+) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
+    """Apply every partition's acknowledgements; each gets its own result."""
+    results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
+    is_renew_ack: bool = getattr(req, "is_renew_ack", False)  # v2+
+    for t in req.topics:
+        topic_id = _topic_id(t.topic_id)
+        for p in t.partitions:
+            if not p.acknowledgement_batches:
+                continue
+            tp = (topic_id, p.partition_index)
+            if not _topic_known(broker, topic_id):
+                results[tp] = (
+                    ErrorCode.unknown_topic_id,
+                    f"Topic id {topic_id} does not exist",
+                )
+                continue
+            batches: AckBatches = [
+                (b.first_offset, b.last_offset, tuple(b.acknowledge_types))
+                for b in p.acknowledgement_batches
             ]
-            got_any = True
-            max_records -= sum(r.last_offset - r.first_offset + 1 for r in fetched.acquired)
-            max_bytes -= len(fetched.records)
-        return got_any
-
-    async def wait_for_work(
-        group_id: str, partitions: list[tuple[uuid.UUID, int]], timeout_s: float
-    ) -> None:
-        """Park until a produce, a release or a lock expiry touches one of the partitions."""
-        sources: list[Subscribable] = [
-            broker.share.listeners(ShareStateKey(group_id, tid, p)) for tid, p in partitions
-        ]
-        logs = [broker.log_partition(tid, p) for tid, p in partitions]
-        sources += [lp for lp in logs if lp is not None]
-        await wait_for_any(sources, timeout_s)
-
-    async def share_acknowledge(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        group_id, member_id = req.group_id or "", req.member_id or ""
-        config = broker.groups.config(group_id)
-        base: dict[str, Any] = {
-            "throttle_time": 0,
-            "acquisition_lock_timeout": config.record_lock_duration_ms,
-        }
-        try:
-            invalid = invalid_member_id("ShareAcknowledge", req.member_id)
+            invalid = acknowledgement_batches_error(
+                batches, supports_renew=version >= 2, is_renew_ack=is_renew_ack
+            )
             if invalid is not None:
-                raise invalid
-            session = broker.sessions.share_acknowledge(
-                group_id, member_id, req.share_session_epoch, _now_ms()
+                results[tp] = (ErrorCode.invalid_request, invalid)
+                continue
+            results[tp] = await broker.share.acknowledge(
+                ShareStateKey(group_id, topic_id, p.partition_index), member_id, batches
             )
-        except KafkaError as exc:
-            log.info(
-                "share_acknowledge_refused",
-                group=group_id,
-                member=member_id,
-                epoch=req.share_session_epoch,
-                error=exc.code.name,
-                reason=exc.message,
-            )
-            return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
-        log.debug(
-            "share_acknowledge",
+    return results
+
+
+async def _close_session(
+    broker: ShareBroker, group_id: str, member_id: str, partitions: list[tuple[uuid.UUID, int]]
+) -> None:
+    """ShareSessionEpoch -1, after the request's acknowledgements were applied:
+    release what the member still holds on the session's partitions and forget the
+    session (Kafka's SharePartitionManager.releaseSession)."""
+    broker.sessions.remove(group_id, member_id)
+    keys = [ShareStateKey(group_id, tid, p) for tid, p in partitions]
+    await broker.share.release_member(group_id, member_id, keys)
+
+
+async def share_fetch(
+    ctx: RequestContext, req: ShareFetchRequest, broker: ShareBroker
+) -> dict[str, Any]:
+    group_id, member_id = req.group_id or "", req.member_id or ""
+    config = broker.groups.config(group_id)
+    base: dict[str, Any] = {
+        "throttle_time": 0,
+        "acquisition_lock_timeout": config.record_lock_duration_ms,
+    }
+    requested: list[tuple[uuid.UUID, int]] = [
+        (_topic_id(t.topic_id), p.partition_index) for t in req.topics for p in t.partitions
+    ]
+    forgotten: list[tuple[uuid.UUID, int]] = [
+        (_topic_id(t.topic_id), p) for t in req.forgotten_topics_data for p in t.partitions
+    ]
+    has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
+    renew_only: bool = getattr(req, "is_renew_ack", False)  # v2+
+    try:
+        invalid = invalid_member_id("ShareFetch", req.member_id)
+        if invalid is not None:
+            raise invalid
+        if not group_id:
+            raise KafkaError(ErrorCode.invalid_request, "ShareFetch needs a GroupId")
+        if renew_only:
+            # KIP-1222: a renew-only ShareFetch must not ask for records.
+            nonzero = [
+                name
+                for name, value in (
+                    ("maxBytes", req.max_bytes),
+                    ("minBytes", req.min_bytes),
+                    ("maxRecords", req.max_records),
+                    ("maxWaitMs", int(req.max_wait.total_seconds() * 1000)),
+                )
+                if value != 0
+            ]
+            if nonzero:
+                raise KafkaError(
+                    ErrorCode.invalid_request,
+                    f"{', '.join(nonzero)} must be set to 0 if isRenewAck is true.",
+                )
+        session_ctx = broker.sessions.share_fetch(
+            group_id,
+            member_id,
+            req.share_session_epoch,
+            requested,
+            forgotten,
+            _now_ms(),
+            has_acknowledgements=has_acks,
+            connection_id=str(ctx.connection_id),
+        )
+    except KafkaError as exc:
+        log.info(
+            "share_fetch_refused",
             group=group_id,
             member=member_id,
             epoch=req.share_session_epoch,
-            batches=sum(len(p.acknowledgement_batches) for t in req.topics for p in t.partitions),
+            error=exc.code.name,
+            reason=exc.message,
         )
-        results = await apply_acknowledgements(group_id, member_id, req, ctx.api_version)
-        if req.share_session_epoch == -1:
-            await close_session(group_id, member_id, session.partitions)
-        entries = {
-            tp: {
-                "partition_index": tp[1],
-                "error_code": code,
-                "error_message": message,
-                "current_leader": leader(broker),
-            }
-            for tp, (code, message) in results.items()
-        }
+        return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
+    ack_results = await _apply_acknowledgements(broker, group_id, member_id, req, ctx.api_version)
+    entries: Entries = {}
+
+    def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
+        return _partition_entry(broker.node_id, entries, tp)
+
+    for tp, (code, message) in ack_results.items():
+        entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
+    if session_ctx.is_final:
+        # The session's partitions: a final context fetches nothing, but releases all.
+        await _close_session(broker, group_id, member_id, session_ctx.session.partitions)
+        return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+    for tp in requested:
+        entry(tp)
+    if renew_only:
+        # KIP-1222: a renew-only request carries acknowledgements and fetches nothing.
         return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
-    broker.table.register(76, 1, 1, share_group_heartbeat)
-    broker.table.register(77, 1, 1, share_group_describe)
-    broker.table.register(16, 0, 5, list_groups)
-    broker.table.register(78, 1, 2, share_fetch)
-    broker.table.register(79, 1, 2, share_acknowledge)
+    partitions = session_ctx.partitions
+    deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+    while True:
+        if broker.sessions.get(group_id, member_id) is not session_ctx.session:
+            # The session was closed (epoch -1, disconnect) or replaced while this
+            # fetch waited: records acquired now could only sit locked until expiry.
+            break
+        got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
+        remaining = deadline - time.monotonic()
+        if got_any or remaining <= 0 or not partitions:
+            break
+        await _wait_for_work(broker, group_id, partitions, remaining)
+    return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+
+
+async def _fetch_round(
+    broker: ShareBroker,
+    group_id: str,
+    member_id: str,
+    req: ShareFetchRequest,
+    partitions: list[tuple[uuid.UUID, int]],
+    entries: Entries,
+) -> bool:
+    """One pass over the session's partitions; True if anything was acquired or failed."""
+    max_records: int = req.max_records if req.max_records > 0 else 500
+    max_bytes: int = req.max_bytes
+    got_any = False
+    # Start at a different partition each time so none is starved by MaxRecords.
+    start = broker.share_rotation % max(len(partitions), 1)
+    broker.share_rotation += 1
+    for tid, p in partitions[start:] + partitions[:start]:
+        if max_records <= 0 or max_bytes <= 0:
+            break
+        tp = (tid, p)
+        if not _topic_known(broker, tid):
+            _partition_entry(broker.node_id, entries, tp).update(
+                error_code=ErrorCode.unknown_topic_id,
+                error_message=f"Topic id {tid} does not exist",
+            )
+            got_any = True
+            continue
+        fetched = await broker.share.acquire(
+            ShareStateKey(group_id, tid, p),
+            member_id,
+            max_records=max_records,
+            batch_size=max(req.batch_size, 1),
+            max_bytes=max_bytes,
+        )
+        if fetched.error_code != ErrorCode.none:
+            _partition_entry(broker.node_id, entries, tp).update(
+                error_code=fetched.error_code, error_message=fetched.error_message
+            )
+            got_any = True
+            continue
+        if not fetched.acquired:
+            continue
+        e = _partition_entry(broker.node_id, entries, tp)
+        e["records"] = fetched.records
+        e["acquired_records"] = [
+            {
+                "first_offset": r.first_offset,
+                "last_offset": r.last_offset,
+                "delivery_count": r.delivery_count,
+            }
+            for r in fetched.acquired
+        ]
+        got_any = True
+        max_records -= sum(r.last_offset - r.first_offset + 1 for r in fetched.acquired)
+        max_bytes -= len(fetched.records)
+    return got_any
+
+
+async def _wait_for_work(
+    broker: ShareBroker, group_id: str, partitions: list[tuple[uuid.UUID, int]], timeout_s: float
+) -> None:
+    """Park until a produce, a release or a lock expiry touches one of the partitions."""
+    sources: list[Subscribable] = [
+        broker.share.listeners(ShareStateKey(group_id, tid, p)) for tid, p in partitions
+    ]
+    logs = [broker.log_partition(tid, p) for tid, p in partitions]
+    sources += [lp for lp in logs if lp is not None]
+    await wait_for_any(sources, timeout_s)
+
+
+async def share_acknowledge(
+    ctx: RequestContext, req: ShareAcknowledgeRequest, broker: ShareBroker
+) -> dict[str, Any]:
+    group_id, member_id = req.group_id or "", req.member_id or ""
+    config = broker.groups.config(group_id)
+    base: dict[str, Any] = {
+        "throttle_time": 0,
+        "acquisition_lock_timeout": config.record_lock_duration_ms,
+    }
+    try:
+        invalid = invalid_member_id("ShareAcknowledge", req.member_id)
+        if invalid is not None:
+            raise invalid
+        session = broker.sessions.share_acknowledge(
+            group_id, member_id, req.share_session_epoch, _now_ms()
+        )
+    except KafkaError as exc:
+        log.info(
+            "share_acknowledge_refused",
+            group=group_id,
+            member=member_id,
+            epoch=req.share_session_epoch,
+            error=exc.code.name,
+            reason=exc.message,
+        )
+        return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
+    log.debug(
+        "share_acknowledge",
+        group=group_id,
+        member=member_id,
+        epoch=req.share_session_epoch,
+        batches=sum(len(p.acknowledgement_batches) for t in req.topics for p in t.partitions),
+    )
+    results = await _apply_acknowledgements(broker, group_id, member_id, req, ctx.api_version)
+    if req.share_session_epoch == -1:
+        await _close_session(broker, group_id, member_id, session.partitions)
+    entries = {
+        tp: {
+            "partition_index": tp[1],
+            "error_code": code,
+            "error_message": message,
+            "current_leader": _leader(broker.node_id),
+        }
+        for tp, (code, message) in results.items()
+    }
+    return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
 
 def _group(entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> list[dict[str, Any]]:

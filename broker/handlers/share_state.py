@@ -7,117 +7,174 @@ uses, so the wire and in-process paths cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from broker.handlers.requests import (
+    DeleteShareGroupStateRequest,
+    DeleteStatePartition,
+    InitializeShareGroupStateRequest,
+    InitializeStatePartition,
+    ReadShareGroupStateRequest,
+    ReadShareGroupStateSummaryRequest,
+    ReadStatePartition,
+    ReadStateSummaryPartition,
+    WriteShareGroupStateRequest,
+    WriteStatePartition,
+)
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
-from coordinator.share_state import PersistedBatch, ShareStateKey
+from coordinator.share_state import PersistedBatch, Persister, ShareStateKey
 from protocol.errors import ErrorCode, KafkaError
-
-if TYPE_CHECKING:
-    from broker.broker import Broker
 
 log = structlog.get_logger("spool.share_coordinator")
 
-PartitionOp = Callable[[ShareStateKey, Any], Awaitable[dict[str, Any]]]
+
+class ShareStateBroker(Protocol):
+    """What the share-state RPCs use of the broker: the share coordinator."""
+
+    @property
+    def share_persister(self) -> Persister: ...
 
 
-def register(broker: Broker) -> None:
-    async def per_partition(req: Any, op: PartitionOp) -> dict[str, Any]:
-        # Kafka's ShareCoordinatorService answers an empty response (no results at all)
-        # when the group id is empty, or when the request names no topic or a topic with
-        # no partitions.
-        if not req.group_id or not req.topics or any(not t.partitions for t in req.topics):
-            log.info(
-                "share_state_request_ignored",
-                group=req.group_id,
-                topics=len(req.topics or ()),
-                reason="empty group id, topics or partitions",
+class _Partition(Protocol):
+    @property
+    def partition(self) -> int: ...
+
+
+# A request's partition entry (each RPC has its own kio class for it).
+P = TypeVar("P", bound=_Partition)
+# One partition's operation: the response fields it adds, or a KafkaError.
+PartitionOp = Callable[[Persister, ShareStateKey, P], Awaitable[dict[str, Any]]]
+
+
+async def _per_partition(
+    persister: Persister,
+    group_id: str,
+    topics: Sequence[tuple[uuid.UUID | None, Sequence[P]]],
+    op: PartitionOp[P],
+) -> dict[str, Any]:
+    # Kafka's ShareCoordinatorService answers an empty response (no results at all)
+    # when the group id is empty, or when the request names no topic or a topic with
+    # no partitions.
+    if not group_id or not topics or any(not partitions for _, partitions in topics):
+        log.info(
+            "share_state_request_ignored",
+            group=group_id,
+            topics=len(topics),
+            reason="empty group id, topics or partitions",
+        )
+        return {"results": []}
+    results = []
+    for topic_id, partitions in topics:
+        parts = []
+        for p in partitions:
+            entry: dict[str, Any] = {"partition": p.partition, "error_code": ErrorCode.none}
+            try:
+                if topic_id is None:
+                    # kio reads the zero uuid as None; Kafka's share coordinator
+                    # refuses a null topic id with INVALID_REQUEST.
+                    raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
+                key = ShareStateKey(group_id, topic_id, p.partition)
+                entry.update(await op(persister, key, p))
+            except KafkaError as exc:
+                # A failed durable write answers NOT_COORDINATOR, as Kafka's share
+                # coordinator does; the caller retries.
+                exc = for_coordinator_rpc(exc)
+                entry.update(error_code=exc.code, error_message=exc.message)
+            parts.append(entry)
+        results.append({"topic_id": topic_id, "partitions": parts})
+    return {"results": results}
+
+
+async def initialize_share_group_state(
+    ctx: RequestContext, req: InitializeShareGroupStateRequest, broker: ShareStateBroker
+) -> dict[str, Any]:
+    topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
+    return await _per_partition(broker.share_persister, req.group_id, topics, _initialize)
+
+
+async def _initialize(
+    persister: Persister, key: ShareStateKey, p: InitializeStatePartition
+) -> dict[str, Any]:
+    await persister.initialize_state(key, p.state_epoch, p.start_offset)
+    return {}
+
+
+async def read_share_group_state(
+    ctx: RequestContext, req: ReadShareGroupStateRequest, broker: ShareStateBroker
+) -> dict[str, Any]:
+    topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
+    return await _per_partition(broker.share_persister, req.group_id, topics, _read)
+
+
+async def _read(persister: Persister, key: ShareStateKey, p: ReadStatePartition) -> dict[str, Any]:
+    state = await persister.read_state(key, p.leader_epoch)
+    return {
+        "state_epoch": state.state_epoch,
+        "start_offset": state.start_offset,
+        "state_batches": [b._asdict() for b in state.batches],
+    }
+
+
+async def write_share_group_state(
+    ctx: RequestContext, req: WriteShareGroupStateRequest, broker: ShareStateBroker
+) -> dict[str, Any]:
+    # A comprehension, not list(): mypy keeps the union of the versions' entries.
+    topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
+    return await _per_partition(broker.share_persister, req.group_id, topics, _write)
+
+
+async def _write(
+    persister: Persister, key: ShareStateKey, p: WriteStatePartition
+) -> dict[str, Any]:
+    batches = [
+        PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+        for b in p.state_batches
+    ]
+    for b in batches:
+        if b.first_offset > b.last_offset or b.delivery_state not in (0, 2, 4):
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"State batch {b.first_offset}-{b.last_offset} with delivery state "
+                f"{b.delivery_state} is not valid (states are 0, 2 and 4)",
             )
-            return {"results": []}
-        results = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                entry: dict[str, Any] = {"partition": p.partition, "error_code": ErrorCode.none}
-                try:
-                    if t.topic_id is None:
-                        # kio reads the zero uuid as None; Kafka's share coordinator
-                        # refuses a null topic id with INVALID_REQUEST.
-                        raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
-                    entry.update(await op(ShareStateKey(req.group_id, t.topic_id, p.partition), p))
-                except KafkaError as exc:
-                    # A failed durable write answers NOT_COORDINATOR, as Kafka's share
-                    # coordinator does; the caller retries.
-                    exc = for_coordinator_rpc(exc)
-                    entry.update(error_code=exc.code, error_message=exc.message)
-                parts.append(entry)
-            results.append({"topic_id": t.topic_id, "partitions": parts})
-        return {"results": results}
+    await persister.write_state(key, p.state_epoch, p.leader_epoch, p.start_offset, batches)
+    return {}
 
-    async def initialize(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        async def op(key: ShareStateKey, p: Any) -> dict[str, Any]:
-            await broker.share_persister.initialize_state(key, p.state_epoch, p.start_offset)
-            return {}
 
-        return await per_partition(req, op)
+async def delete_share_group_state(
+    ctx: RequestContext, req: DeleteShareGroupStateRequest, broker: ShareStateBroker
+) -> dict[str, Any]:
+    topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
+    return await _per_partition(broker.share_persister, req.group_id, topics, _delete)
 
-    async def read(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        async def op(key: ShareStateKey, p: Any) -> dict[str, Any]:
-            state = await broker.share_persister.read_state(key, p.leader_epoch)
-            return {
-                "state_epoch": state.state_epoch,
-                "start_offset": state.start_offset,
-                "state_batches": [b._asdict() for b in state.batches],
-            }
 
-        return await per_partition(req, op)
+async def _delete(
+    persister: Persister, key: ShareStateKey, p: DeleteStatePartition
+) -> dict[str, Any]:
+    await persister.delete_state(key)
+    return {}
 
-    async def write(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        async def op(key: ShareStateKey, p: Any) -> dict[str, Any]:
-            batches = [
-                PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                for b in p.state_batches
-            ]
-            for b in batches:
-                if b.first_offset > b.last_offset or b.delivery_state not in (0, 2, 4):
-                    raise KafkaError(
-                        ErrorCode.invalid_request,
-                        f"State batch {b.first_offset}-{b.last_offset} with delivery state "
-                        f"{b.delivery_state} is not valid (states are 0, 2 and 4)",
-                    )
-            await broker.share_persister.write_state(
-                key, p.state_epoch, p.leader_epoch, p.start_offset, batches
-            )
-            return {}
 
-        return await per_partition(req, op)
+async def read_share_group_state_summary(
+    ctx: RequestContext, req: ReadShareGroupStateSummaryRequest, broker: ShareStateBroker
+) -> dict[str, Any]:
+    topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
+    return await _per_partition(broker.share_persister, req.group_id, topics, _read_summary)
 
-    async def delete(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        async def op(key: ShareStateKey, p: Any) -> dict[str, Any]:
-            await broker.share_persister.delete_state(key)
-            return {}
 
-        return await per_partition(req, op)
-
-    async def summary(ctx: RequestContext, req: Any) -> dict[str, Any]:
-        async def op(key: ShareStateKey, p: Any) -> dict[str, Any]:
-            state = await broker.share_persister.read_summary(key)
-            return {
-                "state_epoch": state.state_epoch,
-                "leader_epoch": state.leader_epoch,
-                "start_offset": state.start_offset,
-                # v1: spool keeps no delivery-complete count; -1 is Kafka's "unknown".
-                "delivery_complete_count": -1,
-            }
-
-        return await per_partition(req, op)
-
-    broker.table.register(83, 0, 0, initialize)
-    broker.table.register(84, 0, 0, read)
-    broker.table.register(85, 0, 1, write)
-    broker.table.register(86, 0, 0, delete)
-    broker.table.register(87, 0, 1, summary)
+async def _read_summary(
+    persister: Persister, key: ShareStateKey, p: ReadStateSummaryPartition
+) -> dict[str, Any]:
+    state = await persister.read_summary(key)
+    return {
+        "state_epoch": state.state_epoch,
+        "leader_epoch": state.leader_epoch,
+        "start_offset": state.start_offset,
+        # v1: spool keeps no delivery-complete count; -1 is Kafka's "unknown".
+        "delivery_complete_count": -1,
+    }

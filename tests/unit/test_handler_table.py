@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 
 import pytest
 
+from broker.broker import Broker, Endpoint
+from broker.config import BrokerConfig, load_static
 from broker.handlers import APIS
 from protocol import api
 
@@ -34,3 +37,11 @@ def test_handler_is_a_module_level_function_named_for_its_api(entry: typing.Any)
     assert handler.__name__ == api.api_name(entry.key)  # Kafka's name: metadata, share_fetch
     assert handler.__qualname__ == handler.__name__  # not a closure or a method
     assert handler.__module__.startswith("broker.handlers.")
+
+
+def test_the_broker_serves_exactly_the_table() -> None:
+    broker = Broker(
+        BrokerConfig(load_static(None, [])), Path("/nonexistent"), Endpoint("127.0.0.1", 0)
+    )
+    served = [(e.api_key, e.min_version, e.max_version) for e in broker.table.entries()]
+    assert served == sorted((a.key, a.min_version, a.max_version) for a in APIS)
