@@ -364,13 +364,27 @@ def field_names(cls: type[Any]) -> frozenset[str]:
     return names
 
 
+_known_by_class: dict[type[Any], frozenset[str]] = {}
+
+
+def _check_keys(cls: type[Any], data: Mapping[str, Any]) -> None:
+    known = _known_by_class.get(cls)
+    if known is None:
+        known = _known_by_class[cls] = field_names(cls)
+    if not known.issuperset(data):  # the common case costs one set scan, no new set
+        unknown = ", ".join(sorted(data.keys() - known))
+        raise ValueError(f"{cls.__module__}.{cls.__name__} has no field {unknown} in any version")
+
+
 def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
     """Build an entity of class `cls` from a mapping, recursively.
 
-    Keys the version does not have are ignored; fields the mapping lacks take the
-    schema default or a neutral zero. Error codes, durations and uuids are converted
-    from plain ints / bytes.
+    Keys this version does not have are ignored (one mapping serves every version),
+    but a key no version of the entity has is a mistake and raises ValueError naming
+    it. Fields the mapping lacks take the schema default or a neutral zero. Error
+    codes, durations and uuids are converted from plain ints / bytes.
     """
+    _check_keys(cls, data)
     kwargs: dict[str, Any] = {}
     for plan in _plan(cls):
         if plan.name in data:

@@ -129,6 +129,32 @@ def test_null_and_empty_arrays_stay_distinct() -> None:
     assert named.topics[0].name == "t"
 
 
+def test_build_refuses_a_key_no_version_of_the_entity_has() -> None:
+    with pytest.raises(ValueError, match=r"MetadataResponse has no field cluster_idd"):
+        api.build_response(3, 12, {"cluster_idd": "c"})
+
+
+def test_build_refuses_a_misspelt_key_in_a_nested_entity() -> None:
+    data = {"topics": [{"name": "t", "partitions": [{"partition_indx": 0}]}]}
+    with pytest.raises(ValueError, match=r"MetadataResponsePartition has no field partition_indx"):
+        api.build_response(3, 12, data)
+
+
+def test_build_ignores_a_key_only_other_versions_have() -> None:
+    # `topic_id` (v10+) and `cluster_authorized_operations` (v8-10) are real
+    # Metadata fields, so v0 ignores them rather than refusing them.
+    body = api.build_response(
+        3,
+        0,
+        {
+            "cluster_authorized_operations": 0,
+            "topics": [{"name": "t", "topic_id": uuid.uuid4()}],
+        },
+    )
+    assert body.topics[0].name == "t"
+    assert not hasattr(body, "cluster_authorized_operations")
+
+
 def test_field_names_are_the_union_over_every_version() -> None:
     v0 = api.field_names(api.response_class(3, 0))
     v13 = api.field_names(api.response_class(3, 13))
