@@ -5,8 +5,10 @@ groups up, feeds them the current topic metadata and time, and runs every change
 operation of the `CoordinatorRuntime` over `data/groups/`: records are computed from
 committed state under the group's key (its id), fsynced, then replayed (`_replay`, the
 one place group records take effect). It initializes share-partition state through the
-`Persister`, and tells the broker when members go away. Group configs are keyed by group id too, so a config change and a heartbeat
-of one group never interleave.
+`Persister` and tells the broker when members go away (their acquired records stay
+theirs until their share session closes, their connection drops or the locks expire, as
+in Kafka). Group configs are keyed by group id too, so a config change and a heartbeat of
+one group never interleave.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Share groups follow topics that grow, disappear and come back (as Kafka's group coordinator follows topic metadata)."""
+"""Share groups follow topics that grow, disappear and come back, as Kafka's group
+coordinator follows topic metadata."""
 
 from __future__ import annotations
 

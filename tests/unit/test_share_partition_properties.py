@@ -3,11 +3,11 @@
 The model keeps one entry per offset and applies Kafka's rules offset by offset; the machine
 keeps ranges. Each change is committed or rolled back at random (its share-state write
 succeeded or failed): a rollback must leave the machine exactly as before, and the model
-applies only the committed changes. After every step both must agree, and the invariants of
-KIP-932's share-partition must hold: every offset of [spso, speo) in exactly one state, spso only moving
-forward and only over done records, delivery counts within the limit, refused acknowledgements
-changing nothing, and the committed StateUpdates replaying (from the first snapshot) to exactly
-`snapshot_state()`.
+applies only the committed changes. After every step both must agree, and KIP-932's
+share-partition invariants must hold: every offset of [spso, speo) in exactly one state,
+spso only moving forward and only over done records, delivery counts within the limit,
+refused acknowledgements changing nothing, and the committed StateUpdates replaying (from
+the first snapshot) to exactly `snapshot_state()`.
 """
 
 from __future__ import annotations
