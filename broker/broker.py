@@ -24,6 +24,7 @@ from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_persister import DurablePersister
 from coordinator.share_state import ShareStateKey
+from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
 from protocol import api, guard
@@ -54,8 +55,11 @@ class Broker:
         data_dir: Path,
         listen: Endpoint,
         advertise: Endpoint | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        # The one source of time for every shell the broker runs (Kafka's `Time`).
+        self.clock = clock
         self.data_dir = data_dir
         self.listen = listen
         self._advertise = advertise
@@ -92,11 +96,11 @@ class Broker:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.commit.start()
-        self.metadata = MetadataStore(self.data_dir / "meta", self.commit)
+        self.metadata = MetadataStore(self.data_dir / "meta", self.commit, clock=self.clock)
         self.cluster_id = await self.metadata.ensure_cluster_id()
         from broker.handlers.configs import apply_dynamic_broker_config
 
-        self.logs = LogManager(self.data_dir / "topics", self.config, self.commit)
+        self.logs = LogManager(self.data_dir / "topics", self.config, self.commit, self.clock)
         live = set(self.metadata.state.topics)
         self.logs.cleanup_stale(live)
         for topic in self.metadata.state.topics.values():
@@ -108,6 +112,7 @@ class Broker:
             self.listen.port,
             self.dispatch,
             limits=ServerLimits.from_config(self.config),
+            clock=self.clock,
         )
         self.server.on_disconnect = self._on_disconnect
         await self.server.start()
@@ -130,13 +135,15 @@ class Broker:
                 "share.coordinator.snapshot.update.records.per.snapshot"
             ),
             segment_bytes=self.config.get("share.coordinator.state.topic.segment.bytes"),
+            clock=self.clock,
         )
         persister.load()
         self.groups = GroupCoordinator(
             persister,
             self._topics_metadata,
             GroupConfigStore(self.config.share_groups()),
-            RecordLog(self.data_dir / "groups", self.commit),
+            RecordLog(self.data_dir / "groups", self.commit, clock=self.clock),
+            clock=self.clock,
         )
         self.groups.load()
         self.share = SharePartitionManager(
@@ -144,6 +151,7 @@ class Broker:
             self.groups,
             self.log_partition,
             _offset_for_timestamp,
+            clock=self.clock,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))

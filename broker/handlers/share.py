@@ -23,6 +23,7 @@ from broker.share.session import ShareSessionCache
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_group import member_id_valid
 from coordinator.share_state import ShareStateKey
+from persister.clock import Clock
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.share")
@@ -41,6 +42,8 @@ class ShareBroker(Protocol):
     def sessions(self) -> ShareSessionCache: ...
     @property
     def share(self) -> SharePartitionManager: ...
+    @property
+    def clock(self) -> Clock: ...
 
     # Round-robin start for share fetches, so MaxRecords starves no partition.
     share_rotation: int
@@ -59,10 +62,6 @@ ZERO_UUID = uuid.UUID(int=0)
 def _topic_id(topic_id: uuid.UUID | None) -> uuid.UUID:
     """kio reads the zero uuid as None; to Kafka it is a topic id naming no topic."""
     return ZERO_UUID if topic_id is None else topic_id
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 AckBatches = list[tuple[int, int, tuple[int, ...]]]
@@ -354,7 +353,7 @@ async def share_fetch(
             req.share_session_epoch,
             requested,
             forgotten,
-            _now_ms(),
+            broker.clock.now_ms(),
             has_acknowledgements=has_acks,
             connection_id=str(ctx.connection_id),
         )
@@ -484,7 +483,7 @@ async def share_acknowledge(
         if invalid is not None:
             raise invalid
         session = broker.sessions.share_acknowledge(
-            group_id, member_id, req.share_session_epoch, _now_ms()
+            group_id, member_id, req.share_session_epoch, broker.clock.now_ms()
         )
     except KafkaError as exc:
         log.info(
