@@ -6,11 +6,13 @@ loop is bounded in both count and time.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ from confluent_kafka import AcknowledgeType, Message, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from protocol import api
+from protocol.client import KafkaClient
 from tests.integration.conftest import (
     ADMIN_TIMEOUT_S,
     Broker,
@@ -311,3 +314,59 @@ def wait_for_members(broker: Broker, group: str, count: int, timeout: float = 30
             return info
         time.sleep(0.1)
     raise AssertionError(f"group {group!r} never had {count} assigned members; last {info}")
+
+
+# --- raw requests through spool's own client ----------------------------------------
+
+
+def run_wire(
+    broker: Broker,
+    scenario: Callable[[KafkaClient], Awaitable[None]],
+    client_id: str = "spool-it-share",
+) -> None:
+    """Run `scenario` with one connection to `broker`, closed afterwards."""
+
+    async def main() -> None:
+        client = await KafkaClient.connect(broker.host, broker.port, client_id)
+        try:
+            await scenario(client)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+async def heartbeat(
+    client: KafkaClient,
+    group: str,
+    member: str,
+    epoch: int,
+    topics: list[str] | None = None,
+    rack: str | None = None,
+) -> Any:
+    """ShareGroupHeartbeat v1."""
+    return await client.request(
+        76,
+        1,
+        {
+            "group_id": group,
+            "member_id": member,
+            "member_epoch": epoch,
+            "rack_id": rack,
+            "subscribed_topic_names": topics,
+        },
+    )
+
+
+async def topic_id(client: KafkaClient, topic: str) -> uuid.UUID:
+    """The topic's id, from Metadata v12."""
+    md = await client.request(
+        3,
+        12,
+        {
+            "topics": [{"name": topic}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    return md.topics[0].topic_id

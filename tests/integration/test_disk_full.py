@@ -28,16 +28,8 @@ from tests.integration.conftest import (
     create_topic,
     producer_config,
 )
-from tests.integration.share_helpers import earliest, produce_values
-from tests.integration.test_share_group_rpcs import (
-    ACCEPT,
-    ACK,
-    FETCH,
-    ack_body,
-    fetch_body,
-    heartbeat,
-    topic_id,
-)
+from tests.integration.share_helpers import earliest, heartbeat, produce_values, topic_id
+from tests.integration.test_share_group_rpcs import ACCEPT, ACK, FETCH, ack_body, fetch_body
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,7 +19,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,10 +32,13 @@ from tests.integration.share_helpers import (
     PollLog,
     close_quietly,
     earliest,
+    heartbeat,
     log_lines,
     poll_once,
     produce_values,
+    run_wire,
     share_consumer,
+    topic_id,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -46,53 +49,6 @@ GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 
 
 # --- wire helpers ---------------------------------------------------------------------
-
-
-def run(broker: Broker, scenario: Callable[[KafkaClient], Awaitable[None]]) -> None:
-    """Run `scenario` with one connection, closed afterwards."""
-
-    async def main() -> None:
-        client = await KafkaClient.connect(broker.host, broker.port, "spool-it-failure")
-        try:
-            await scenario(client)
-        finally:
-            await client.close()
-
-    asyncio.run(main())
-
-
-async def heartbeat(
-    client: KafkaClient,
-    group: str,
-    member: str,
-    epoch: int,
-    topics: list[str] | None = None,
-    rack: str | None = None,
-) -> Any:
-    return await client.request(
-        HEARTBEAT,
-        1,
-        {
-            "group_id": group,
-            "member_id": member,
-            "member_epoch": epoch,
-            "rack_id": rack,
-            "subscribed_topic_names": topics,
-        },
-    )
-
-
-async def topic_id(client: KafkaClient, topic: str) -> uuid.UUID:
-    md = await client.request(
-        METADATA,
-        12,
-        {
-            "topics": [{"name": topic}],
-            "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        },
-    )
-    return md.topics[0].topic_id
 
 
 def batch(first: int, last: int, *types: int) -> dict[str, Any]:
@@ -244,7 +200,7 @@ def test_leave_heartbeat_keeps_the_session_and_its_records_until_the_final_ackno
         _, r = await fetch_until_acquired(client, g, other, 0, tps)
         assert acquired(r) == {(tid, 0): [(2, 2, 2)]}
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 def test_session_timeout_keeps_acquired_records_until_their_locks_expire(
@@ -302,7 +258,7 @@ def test_session_timeout_keeps_acquired_records_until_their_locks_expire(
         assert acquired(r) == {(tid, 0): [(0, 0, 2)]}
         assert time.monotonic() - acquired_at >= 5.5
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 def test_final_share_fetch_applies_its_acknowledgements_then_releases_the_rest(
@@ -356,7 +312,7 @@ def test_final_share_fetch_applies_its_acknowledgements_then_releases_the_rest(
         # Offset 1 of each partition was released by the close; offset 0 was accepted.
         assert got == {(tid, 0): [(1, 1, 2)], (tid, 1): [(1, 1, 2)]}
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 CLOSE_ROUNDS = 10
@@ -551,7 +507,7 @@ def test_a_state_epoch_bumped_by_an_admin_reaches_the_member_as_not_leader_or_fo
         assert ErrorCode.unknown_server_error not in codes, codes
         assert got == {(tid, 0): [(1, 2, 1)]}, (got, codes)
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
     assert not log_lines(broker, "request_failed"), log_lines(broker, "request_failed")[:3]
 
 
@@ -578,7 +534,7 @@ def test_a_fetch_whose_state_write_is_fenced_gets_not_leader_or_follower(
         assert part.error_code == ErrorCode.not_leader_or_follower, part
         assert part.acquired_records == ()
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 # --- 3. ShareGroupHeartbeat validation -------------------------------------------------
@@ -616,7 +572,7 @@ def test_heartbeat_validation_and_unknown_groups_answer_as_kafka(broker: Broker)
         assert refused.error_code == ErrorCode.invalid_request
         assert refused.error_message
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 # --- 4. ShareFetch / ShareAcknowledge validation ---------------------------------------
@@ -647,7 +603,7 @@ def test_share_fetch_and_acknowledge_refuse_a_bad_member_id_as_a_whole(broker: B
         ok = await client.request(FETCH, 1, fetch_body("g-ids", "m" * 36, 1, {(tid, 0): []}))
         assert ok.error_code == ErrorCode.share_session_not_found
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 def test_renew_and_malformed_acknowledgements_fail_only_their_partition(
@@ -736,7 +692,7 @@ def test_renew_and_malformed_acknowledgements_fail_only_their_partition(
         assert r.error_code == ErrorCode.none, r
         assert partitions_of(r)[p0].acknowledge_error_code == ErrorCode.none
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 # --- 5. ApiVersions ----------------------------------------------------------------------
@@ -784,7 +740,7 @@ def test_api_versions_advertise_what_kafka_4_2_enables_by_default(broker: Broker
         advertised = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in r.api_keys}
         assert advertised == KAFKA_4_2_VERSIONS
 
-    run(broker, scenario)
+    run_wire(broker, scenario)
 
 
 # --- 6. The share coordinator and never-initialized state --------------------------------
@@ -839,4 +795,4 @@ def test_share_coordinator_answers_never_initialized_state_as_kafka(broker: Brok
             r = await client.request(api, version, body)
             assert r.results == (), (api, r)
 
-    run(broker, scenario)
+    run_wire(broker, scenario)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,52 +15,13 @@ import pytest
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from tests.integration.conftest import Broker, create_topic
-from tests.integration.share_helpers import earliest, produce_values
+from tests.integration.share_helpers import earliest, heartbeat, produce_values, topic_id
+from tests.integration.share_helpers import run_wire as run  # one connection per scenario
 
 pytestmark = pytest.mark.timeout(120)
 
 HEARTBEAT, DESCRIBE, LIST_GROUPS, FETCH, ACK = 76, 77, 16, 78, 79
 ACCEPT, RELEASE, RENEW = 1, 2, 4
-
-
-def run(broker: Broker, scenario: Callable[[KafkaClient], Awaitable[None]]) -> None:
-    async def main() -> None:
-        client = await KafkaClient.connect(broker.host, broker.port, "spool-it-share")
-        try:
-            await scenario(client)
-        finally:
-            await client.close()
-
-    asyncio.run(main())
-
-
-async def heartbeat(
-    client: KafkaClient, group: str, member: str, epoch: int, topics: list[str] | None = None
-) -> Any:
-    return await client.request(
-        HEARTBEAT,
-        1,
-        {
-            "group_id": group,
-            "member_id": member,
-            "member_epoch": epoch,
-            "rack_id": None,
-            "subscribed_topic_names": topics,
-        },
-    )
-
-
-async def topic_id(client: KafkaClient, topic: str) -> uuid.UUID:
-    md = await client.request(
-        3,
-        12,
-        {
-            "topics": [{"name": topic}],
-            "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        },
-    )
-    return md.topics[0].topic_id
 
 
 def fetch_body(
