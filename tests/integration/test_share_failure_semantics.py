@@ -55,6 +55,16 @@ def batch(first: int, last: int, *types: int) -> dict[str, Any]:
     return {"first_offset": first, "last_offset": last, "acknowledge_types": list(types)}
 
 
+def _topics(
+    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Request topics from (topic id, partition) -> acknowledgement batches."""
+    topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for (tid, p), acks in partitions.items():
+        topics.setdefault(tid, []).append({"partition_index": p, "acknowledgement_batches": acks})
+    return [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]
+
+
 def fetch_body(
     group: str,
     member: str,
@@ -67,9 +77,6 @@ def fetch_body(
     **overrides: Any,
 ) -> dict[str, Any]:
     """A ShareFetch body; `partitions` maps (topic id, partition) to its ack batches."""
-    topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    for (tid, p), acks in partitions.items():
-        topics.setdefault(tid, []).append({"partition_index": p, "acknowledgement_batches": acks})
     body: dict[str, Any] = {
         "group_id": group,
         "member_id": member,
@@ -80,7 +87,7 @@ def fetch_body(
         "max_records": 500,
         "batch_size": 500,
         "forgotten_topics_data": [],
-        "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+        "topics": _topics(partitions),
         **overrides,
     }
     if version >= 2:
@@ -98,14 +105,11 @@ def ack_body(
     version: int = 1,
     renew: bool = False,
 ) -> dict[str, Any]:
-    topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    for (tid, p), acks in partitions.items():
-        topics.setdefault(tid, []).append({"partition_index": p, "acknowledgement_batches": acks})
     body: dict[str, Any] = {
         "group_id": group,
         "member_id": member,
         "share_session_epoch": epoch,
-        "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+        "topics": _topics(partitions),
     }
     if version >= 2:
         body["is_renew_ack"] = renew

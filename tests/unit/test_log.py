@@ -795,3 +795,33 @@ def test_any_append_sequence_reads_back_and_survives_reopen(
     reopened = PartitionLog.open(directory, config, NOW)
     assert read_all(reopened) == expected
     reopened.close()
+
+
+def test_a_segment_roll_the_disk_refuses_leaves_the_active_segment_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from persister import log as log_module
+
+    plog = PartitionLog.open(tmp_path / "p", LogConfig(segment_bytes=300, retention_ms=-1), NOW)
+    plog.append(make_batch(payload=200), NOW)
+    real_create = log_module.LogSegment.create
+
+    def no_space(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_module.LogSegment, "create", no_space)
+    with pytest.raises(KafkaError) as refused:
+        plog.append(make_batch(payload=200), NOW)  # needs a new segment
+    assert refused.value.code == ErrorCode.kafka_storage_error
+    assert plog.log_end_offset == 1
+    assert plog.segment_base_offsets == [0]
+
+    monkeypatch.setattr(log_module.LogSegment, "create", real_create)
+    plog.append(make_batch(payload=200), NOW)
+    assert plog.log_end_offset == 2
+    assert plog.segment_base_offsets == [0, 1]
+    assert [h.base_offset for h in headers(plog.read(0, 10_000))] == [0]
+    assert [h.base_offset for h in headers(plog.read(1, 10_000))] == [1]
+    plog.close()
