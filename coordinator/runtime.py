@@ -119,8 +119,9 @@ class _Write:
     error: str | None = None
 
 
-class _KeyLocks:
-    """One asyncio.Lock per key while anyone holds or waits for it."""
+class KeyLocks:
+    """One asyncio.Lock per key, existing only while anyone holds or waits for it
+    (the runtime's per-key operations, the share-partition leader's pending changes)."""
 
     def __init__(self) -> None:
         self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
@@ -141,6 +142,10 @@ class _KeyLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether anyone holds or waits for `key`'s lock."""
+        return key in self._locks
 
 
 def _consume_result(task: asyncio.Task[object]) -> None:
@@ -170,7 +175,7 @@ class CoordinatorRuntime(Generic[R]):
         self._decode = decode
         self._replay = replay
         self._compaction = compaction
-        self._locks = _KeyLocks()
+        self._locks = KeyLocks()
         self._inflight: list[_Write] = []
         # Bumped whenever a failed write is undone: compaction plans made before are void.
         self.truncations = 0

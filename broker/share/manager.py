@@ -21,7 +21,6 @@ import heapq
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
 import structlog
@@ -34,6 +33,7 @@ from broker.share.partition import (
 )
 from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
+from coordinator.runtime import KeyLocks
 from coordinator.share_state import Persister, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from protocol.errors import ErrorCode, KafkaError
@@ -161,40 +161,6 @@ def partition_config(config: GroupConfig) -> SharePartitionConfig:
     )
 
 
-class _KeyLock:
-    """The lock of one share partition; it exists only while someone holds or awaits it."""
-
-    __slots__ = ("key", "lock", "locks", "users")
-
-    def __init__(self, locks: dict[ShareStateKey, _KeyLock], key: ShareStateKey) -> None:
-        self.locks = locks
-        self.key = key
-        self.lock = asyncio.Lock()
-        self.users = 0
-
-    async def __aenter__(self) -> None:
-        self.users += 1
-        try:
-            await self.lock.acquire()
-        except BaseException:
-            self._leave()
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.lock.release()
-        self._leave()
-
-    def _leave(self) -> None:
-        self.users -= 1
-        if self.users == 0:
-            del self.locks[self.key]
-
-
 class SharePartitionManager:
     def __init__(
         self,
@@ -217,7 +183,8 @@ class SharePartitionManager:
         self.unload_check_interval_ms = unload_check_interval_ms
         self.expiry_retry_backoff_ms = expiry_retry_backoff_ms
         self.partitions: dict[ShareStateKey, SharePartition] = {}
-        self._locks: dict[ShareStateKey, _KeyLock] = {}
+        # One change at a time per share partition, held from the core until commit.
+        self._locks = KeyLocks()
         self._listeners: dict[ShareStateKey, set[Listener]] = {}
         # Lock-expiry wake-ups: a heap of (at_ms, key), and per key the earliest one queued.
         self._deadlines: list[tuple[int, ShareStateKey]] = []
@@ -249,13 +216,6 @@ class SharePartitionManager:
             await asyncio.gather(*pending, return_exceptions=True)
 
     # -- serialization and persistence ------------------------------------------------
-
-    def _exclusive(self, key: ShareStateKey) -> _KeyLock:
-        """The lock to hold while changing `key`'s share partition, created on demand."""
-        entry = self._locks.get(key)
-        if entry is None:
-            entry = self._locks[key] = _KeyLock(self._locks, key)
-        return entry
 
     async def _write(
         self,
@@ -333,7 +293,7 @@ class SharePartitionManager:
     # -- loading ----------------------------------------------------------------
 
     async def _get(self, key: ShareStateKey) -> SharePartition:
-        """The loaded share partition of `key`, loading it if needed; hold `_exclusive(key)`."""
+        """The loaded share partition of `key`, loading it if needed; hold its lock."""
         sp = self.partitions.get(key)
         if sp is not None:
             sp.config = partition_config(self.groups.config(key.group_id))
@@ -416,7 +376,7 @@ class SharePartitionManager:
         Nothing is delivered unless the acquisition is durable: when the write fails the
         records stay as they were and the partition carries the error.
         """
-        async with self._exclusive(key):
+        async with self._locks.hold(key):
             try:
                 sp = await self._get(key)
                 log_part = self.log_partition(key.topic_id, key.partition)
@@ -497,7 +457,7 @@ class SharePartitionManager:
         the same acknowledgement succeeds once retried (or the lock expires and they are
         delivered again).
         """
-        async with self._exclusive(key):
+        async with self._locks.hold(key):
             try:
                 sp = await self._get(key)
             except KafkaError as exc:
@@ -547,7 +507,7 @@ class SharePartitionManager:
         for key in targets:
             if key not in self.partitions:
                 continue
-            async with self._exclusive(key):
+            async with self._locks.hold(key):
                 sp = self.partitions.get(key)
                 if sp is None:
                     continue
@@ -679,7 +639,7 @@ class SharePartitionManager:
                 self._schedule(self._deadlines[0][0])
 
     async def _expire(self, key: ShareStateKey) -> None:
-        async with self._exclusive(key):
+        async with self._locks.hold(key):
             sp = self.partitions.get(key)
             if sp is None:
                 return
