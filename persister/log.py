@@ -724,14 +724,7 @@ class PartitionLog:
             segment.unlink()
         os.replace(swap, self._directory / f"{first:020d}{LOG_SUFFIX}")
         _fsync_directory(self._directory)
-        new, _, _ = LogSegment.load(
-            self._directory,
-            first,
-            now_ms,
-            trusted=False,
-            index_interval_bytes=self.config.index_interval_bytes,
-        )
-        new.on_become_inactive()
+        new = self._load_closed_segment(first, now_ms)
         with self._lock:
             self._segments[slot : last_slot + 1] = [new]
             self._base_offsets[slot : last_slot + 1] = [first]
@@ -765,6 +758,18 @@ class PartitionLog:
                     )
         finally:
             os.close(fd)
+
+    def _load_closed_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        """Open a rewritten closed segment, rebuilding its indexes from its batches."""
+        segment, _, _ = LogSegment.load(
+            self._directory,
+            base_offset,
+            now_ms,
+            trusted=False,
+            index_interval_bytes=self.config.index_interval_bytes,
+        )
+        segment.on_become_inactive()
+        return segment
 
     def replace_closed_segment(self, base_offset: int, cleaned: Path, now_ms: int) -> None:
         """Swap the `.log` of a closed segment for `cleaned` (a compacted copy) and rebuild
@@ -800,14 +805,7 @@ class PartitionLog:
             old.path(suffix).unlink(missing_ok=True)
         os.replace(cleaned, old.path(LOG_SUFFIX))
         _fsync_directory(self._directory)
-        new, _, _ = LogSegment.load(
-            self._directory,
-            base_offset,
-            now_ms,
-            trusted=False,
-            index_interval_bytes=self.config.index_interval_bytes,
-        )
-        new.on_become_inactive()
+        new = self._load_closed_segment(base_offset, now_ms)
         with self._lock:
             self._segments[slot] = new
             # The new indexes are not fsynced yet: the next flush does it.
