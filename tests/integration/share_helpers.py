@@ -370,3 +370,66 @@ async def topic_id(client: KafkaClient, topic: str) -> uuid.UUID:
         },
     )
     return md.topics[0].topic_id
+
+
+def _request_topics(
+    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Request topics from (topic id, partition) -> acknowledgement batches."""
+    topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for (tid, p), acks in partitions.items():
+        topics.setdefault(tid, []).append({"partition_index": p, "acknowledgement_batches": acks})
+    return [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]
+
+
+def share_fetch_body(
+    group: str,
+    member: str,
+    epoch: int,
+    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
+    *,
+    version: int = 1,
+    max_wait: int = 0,
+    renew: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """A ShareFetch body; `partitions` maps (topic id, partition) to its ack batches;
+    `overrides` replace any field (max_records, ...)."""
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait": max_wait,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 500,
+        "batch_size": 500,
+        "forgotten_topics_data": [],
+        "topics": _request_topics(partitions),
+        **overrides,
+    }
+    if version >= 2:
+        body.setdefault("share_acquire_mode", 0)
+        body["is_renew_ack"] = renew
+    return body
+
+
+def share_ack_body(
+    group: str,
+    member: str,
+    epoch: int,
+    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
+    *,
+    version: int = 1,
+    renew: bool = False,
+) -> dict[str, Any]:
+    """A ShareAcknowledge body; `partitions` maps (topic id, partition) to its batches."""
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "topics": _request_topics(partitions),
+    }
+    if version >= 2:
+        body["is_renew_ack"] = renew
+    return body

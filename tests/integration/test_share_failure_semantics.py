@@ -40,6 +40,12 @@ from tests.integration.share_helpers import (
     share_consumer,
     topic_id,
 )
+from tests.integration.share_helpers import (
+    share_ack_body as ack_body,
+)
+from tests.integration.share_helpers import (
+    share_fetch_body as fetch_body,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,67 +59,6 @@ GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 
 def batch(first: int, last: int, *types: int) -> dict[str, Any]:
     return {"first_offset": first, "last_offset": last, "acknowledge_types": list(types)}
-
-
-def _topics(
-    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """Request topics from (topic id, partition) -> acknowledgement batches."""
-    topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    for (tid, p), acks in partitions.items():
-        topics.setdefault(tid, []).append({"partition_index": p, "acknowledgement_batches": acks})
-    return [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]
-
-
-def fetch_body(
-    group: str,
-    member: str,
-    epoch: int,
-    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
-    *,
-    version: int = 1,
-    max_wait: int = 0,
-    renew: bool = False,
-    **overrides: Any,
-) -> dict[str, Any]:
-    """A ShareFetch body; `partitions` maps (topic id, partition) to its ack batches."""
-    body: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "max_wait": max_wait,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 500,
-        "batch_size": 500,
-        "forgotten_topics_data": [],
-        "topics": _topics(partitions),
-        **overrides,
-    }
-    if version >= 2:
-        body.setdefault("share_acquire_mode", 0)
-        body["is_renew_ack"] = renew
-    return body
-
-
-def ack_body(
-    group: str,
-    member: str,
-    epoch: int,
-    partitions: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
-    *,
-    version: int = 1,
-    renew: bool = False,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "topics": _topics(partitions),
-    }
-    if version >= 2:
-        body["is_renew_ack"] = renew
-    return body
 
 
 def partitions_of(response: Any) -> dict[tuple[uuid.UUID, int], Any]:

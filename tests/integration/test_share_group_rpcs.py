@@ -15,7 +15,14 @@ import pytest
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from tests.integration.conftest import Broker, create_topic
-from tests.integration.share_helpers import earliest, heartbeat, produce_values, topic_id
+from tests.integration.share_helpers import (
+    earliest,
+    heartbeat,
+    produce_values,
+    share_ack_body,
+    share_fetch_body,
+    topic_id,
+)
 from tests.integration.share_helpers import run_wire as run  # one connection per scenario
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,42 +42,25 @@ def fetch_body(
     max_wait: int = 0,
     renew: bool = False,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "max_wait": max_wait,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 100,
-        "batch_size": 100,
-        "forgotten_topics_data": [],
-        "topics": [
-            {
-                "topic_id": tid,
-                "partitions": [{"partition_index": 0, "acknowledgement_batches": acks or []}],
-            }
-        ],
-    }
-    if version >= 2:
-        body.update(share_acquire_mode=0, is_renew_ack=renew)
-    return body
+    """A ShareFetch of partition 0 of `tid`, up to 100 records."""
+    return share_fetch_body(
+        group,
+        member,
+        epoch,
+        {(tid, 0): acks or []},
+        version=version,
+        max_wait=max_wait,
+        renew=renew,
+        max_records=100,
+        batch_size=100,
+    )
 
 
 def ack_body(
     group: str, member: str, epoch: int, tid: uuid.UUID, batches: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    return {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "topics": [
-            {
-                "topic_id": tid,
-                "partitions": [{"partition_index": 0, "acknowledgement_batches": batches}],
-            }
-        ],
-    }
+    """A ShareAcknowledge of partition 0 of `tid`."""
+    return share_ack_body(group, member, epoch, {(tid, 0): batches})
 
 
 def test_heartbeat_errors_follow_kafka(broker: Broker) -> None:
