@@ -112,9 +112,14 @@ class LogSegment:
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         segment = cls(directory, base_offset, fd, now_ms)
-        # Empty index files from the start, as Kafka has, so the directory always holds all three.
-        segment.offset_index.rewrite(array("i"), array("i"))
-        segment.time_index.rewrite([], [])
+        try:
+            # Empty index files from the start, as Kafka has, so the directory always holds
+            # all three.
+            segment.offset_index.rewrite(array("i"), array("i"))
+            segment.time_index.rewrite([], [])
+        except BaseException:
+            segment.close()  # an index the disk or the fd limit refused leaves no fd open
+            raise
         return segment
 
     @classmethod
@@ -143,7 +148,7 @@ class LogSegment:
                 return segment, False, 0
             return segment, True, segment.recover(index_interval_bytes)
         except BaseException:
-            os.close(fd)
+            segment.close()  # the log fd and any index fd recovery had opened
             raise
 
     def _load_indexes(self, file_size: int) -> bool:

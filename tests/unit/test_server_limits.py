@@ -4,11 +4,13 @@ clock, the request byte budget, and the settings that must agree."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import resource
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,7 @@ from broker.server import (
 )
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
+from persister.segment import LogSegment
 from protocol.errors import ErrorCode, KafkaError
 
 MAX_IDLE_MS = 1000
@@ -400,3 +403,28 @@ def test_running_out_of_files_part_way_rolls_back_the_partitions_opened(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept-0"]
     assert open_files() == before  # nothing half-open left behind
     assert logs.get("kept", 0) is not None
+
+
+@pytest.mark.parametrize("refused", [1, 2, 3])
+def test_a_segment_whose_files_cannot_all_be_opened_leaves_no_fd_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: int
+) -> None:
+    # The fd limit counts descriptor numbers, not descriptors: with holes below it, the
+    # refusal can land on the .log, the .index or the .timeindex. Each is refused here in turn.
+    real_open = os.open
+    opened = 0
+
+    def open_until_refused(*args: Any, **kwargs: Any) -> int:
+        nonlocal opened
+        opened += 1
+        if opened == refused:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(*args, **kwargs)
+
+    before = open_files()
+    monkeypatch.setattr(os, "open", open_until_refused)
+    with pytest.raises(OSError):
+        LogSegment.create(tmp_path, 0, 0)
+    monkeypatch.undo()
+    assert opened == refused
+    assert open_files() == before
