@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,13 @@ def _endpoint(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# The tools beside `serve`: each module has `register(subparsers)`, which adds its
+# subcommand(s) with `set_defaults(run=...)`; `run(args) -> int` is the exit code. A module
+# imports what is heavy (the admin client, pyspark) inside `run`, so `spool --help` and
+# `spool serve` stay fast.
+TOOL_MODULES: tuple[str, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,15 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-format", choices=["console", "json"], default="console")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    serve.set_defaults(run=serve_command)
+    for name in TOOL_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+def serve_command(args: argparse.Namespace) -> int:
     spool_logging.configure(args.log_format, args.log_level)
-    if args.command == "serve":
-        return serve(args)
-    return 2
+    return serve(args)
 
 
 def serve(args: argparse.Namespace) -> int:
