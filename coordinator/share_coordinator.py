@@ -45,7 +45,6 @@ from coordinator.share_state import (
     PersistedBatch,
     ShareState,
     ShareStateKey,
-    merge_batches,
 )
 from persister.share_records import (
     ShareKey,
@@ -54,6 +53,7 @@ from persister.share_records import (
     ShareTombstone,
     ShareUpdate,
     StateBatch,
+    merge_batches,
 )
 from protocol.errors import ErrorCode, KafkaError
 

@@ -10,9 +10,11 @@ implements it, durably or in memory.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
+
+from persister.share_records import StateBatch
 
 UNINITIALIZED_START_OFFSET = -1
 
@@ -23,15 +25,11 @@ class ShareStateKey(NamedTuple):
     partition: int
 
 
-class PersistedBatch(NamedTuple):
-    """A state batch: offsets, delivery state (0 Available, 2 Acknowledged, 4 Archived),
-    delivery count; as in Read/WriteShareGroupState. The one batch type of share state: the
-    share-partition leader builds its StateUpdates from it and the coordinator stores it."""
-
-    first_offset: int
-    last_offset: int
-    delivery_state: int
-    delivery_count: int
+# A state batch: offsets, delivery state (0 Available, 2 Acknowledged, 4 Archived),
+# delivery count; as in Read/WriteShareGroupState and in the share-state records. The one
+# batch type of share state: the share-partition leader builds its StateUpdates from it,
+# the coordinator stores it and the records carry it.
+PersistedBatch = StateBatch
 
 
 @dataclass(slots=True)
@@ -42,36 +40,6 @@ class ShareState:
     leader_epoch: int = -1
     start_offset: int = UNINITIALIZED_START_OFFSET
     batches: list[PersistedBatch] = field(default_factory=list)
-
-
-def merge_batches(
-    stored: Sequence[PersistedBatch], update: Iterable[PersistedBatch], start_offset: int
-) -> list[PersistedBatch]:
-    """Overlay `update` on `stored` (newer wins where they overlap), drop what lies
-    below `start_offset`, and return the batches sorted and non-overlapping."""
-    result: list[PersistedBatch] = list(stored)
-    for new in sorted(update):
-        pieces: list[PersistedBatch] = []
-        for old in result:
-            if old.last_offset < new.first_offset or old.first_offset > new.last_offset:
-                pieces.append(old)
-                continue
-            if old.first_offset < new.first_offset:
-                pieces.append(old._replace(last_offset=new.first_offset - 1))
-            if old.last_offset > new.last_offset:
-                pieces.append(old._replace(first_offset=new.last_offset + 1))
-        pieces.append(new)
-        result = sorted(pieces)
-    if start_offset >= 0:
-        trimmed = []
-        for b in result:
-            if b.last_offset < start_offset:
-                continue
-            trimmed.append(
-                b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
-            )
-        result = trimmed
-    return result
 
 
 class Persister(Protocol):

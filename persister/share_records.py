@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import struct
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -75,6 +76,36 @@ class StateBatch(NamedTuple):
     last_offset: int
     delivery_state: int
     delivery_count: int
+
+
+def merge_batches(
+    stored: Sequence[StateBatch], update: Iterable[StateBatch], start_offset: int
+) -> list[StateBatch]:
+    """Overlay `update` on `stored` (newer wins where they overlap), drop what lies
+    below `start_offset`, and return the batches sorted and non-overlapping."""
+    result: list[StateBatch] = list(stored)
+    for new in sorted(update):
+        pieces: list[StateBatch] = []
+        for old in result:
+            if old.last_offset < new.first_offset or old.first_offset > new.last_offset:
+                pieces.append(old)
+                continue
+            if old.first_offset < new.first_offset:
+                pieces.append(old._replace(last_offset=new.first_offset - 1))
+            if old.last_offset > new.last_offset:
+                pieces.append(old._replace(first_offset=new.last_offset + 1))
+        pieces.append(new)
+        result = sorted(pieces)
+    if start_offset >= 0:
+        trimmed = []
+        for b in result:
+            if b.last_offset < start_offset:
+                continue
+            trimmed.append(
+                b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
+            )
+        result = trimmed
+    return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.share_persister import InMemoryPersister
-from coordinator.share_state import (
-    PersistedBatch,
-    ShareStateKey,
-    merge_batches,
-)
+from coordinator.share_state import PersistedBatch, ShareStateKey
+from persister.share_records import merge_batches
 from protocol.errors import ErrorCode, KafkaError
 
 batch = st.builds(
