@@ -1,0 +1,775 @@
+"""A small asyncio admin client: what `spool share-groups`, `spool topics` and `spool
+configs` need, spoken with kio entities through `protocol.client.KafkaClient`.
+
+It bootstraps from `host:port[,host:port]`, learns the brokers from Metadata, keeps one
+connection per broker, and sends each request at the highest version both it and the
+broker support (ApiVersions). Group requests go to the group's coordinator
+(FindCoordinator, key type GROUP); NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS and
+COORDINATOR_NOT_AVAILABLE look the coordinator up again and retry with backoff, as
+Kafka's admin client does, until the call's timeout. Every other failure is an
+`AdminError` carrying Kafka's error name and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from protocol import api
+from protocol.client import ClientError, KafkaClient
+from protocol.errors import ErrorCode
+
+T = TypeVar("T")
+
+API_VERSIONS, METADATA, FIND_COORDINATOR, LIST_GROUPS = 18, 3, 10, 16
+LIST_OFFSETS, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 2, 19, 20, 37
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DELETE_GROUPS = 32, 44, 42
+SHARE_GROUP_DESCRIBE = 77
+DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS = 90, 91, 92
+
+# The versions this client can build and read, per api key: the broker's ApiVersions
+# range is intersected with these and the highest common version is used.
+CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
+    METADATA: (1, 13),  # v1+: a null topic list means all topics
+    FIND_COORDINATOR: (1, 6),
+    LIST_GROUPS: (5, 5),  # v5: the type filter (KIP-848), needed to list share groups
+    LIST_OFFSETS: (1, 11),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    DELETE_GROUPS: (0, 2),
+    SHARE_GROUP_DESCRIBE: (1, 1),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
+    ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    DELETE_SHARE_GROUP_OFFSETS: (0, 0),
+}
+API_VERSIONS_VERSION = 3
+
+# ListOffsets timestamps with a special meaning (Kafka's ListOffsetsRequest).
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+# DescribeConfigs / IncrementalAlterConfigs resource types and operations (KIP-339).
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_GROUP = 2, 4, 32
+OP_SET, OP_DELETE = 0, 1
+# DescribeConfigs config sources (KIP-226), as Kafka's ConfigEntry.ConfigSource names them.
+CONFIG_SOURCES = {
+    0: "UNKNOWN",
+    1: "DYNAMIC_TOPIC_CONFIG",
+    2: "DYNAMIC_BROKER_CONFIG",
+    3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG",
+    5: "DEFAULT_CONFIG",
+    6: "DYNAMIC_BROKER_LOGGER_CONFIG",
+    7: "CLIENT_METRICS_CONFIG",
+    8: "GROUP_CONFIG",
+}
+
+COORDINATOR_ERRORS = frozenset(
+    {
+        ErrorCode.not_coordinator,
+        ErrorCode.coordinator_load_in_progress,
+        ErrorCode.coordinator_not_available,
+    }
+)
+BACKOFF_MS = 100
+BACKOFF_MAX_MS = 1000
+
+
+class AdminError(Exception):
+    """A request failed: Kafka's error name (e.g. NON_EMPTY_GROUP) and a message."""
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(f"{error}: {message}")
+        self.error = error
+        self.message = message
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str | None, context: str) -> AdminError:
+        return cls(code.name.upper(), message or context)
+
+
+def check(code: ErrorCode, message: str | None, context: str) -> None:
+    """Raise the AdminError for a non-zero error code; `context` says what failed."""
+    if code != ErrorCode.none:
+        raise AdminError.of(code, message, context)
+
+
+class _Retry(Exception):
+    """A coordinator error: look the coordinator up again and retry."""
+
+    def __init__(self, code: ErrorCode, message: str | None) -> None:
+        super().__init__(message or code.name)
+        self.code = code
+        self.message = message
+
+
+# --- results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID | None
+    is_internal: bool
+    partitions: tuple[PartitionInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    group_id: str
+    state: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShareMember:
+    member_id: str
+    member_epoch: int
+    client_id: str
+    host: str
+    rack: str | None
+    subscribed: tuple[str, ...]
+    assignment: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupDescription:
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    coordinator: Node
+    members: tuple[ShareMember, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionOffset:
+    """A share-partition's state as DescribeShareGroupOffsets reports it; None where
+    the partition has no state yet (Kafka answers -1)."""
+
+    topic: str
+    partition: int
+    start_offset: int | None
+    leader_epoch: int | None
+    lag: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSynonym:
+    name: str
+    value: str | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str | None
+    source: str
+    read_only: bool
+    sensitive: bool
+    synonyms: tuple[ConfigSynonym, ...] = ()
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == "DEFAULT_CONFIG"  # as Kafka's ConfigEntry.isDefault()
+
+
+@dataclass(frozen=True, slots=True)
+class ListedOffset:
+    offset: int
+    timestamp: int
+
+
+TopicPartition = tuple[str, int]
+
+
+# --- bootstrap addresses ------------------------------------------------------------------
+
+
+def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+    """`host:port[,host:port]` -> addresses; ValueError with the bad part named."""
+    out: list[tuple[str, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        host, sep, port = part.rpartition(":")
+        if not part or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"invalid bootstrap server {part!r}: expected HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Connection:
+    client: KafkaClient
+    versions: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+class AdminClient:
+    """Use as `async with await AdminClient.connect("host:port") as admin: ...`."""
+
+    def __init__(self, bootstrap: list[tuple[str, int]], timeout_s: float, client_id: str) -> None:
+        self._bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self.client_id = client_id
+        self._nodes: dict[int, Node] = {}
+        self._controller: int | None = None
+        self._connections: dict[tuple[str, int], _Connection] = {}
+        self._coordinators: dict[str, Node] = {}
+
+    @classmethod
+    async def connect(
+        cls, bootstrap: str, timeout_s: float = 30.0, client_id: str = "spool-admin"
+    ) -> AdminClient:
+        """Bootstrap: the first reachable address answers ApiVersions and Metadata."""
+        admin = cls(parse_bootstrap(bootstrap), timeout_s, client_id)
+        try:
+            await admin._refresh_brokers()
+        except BaseException:
+            await admin.close()
+            raise
+        return admin
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for conn in self._connections.values():
+            with contextlib.suppress(Exception):
+                await conn.client.close()
+        self._connections.clear()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.timeout_s
+
+    def _remaining(self, deadline: float) -> float:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise AdminError("REQUEST_TIMED_OUT", f"no answer within {self.timeout_s:g} s")
+        return left
+
+    async def _connection(self, address: tuple[str, int], deadline: float) -> _Connection:
+        conn = self._connections.get(address)
+        if conn is not None:
+            return conn
+        try:
+            client = await asyncio.wait_for(
+                KafkaClient.connect(*address, client_id=self.client_id), self._remaining(deadline)
+            )
+        except (OSError, TimeoutError) as exc:
+            raise AdminError(
+                "NETWORK_EXCEPTION", f"cannot connect to {address[0]}:{address[1]}: {exc}"
+            ) from None
+        conn = _Connection(client)
+        try:
+            resp = await client.request(
+                API_VERSIONS,
+                API_VERSIONS_VERSION,
+                {"client_software_name": "spool-admin", "client_software_version": "0.1.0"},
+                self._remaining(deadline),
+            )
+        except BaseException:
+            await client.close()
+            raise
+        check(resp.error_code, None, f"ApiVersions refused by {address[0]}:{address[1]}")
+        conn.versions = {
+            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys
+        }
+        self._connections[address] = conn
+        return conn
+
+    async def _drop(self, address: tuple[str, int]) -> None:
+        conn = self._connections.pop(address, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.client.close()
+
+    @staticmethod
+    def _version(conn: _Connection, api_key: int) -> int:
+        ours = CLIENT_VERSIONS[api_key]
+        theirs = conn.versions.get(api_key)
+        name = api.api_name(api_key)
+        if theirs is None:
+            raise AdminError("UNSUPPORTED_VERSION", f"the broker does not support {name}")
+        low, high = max(ours[0], theirs[0]), min(ours[1], theirs[1])
+        if low > high:
+            raise AdminError(
+                "UNSUPPORTED_VERSION",
+                f"the broker supports {name} v{theirs[0]}-{theirs[1]}, "
+                f"this client v{ours[0]}-{ours[1]}",
+            )
+        return high
+
+    async def _send(
+        self, address: tuple[str, int], api_key: int, body: Mapping[str, Any], deadline: float
+    ) -> Any:
+        conn = await self._connection(address, deadline)
+        version = self._version(conn, api_key)
+        try:
+            return await conn.client.request(api_key, version, body, self._remaining(deadline))
+        except (ClientError, OSError) as exc:
+            await self._drop(address)
+            raise AdminError(
+                "NETWORK_EXCEPTION", f"{address[0]}:{address[1]} closed the connection: {exc}"
+            ) from None
+        except TimeoutError:
+            await self._drop(address)
+            raise AdminError(
+                "REQUEST_TIMED_OUT",
+                f"{api.api_name(api_key)} got no answer within {self.timeout_s:g} s",
+            ) from None
+
+    def _any_address(self) -> tuple[str, int]:
+        """A connected broker if there is one (the controller first), else bootstrap."""
+        if self._controller is not None and self._controller in self._nodes:
+            node = self._nodes[self._controller]
+            return (node.host, node.port)
+        for node in self._nodes.values():
+            return (node.host, node.port)
+        return self._bootstrap[0]
+
+    async def _metadata(self, topics: Iterable[str] | None, deadline: float) -> Any:
+        body: dict[str, Any] = {
+            "topics": None if topics is None else [{"name": t} for t in topics],
+            "allow_auto_topic_creation": False,
+        }
+        errors: list[str] = []
+        addresses = [self._any_address(), *self._bootstrap]
+        for address in dict.fromkeys(addresses):
+            try:
+                resp = await self._send(address, METADATA, body, deadline)
+            except AdminError as exc:
+                if exc.error not in ("NETWORK_EXCEPTION", "REQUEST_TIMED_OUT"):
+                    raise
+                errors.append(exc.message)
+                continue
+            self._nodes = {
+                int(b.node_id): Node(int(b.node_id), b.host, int(b.port)) for b in resp.brokers
+            }
+            self._controller = int(getattr(resp, "controller_id", -1))
+            return resp
+        raise AdminError("NETWORK_EXCEPTION", "no broker reachable: " + "; ".join(errors))
+
+    async def _refresh_brokers(self) -> None:
+        await self._metadata([], self._deadline())
+
+    async def _find_coordinator(self, group: str, deadline: float) -> Node:
+        node = self._coordinators.get(group)
+        if node is not None:
+            return node
+        address = self._any_address()
+        conn = await self._connection(address, deadline)
+        version = self._version(conn, FIND_COORDINATOR)
+        body = {"key": group, "key_type": 0, "coordinator_keys": [group]}
+        resp = await self._send(address, FIND_COORDINATOR, body, deadline)
+        if version >= 4:
+            (c,) = resp.coordinators
+            code, message = c.error_code, c.error_message
+            node = Node(int(c.node_id), c.host, int(c.port))
+        else:
+            code, message = resp.error_code, resp.error_message
+            node = Node(int(resp.node_id), resp.host, int(resp.port))
+        if code in COORDINATOR_ERRORS:
+            raise _Retry(code, message)
+        check(code, message, f"cannot find the coordinator of group {group!r}")
+        self._coordinators[group] = node
+        return node
+
+    async def _with_coordinator(
+        self, group: str, call: Callable[[tuple[str, int], float], Awaitable[T]]
+    ) -> tuple[T, Node]:
+        """Run `call(coordinator address, deadline)`; a `_Retry` from it (or from the
+        lookup) drops the cached coordinator and tries again after a backoff."""
+        deadline = self._deadline()
+        backoff = BACKOFF_MS
+        while True:
+            try:
+                node = await self._find_coordinator(group, deadline)
+                return await call((node.host, node.port), deadline), node
+            except _Retry as retry:
+                self._coordinators.pop(group, None)
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= backoff / 1000:
+                    raise AdminError.of(
+                        retry.code,
+                        f"{retry.message or retry.code.name} (gave up after {self.timeout_s:g} s)",
+                        "",
+                    ) from None
+                await asyncio.sleep(backoff / 1000)
+                backoff = min(backoff * 2, BACKOFF_MAX_MS)
+
+    @staticmethod
+    def _coordinator_check(code: ErrorCode, message: str | None, context: str) -> None:
+        if code in COORDINATOR_ERRORS:
+            raise _Retry(code, message)
+        check(code, message, context)
+
+    # --- topics -------------------------------------------------------------------------
+
+    async def describe_topics(self, topics: Iterable[str] | None = None) -> list[TopicInfo]:
+        """Metadata of `topics` (all topics when None); an unknown topic is an error."""
+        resp = await self._metadata(None if topics is None else list(topics), self._deadline())
+        out: list[TopicInfo] = []
+        for t in resp.topics:
+            check(t.error_code, None, f"topic {t.name!r}: {t.error_code.name.upper()}")
+            out.append(
+                TopicInfo(
+                    name=t.name or "",
+                    topic_id=getattr(t, "topic_id", None),
+                    is_internal=bool(t.is_internal),
+                    partitions=tuple(
+                        sorted(
+                            (
+                                PartitionInfo(
+                                    int(p.partition_index),
+                                    int(p.leader_id),
+                                    int(getattr(p, "leader_epoch", -1)),
+                                    tuple(int(r) for r in p.replica_nodes),
+                                    tuple(int(r) for r in p.isr_nodes),
+                                )
+                                for p in t.partitions
+                            ),
+                            key=lambda p: p.partition,
+                        )
+                    ),
+                )
+            )
+        return sorted(out, key=lambda t: t.name)
+
+    async def list_topics(self, include_internal: bool = False) -> list[str]:
+        return [
+            t.name for t in await self.describe_topics() if include_internal or not t.is_internal
+        ]
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+    ) -> None:
+        """-1 partitions / replication factor: the broker's defaults (KIP-464)."""
+        deadline = self._deadline()
+        body = {
+            "topics": [
+                {
+                    "name": name,
+                    "num_partitions": partitions,
+                    "replication_factor": replication_factor,
+                    "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()],
+                }
+            ],
+            "timeout": int(self.timeout_s * 1000),
+        }
+        resp = await self._send(self._any_address(), CREATE_TOPICS, body, deadline)
+        for t in resp.topics:
+            check(t.error_code, t.error_message, f"cannot create topic {name!r}")
+
+    async def delete_topics(self, names: Iterable[str]) -> None:
+        names = list(names)
+        body = {
+            "topic_names": names,
+            "topics": [{"name": n} for n in names],
+            "timeout": int(self.timeout_s * 1000),
+        }
+        resp = await self._send(self._any_address(), DELETE_TOPICS, body, self._deadline())
+        for t in resp.responses:
+            check(t.error_code, getattr(t, "error_message", None), f"cannot delete {t.name!r}")
+
+    async def create_partitions(self, topic: str, count: int) -> None:
+        body = {
+            "topics": [{"name": topic, "count": count, "assignments": None}],
+            "timeout": int(self.timeout_s * 1000),
+            "validate_only": False,
+        }
+        resp = await self._send(self._any_address(), CREATE_PARTITIONS, body, self._deadline())
+        for r in resp.results:
+            check(r.error_code, r.error_message, f"cannot add partitions to {topic!r}")
+
+    async def list_offsets(
+        self, specs: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, ListedOffset]:
+        """ListOffsets at each partition's leader. A spec is EARLIEST_TIMESTAMP,
+        LATEST_TIMESTAMP, or a timestamp (ms): the first offset whose record timestamp is
+        at or after it (offset -1 when there is none)."""
+        deadline = self._deadline()
+        meta = await self._metadata(sorted({t for t, _ in specs}), deadline)
+        leaders: dict[TopicPartition, int] = {}
+        for t in meta.topics:
+            check(t.error_code, None, f"topic {t.name!r}: {t.error_code.name.upper()}")
+            for p in t.partitions:
+                leaders[(t.name, int(p.partition_index))] = int(p.leader_id)
+        by_leader: dict[int, dict[str, list[dict[str, int]]]] = {}
+        for (topic, partition), timestamp in specs.items():
+            leader = leaders.get((topic, partition))
+            if leader is None:
+                raise AdminError(
+                    "UNKNOWN_TOPIC_OR_PARTITION", f"partition {topic}-{partition} does not exist"
+                )
+            if leader < 0 or leader not in self._nodes:
+                raise AdminError(
+                    "LEADER_NOT_AVAILABLE", f"partition {topic}-{partition} has no leader"
+                )
+            by_leader.setdefault(leader, {}).setdefault(topic, []).append(
+                {"partition_index": partition, "timestamp": timestamp}
+            )
+        out: dict[TopicPartition, ListedOffset] = {}
+        for leader, topics in by_leader.items():
+            node = self._nodes[leader]
+            body = {
+                "replica_id": -1,
+                "isolation_level": 0,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+                "timeout": int(self.timeout_s * 1000),
+            }
+            resp = await self._send((node.host, node.port), LIST_OFFSETS, body, deadline)
+            for t in resp.topics:
+                for p in t.partitions:
+                    check(p.error_code, None, f"ListOffsets of {t.name}-{p.partition_index}")
+                    out[(t.name, int(p.partition_index))] = ListedOffset(
+                        int(p.offset), int(p.timestamp)
+                    )
+        return out
+
+    # --- configs ------------------------------------------------------------------------
+
+    async def describe_configs(
+        self, resource_type: int, name: str, include_synonyms: bool = True
+    ) -> list[ConfigEntry]:
+        address = self._any_address()
+        if resource_type == RESOURCE_BROKER and name:
+            node = self._nodes.get(int(name))
+            if node is not None:  # a broker's own configs come from that broker
+                address = (node.host, node.port)
+        body = {
+            "resources": [
+                {"resource_type": resource_type, "resource_name": name, "configuration_keys": None}
+            ],
+            "include_synonyms": include_synonyms,
+        }
+        resp = await self._send(address, DESCRIBE_CONFIGS, body, self._deadline())
+        (r,) = resp.results
+        check(r.error_code, r.error_message, f"cannot describe configs of {name!r}")
+        return [
+            ConfigEntry(
+                name=c.name,
+                value=c.value,
+                source=CONFIG_SOURCES.get(int(getattr(c, "config_source", 0)), "UNKNOWN"),
+                read_only=bool(c.read_only),
+                sensitive=bool(c.is_sensitive),
+                synonyms=tuple(
+                    ConfigSynonym(s.name, s.value, CONFIG_SOURCES.get(int(s.source), "UNKNOWN"))
+                    for s in getattr(c, "synonyms", ())
+                ),
+            )
+            for c in r.configs
+        ]
+
+    async def incremental_alter_configs(
+        self,
+        resource_type: int,
+        name: str,
+        set_configs: Mapping[str, str],
+        delete_configs: Iterable[str] = (),
+    ) -> None:
+        configs = [
+            {"name": k, "config_operation": OP_DELETE, "value": None} for k in delete_configs
+        ] + [{"name": k, "config_operation": OP_SET, "value": v} for k, v in set_configs.items()]
+        body = {
+            "resources": [
+                {"resource_type": resource_type, "resource_name": name, "configs": configs}
+            ],
+            "validate_only": False,
+        }
+        resp = await self._send(
+            self._any_address(), INCREMENTAL_ALTER_CONFIGS, body, self._deadline()
+        )
+        for r in resp.responses:
+            check(r.error_code, r.error_message, f"cannot alter configs of {name!r}")
+
+    # --- groups -------------------------------------------------------------------------
+
+    async def list_groups(
+        self, types: Iterable[str] = (), states: Iterable[str] = ()
+    ) -> list[GroupListing]:
+        """ListGroups on every broker (each lists the groups it coordinates)."""
+        deadline = self._deadline()
+        await self._metadata([], deadline)
+        body = {"types_filter": list(types), "states_filter": list(states)}
+        seen: dict[str, GroupListing] = {}
+        nodes = list(self._nodes.values()) or []
+        addresses = [(n.host, n.port) for n in nodes] or [self._bootstrap[0]]
+        for address in addresses:
+            resp = await self._send(address, LIST_GROUPS, body, deadline)
+            check(resp.error_code, None, "ListGroups failed")
+            for g in resp.groups:
+                seen[g.group_id] = GroupListing(g.group_id, g.group_state, g.group_type)
+        return sorted(seen.values(), key=lambda g: g.group_id)
+
+    async def describe_share_group(self, group: str) -> ShareGroupDescription:
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {"group_ids": [group], "include_authorized_operations": False}
+            resp = await self._send(address, SHARE_GROUP_DESCRIBE, body, deadline)
+            (g,) = resp.groups
+            self._coordinator_check(g.error_code, g.error_message, f"group {group!r}")
+            return g
+
+        g, node = await self._with_coordinator(group, call)
+        return ShareGroupDescription(
+            group_id=g.group_id,
+            state=g.group_state,
+            group_epoch=int(g.group_epoch),
+            assignment_epoch=int(g.assignment_epoch),
+            assignor=g.assignor_name,
+            coordinator=node,
+            members=tuple(
+                ShareMember(
+                    member_id=m.member_id,
+                    member_epoch=int(m.member_epoch),
+                    client_id=m.client_id,
+                    host=m.client_host,
+                    rack=m.rack_id,
+                    subscribed=tuple(m.subscribed_topic_names),
+                    assignment={
+                        tp.topic_name: tuple(sorted(int(p) for p in tp.partitions))
+                        for tp in m.assignment.topic_partitions
+                    },
+                )
+                for m in g.members
+            ),
+        )
+
+    async def describe_share_group_offsets(
+        self, group: str, topics: Mapping[str, Iterable[int]] | None = None
+    ) -> list[SharePartitionOffset]:
+        """DescribeShareGroupOffsets: every share-partition of the group (topics None)
+        or those asked for."""
+        wanted = (
+            None
+            if topics is None
+            else [{"topic_name": t, "partitions": list(ps)} for t, ps in topics.items()]
+        )
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {"groups": [{"group_id": group, "topics": wanted}]}
+            resp = await self._send(address, DESCRIBE_SHARE_GROUP_OFFSETS, body, deadline)
+            (g,) = resp.groups
+            self._coordinator_check(g.error_code, g.error_message, f"group {group!r}")
+            return g
+
+        g, _ = await self._with_coordinator(group, call)
+        out: list[SharePartitionOffset] = []
+        for t in g.topics:
+            for p in t.partitions:
+                check(p.error_code, p.error_message, f"{t.topic_name}-{p.partition_index}")
+                start = int(p.start_offset)
+                out.append(
+                    SharePartitionOffset(
+                        topic=t.topic_name,
+                        partition=int(p.partition_index),
+                        start_offset=start if start >= 0 else None,
+                        leader_epoch=int(p.leader_epoch) if start >= 0 else None,
+                        lag=int(getattr(p, "lag", -1)) if getattr(p, "lag", -1) >= 0 else None,
+                    )
+                )
+        return sorted(out, key=lambda o: (o.topic, o.partition))
+
+    async def alter_share_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, int]
+    ) -> None:
+        """AlterShareGroupOffsets: the group must be empty (NON_EMPTY_GROUP otherwise)."""
+        topics: dict[str, list[dict[str, int]]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            topics.setdefault(topic, []).append(
+                {"partition_index": partition, "start_offset": offset}
+            )
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {
+                "group_id": group,
+                "topics": [{"topic_name": t, "partitions": ps} for t, ps in topics.items()],
+            }
+            resp = await self._send(address, ALTER_SHARE_GROUP_OFFSETS, body, deadline)
+            self._coordinator_check(resp.error_code, resp.error_message, f"group {group!r}")
+            return resp
+
+        resp, _ = await self._with_coordinator(group, call)
+        for t in resp.responses:
+            for p in t.partitions:
+                check(p.error_code, p.error_message, f"{t.topic_name}-{p.partition_index}")
+
+    async def delete_share_group_offsets(
+        self, group: str, topics: Iterable[str]
+    ) -> dict[str, AdminError | None]:
+        """DeleteShareGroupOffsets: each topic's outcome (None when deleted)."""
+        names = list(topics)
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {"group_id": group, "topics": [{"topic_name": t} for t in names]}
+            resp = await self._send(address, DELETE_SHARE_GROUP_OFFSETS, body, deadline)
+            self._coordinator_check(resp.error_code, resp.error_message, f"group {group!r}")
+            return resp
+
+        resp, _ = await self._with_coordinator(group, call)
+        out: dict[str, AdminError | None] = {}
+        for t in resp.responses:
+            ok = t.error_code == ErrorCode.none
+            out[t.topic_name] = (
+                None if ok else AdminError.of(t.error_code, t.error_message, t.topic_name)
+            )
+        return out
+
+    async def delete_groups(self, groups: Iterable[str]) -> dict[str, AdminError | None]:
+        """DeleteGroups at each group's coordinator: each group's outcome."""
+        out: dict[str, AdminError | None] = {}
+        for group in groups:
+
+            async def call(address: tuple[str, int], deadline: float, group: str = group) -> Any:
+                body = {"groups_names": [group]}
+                resp = await self._send(address, DELETE_GROUPS, body, deadline)
+                (r,) = resp.results
+                self._coordinator_check(r.error_code, None, f"group {group!r}")
+                return r
+
+            try:
+                await self._with_coordinator(group, call)
+                out[group] = None
+            except AdminError as exc:
+                out[group] = exc
+        return out
