@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install run test unit integration bench lint format clean fuzz
+.PHONY: install java run test unit integration bench lint format clean fuzz \
+	docker-build compose-up compose-down pipeline pipeline-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,19 +18,43 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# pyspark (the Spark pipeline and its tests) runs a JVM: Java 17 or newer. When `java`
+# is missing or older, install Debian's JRE 17 without asking (CI has no stdin), as root
+# or through passwordless sudo; otherwise say what to install and stop.
+JAVA_MIN := 17
+JAVA_PKG := openjdk-17-jre-headless
+java:
+	@ver=$$(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1); \
+	major=$${ver%%.*}; \
+	if [ -n "$$major" ] && [ "$$major" -ge $(JAVA_MIN) ] 2>/dev/null; then exit 0; fi; \
+	echo "make: Java $(JAVA_MIN)+ not found (java: $${ver:-missing}); pyspark needs it." \
+	     "Installing $(JAVA_PKG)."; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: no apt-get here: install a Java $(JAVA_MIN)+ runtime with this machine's" \
+	       "package manager (or set JAVA_HOME/PATH to one) and rerun." >&2; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; \
+	elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "make: installing $(JAVA_PKG) needs root: run" \
+	          "'sudo apt-get install -y $(JAVA_PKG)' and rerun." >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	if $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends $(JAVA_PKG) </dev/null; \
+	then java -version; \
+	else echo "make: apt-get could not install $(JAVA_PKG); install a Java $(JAVA_MIN)+ runtime" \
+	          "and rerun." >&2; exit 1; fi
+
 run: install
 	$(BIN)/spool serve --listen 127.0.0.1:9092 --data-dir ./data $(ARGS)
 
-test: install
+test: install java
 	$(BIN)/python -m pytest -q $(ARGS)
 
-unit: install
+unit: install java
 	$(BIN)/python -m pytest -q tests/unit $(ARGS)
 
-integration: install
+integration: install java
 	$(BIN)/python -m pytest -q tests/integration $(ARGS)
 
-bench: install
+bench: install java
 	$(BIN)/python -m bench $(ARGS)
 
 # Malformed and odd requests against a fresh broker; exits 1 on a crash or a traceback.
@@ -47,6 +72,29 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# The docker-compose cluster (README: "Spark pipeline"). Needs a Docker engine with the
+# compose plugin; COMPOSE="docker-compose" for the standalone binary.
+COMPOSE ?= docker compose
+docker-build:
+	$(COMPOSE) build
+
+compose-up:
+	$(COMPOSE) up -d --build --wait
+
+# Broker, master and worker up (healthy), then compaction and audit on the broker's
+# data volume; exits with the pipeline's status. `make pipeline-report` copies the audit
+# (report.json, report.html, Parquet) out of its volume into ./audit.
+pipeline: compose-up
+	$(COMPOSE) --profile pipeline run --rm pipeline
+
+pipeline-report:
+	mkdir -p audit
+	$(COMPOSE) --profile pipeline run --rm --no-deps -T --entrypoint tar pipeline \
+	    -C /audit -cf - . | tar -C audit -xf -
+
+compose-down:
+	$(COMPOSE) --profile pipeline down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
