@@ -1,10 +1,15 @@
-"""Topic partitions on disk: the log, idempotent-producer state, the high watermark.
+"""Topic partitions on disk: the log, producer state, the high watermark and the LSO.
 
 A `Partition` appends validated batches to its `PartitionLog`, keeps the producer
-state that de-duplicates idempotent retries, and advances the high watermark once
-the data is durable by the flush policy (`flush.messages`, default 1: group-committed
-fsync before acks=all is answered and before consumers can see it). Listeners are
-called whenever the high watermark moves; long-poll fetches use them.
+state that de-duplicates idempotent retries and tracks open transactions, and advances
+the high watermark once the data is durable by the flush policy (`flush.messages`,
+default 1: group-committed fsync before acks=all is answered and before consumers can
+see it). The last stable offset (LSO) is the first offset of the earliest transaction
+still open or whose marker is not durable yet, else the high watermark; read_committed
+readers stop there. The transaction coordinator ends a transaction with
+`append_marker`; an abort is indexed (`.txnindex`) so read_committed Fetch responses
+list it. Listeners are called whenever the high watermark (and with it the LSO) moves;
+long-poll fetches use them.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import structlog
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
-from persister.log import LogConfig, PartitionLog
-from persister.producer_state import ProducerStateManager
+from persister.log import AppendResult, LogConfig, PartitionLog
+from persister.producer_state import CompletedTxn, ProducerStateManager
+from persister.txn_index import AbortedTxn
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
     BatchHeader,
     CorruptRecordError,
+    EndTxnMarker,
+    build_end_txn_marker_batch,
     decode_records,
     iter_batches,
     parse_header,
@@ -76,7 +84,9 @@ class Partition:
         self._commit = commit
         self.settings = settings
         self.producers = ProducerStateManager()
-        self.producers.rebuild(plog.iter_batch_headers(plog.log_start_offset))
+        # Open transactions survive a restart: replay the log (and refill the aborted-
+        # transaction index of any segment recovered after a crash).
+        plog.load_producer_state(self.producers)
         # Everything on disk at open time survived the last stop, so it is visible.
         self.high_watermark = plog.log_end_offset
         self._unflushed = 0
@@ -94,8 +104,15 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        # No open transactions are tracked yet, so everything below HW is stable.
-        return self.high_watermark
+        """Kafka's LSO: below it every transaction has ended durably."""
+        first_unstable = self.producers.first_unstable_offset()
+        if first_unstable is None:
+            return self.high_watermark
+        return min(first_unstable, self.high_watermark)
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_bound) (read_committed)."""
+        return self.log.aborted_transactions(fetch_offset, upper_bound)
 
     # -- listeners --------------------------------------------------------------
 
@@ -112,6 +129,8 @@ class Partition:
     def _advance_hw(self, offset: int) -> None:
         if offset > self.high_watermark:
             self.high_watermark = offset
+            # Markers now durable make their transactions stable: the LSO moves too.
+            self.producers.on_high_watermark(offset)
             self._notify()
 
     # -- append -----------------------------------------------------------------
@@ -123,6 +142,13 @@ class Partition:
         `wait_durable(outcome.last_offset)`.
         """
         for _, header in batches:
+            if header.is_control:
+                # As Kafka's LogValidator: only the transaction coordinator writes markers.
+                raise KafkaError(
+                    ErrorCode.invalid_record,
+                    f"Clients are not allowed to write control records to {self.topic}-"
+                    f"{self.index}",
+                )
             if header.size > self.settings["max.message.bytes"]:
                 raise KafkaError(
                     ErrorCode.message_too_large,
@@ -148,8 +174,100 @@ class Partition:
             append_time = ts
             for pos, header in batches:
                 set_log_append_time(data, pos, header, ts)
+        result = self._write(data, ts)
+        records = 0
+        for pos, _ in batches:
+            assigned = parse_header(data, pos)
+            self.producers.update(assigned, ts)
+            records += assigned.last_offset_delta + 1
+        self._appended(records)
+        return AppendOutcome(
+            result.first_offset, result.last_offset, append_time, self.log.log_start_offset
+        )
+
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        commit: bool,
+        coordinator_epoch: int,
+        transaction_version: int = 0,
+    ) -> AppendOutcome:
+        """Write a COMMIT or ABORT marker for `producer_id`'s transaction on this partition.
+
+        For the transaction coordinator (Kafka's WriteTxnMarkers at the partition leader).
+        Checks the producer epoch (INVALID_PRODUCER_EPOCH; with `transaction_version` 2
+        the marker's epoch must be above the producer's, as the coordinator bumps it) and
+        the coordinator epoch (TRANSACTION_COORDINATOR_FENCED), appends one control batch,
+        ends the open transaction and, for an abort, indexes it. Durable, and the LSO
+        moved past the transaction, once `await wait_durable(outcome.last_offset, timeout)`
+        returns; listeners are woken when it moves. A failed write raises
+        KafkaError(KAFKA_STORAGE_ERROR) and leaves the transaction open.
+        """
+        self.producers.check_marker(
+            producer_id,
+            producer_epoch,
+            coordinator_epoch,
+            transaction_version=transaction_version,
+        )
+        ts = self.clock.now_ms()
+        data = bytearray(
+            build_end_txn_marker_batch(
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                commit=commit,
+                coordinator_epoch=coordinator_epoch,
+                timestamp=ts,
+            )
+        )
+        entry = self.producers.entry(producer_id)
+        txn_first = None if entry is None else entry.current_txn_first_offset
+        marker_offset = self.log.log_end_offset
+        result = self._write(data, ts)
+        if not commit and txn_first is not None:
+            completed = CompletedTxn(producer_id, txn_first, marker_offset, aborted=True)
+            try:
+                self.log.append_aborted_txn(
+                    AbortedTxn(
+                        producer_id,
+                        txn_first,
+                        marker_offset,
+                        self.producers.last_stable_offset(completed),
+                    )
+                )
+            except KafkaError as exc:
+                # Without its index entry the abort would read as committed: take the
+                # marker back out, so the transaction stays open and the coordinator retries.
+                log.error(
+                    "partition_write_failed",
+                    topic=self.topic,
+                    partition=self.index,
+                    error=exc.message,
+                )
+                self._undo_write(marker_offset)
+                raise
+        self.producers.update(
+            parse_header(data, 0),
+            ts,
+            EndTxnMarker(commit=commit, coordinator_epoch=coordinator_epoch),
+        )
+        log.info(
+            "txn_marker_written",
+            topic=self.topic,
+            partition=self.index,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            commit=commit,
+            offset=marker_offset,
+            txn_first_offset=txn_first,
+        )
+        self._appended(1)
+        return AppendOutcome(result.first_offset, result.last_offset, -1, self.log.log_start_offset)
+
+    def _write(self, data: bytearray, now_ms: int) -> AppendResult:
         try:
-            result = self.log.append(data, ts)
+            return self.log.append(data, now_ms)
         except KafkaError as exc:
             if exc.code == ErrorCode.kafka_storage_error:
                 log.error(
@@ -159,11 +277,21 @@ class Partition:
                     error=exc.message,
                 )
             raise
-        records = 0
-        for pos, _ in batches:
-            assigned = parse_header(data, pos)
-            self.producers.update(assigned, ts)
-            records += assigned.last_offset_delta + 1
+
+    def _undo_write(self, offset: int) -> None:
+        try:
+            self.log.truncate_to(offset)
+        except (OSError, KafkaError) as exc:
+            log.error(
+                "partition_truncate_failed",
+                topic=self.topic,
+                partition=self.index,
+                offset=offset,
+                error=str(exc),
+            )
+
+    def _appended(self, records: int) -> None:
+        """Apply the flush policy to records just appended: sync now or count them."""
         self._unflushed += records
         if self._unflushed >= self.settings["flush.messages"]:
             self._unflushed = 0
@@ -172,9 +300,6 @@ class Partition:
             task.add_done_callback(self._syncs.discard)
         else:
             self._advance_hw(self.log.log_end_offset)
-        return AppendOutcome(
-            result.first_offset, result.last_offset, append_time, self.log.log_start_offset
-        )
 
     async def _sync_to(self, offset: int) -> None:
         try:

@@ -37,13 +37,14 @@ from pathlib import Path
 import structlog
 
 from persister.index import INT32_MAX
+from persister.producer_state import ProducerStateManager
 from persister.segment import (
-    INDEX_SUFFIX,
     LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
+    SEGMENT_SUFFIXES,
     LogSegment,
     scan_batches,
 )
+from persister.txn_index import AbortedTxn
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
     NO_TIMESTAMP,
@@ -179,6 +180,9 @@ class PartitionLog:
         self._parent_directory_dirty = False
         self._persisted_log_start_offset: int | None = None
         self._persisted_recovery_point: int | None = None
+        # Segments recovered at open: their transaction index is rebuilt by
+        # `load_producer_state`, which replays the transactions they end.
+        self._txn_index_rebuild: set[int] = set()
 
     # ----------------------------------------------------------------- opening
 
@@ -223,7 +227,7 @@ class PartitionLog:
                     )
                     # Kafka's LogLoader: nothing after a torn batch can be trusted.
                     for later in base_offsets[i + 1 :]:
-                        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                        for suffix in SEGMENT_SUFFIXES:
                             (directory / f"{later:020d}{suffix}").unlink(missing_ok=True)
                         directory_dirty = True
                     break
@@ -242,6 +246,7 @@ class PartitionLog:
         partition_log._parent_directory_dirty = created
         # Recovered segments may hold truncations and rebuilt indexes not yet on disk.
         partition_log._unflushed = [s for s in recovered if s is not partition_log._active]
+        partition_log._txn_index_rebuild = {s.base_offset for s in recovered}
         log_start = max(log_start_checkpoint or 0, segments[0].base_offset)
         if log_start > partition_log.log_end_offset:
             # The checkpoint is ahead of the data (the data was lost): start empty there.
@@ -276,7 +281,7 @@ class PartitionLog:
                 base_offsets.add(int(stem))
         for name in names:
             stem, _, suffix = name.partition(".")
-            orphan_index = f".{suffix}" in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+            orphan_index = f".{suffix}" in SEGMENT_SUFFIXES[1:]
             if orphan_index and stem.isdigit() and int(stem) not in base_offsets:
                 # An index whose log was deleted before a crash finished the job.
                 (directory / name).unlink(missing_ok=True)
@@ -295,7 +300,7 @@ class PartitionLog:
             for other in os.listdir(directory):
                 stem, _, suffix = other.partition(".")
                 if (
-                    f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+                    f".{suffix}" in SEGMENT_SUFFIXES
                     and len(stem) == 20
                     and stem.isdigit()
                     and first <= int(stem) < limit
@@ -501,6 +506,68 @@ class PartitionLog:
         first = max(bisect.bisect_right(self._base_offsets, start) - 1, 0)
         for segment in list(self._segments[first:]):
             yield from segment.batches(start)
+
+    def load_producer_state(self, producers: ProducerStateManager) -> None:
+        """Replay every batch from the log start into `producers` (Kafka loads producer
+        snapshots first; spool scans the log) and refill the transaction index of each
+        segment recovered at open with the aborts it holds. Everything on disk counts as
+        durable, so no ended transaction is left waiting for the high watermark."""
+        self._check_open()
+        producers.clear()
+        start = self._log_start_offset
+        first = max(bisect.bisect_right(self._base_offsets, start) - 1, 0)
+        for segment in list(self._segments[first:]):
+            rebuild = segment.base_offset in self._txn_index_rebuild
+            for header, marker in segment.replay(start):
+                if header.is_control and marker is None:
+                    continue  # an empty control batch or not a transaction marker
+                completed = producers.update(header, header.max_timestamp, marker)
+                if rebuild and completed is not None and completed.aborted:
+                    segment.txn_index.append(
+                        AbortedTxn(
+                            completed.producer_id,
+                            completed.first_offset,
+                            completed.last_offset,
+                            producers.last_stable_offset(completed),
+                        )
+                    )
+        self._txn_index_rebuild.clear()
+        producers.on_high_watermark(self.log_end_offset)
+
+    def append_aborted_txn(self, entry: AbortedTxn) -> None:
+        """Index an aborted transaction in the segment holding its marker (no fsync: the
+        next `flush()` covers it). Raises KafkaError(KAFKA_STORAGE_ERROR) if the disk
+        refuses."""
+        self._check_open()
+        slot = max(bisect.bisect_right(self._base_offsets, entry.last_offset) - 1, 0)
+        segment = self._segments[slot]
+        created = not segment.txn_index.entries and not segment.txn_index.path.exists()
+        try:
+            segment.txn_index.append(entry)
+        except OSError as exc:
+            raise KafkaError(
+                ErrorCode.kafka_storage_error,
+                f"write to the transaction index of {self._directory.name} failed: {exc}",
+            ) from exc
+        with self._lock:
+            if created:
+                self._directory_dirty = True
+            if segment is not self._active and all(s is not segment for s in self._unflushed):
+                self._unflushed.append(segment)
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_bound): those whose marker
+        is at or after `fetch_offset` and which began below `upper_bound` (Kafka's
+        collectAbortedTransactions, segment by segment until an entry's LSO reaches the
+        bound)."""
+        found: list[AbortedTxn] = []
+        first = max(bisect.bisect_right(self._base_offsets, fetch_offset) - 1, 0)
+        for segment in self._segments[first:]:
+            entries, complete = segment.txn_index.collect(fetch_offset, upper_bound)
+            found.extend(entries)
+            if complete:
+                break
+        return found
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(base offset, max timestamp) of the first batch whose max timestamp >= timestamp_ms.
@@ -801,7 +868,7 @@ class PartitionLog:
                     )
         finally:
             os.close(fd)
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in SEGMENT_SUFFIXES[1:]:
             old.path(suffix).unlink(missing_ok=True)
         os.replace(cleaned, old.path(LOG_SUFFIX))
         _fsync_directory(self._directory)

@@ -16,10 +16,17 @@ Follows Kafka's ProducerStateManager / ProducerAppendInfo / ProducerStateEntry:
   `rebuild` replays every batch header of the log on startup through the same path,
   without checks (Kafka loads the log with the replication origin, which skips them).
 
+Transactions (Kafka's ProducerStateManager ongoing/unreplicated transactions): a
+transactional data batch opens a transaction for its producer (its first offset is
+kept); the producer's COMMIT or ABORT marker closes it and `update` returns the
+`CompletedTxn`. A completed transaction stays "unreplicated" until the high watermark
+passes its marker (`on_high_watermark`), so the last stable offset never runs ahead of
+what is durable: `first_unstable_offset` is the first offset of the earliest open or
+not yet durable transaction. Markers are checked by `check_marker` (producer epoch and
+coordinator epoch, as Kafka's ProducerAppendInfo.appendEndTxnMarker).
+
 Not modelled: the transactions-v2 verification state (Kafka rejects a non-zero first
-sequence from a TV2 transactional producer with no state), coordinator epochs of
-transaction markers, and the aborted-transaction index (markers are only read as
-"the transaction ended"; commit or abort is in the marker record, not the header).
+sequence from a TV2 transactional producer with no state).
 
 A produce request carrying several batches for one partition is checked with
 `check_all` (each batch against the state the earlier ones would leave), then
@@ -32,8 +39,16 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from sortedcontainers import SortedDict
+
 from protocol.errors import ErrorCode, KafkaError
-from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader
+from protocol.records import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    BatchHeader,
+    EndTxnMarker,
+)
 
 NUM_BATCHES_TO_RETAIN = 5
 MAX_SEQUENCE = 2**31 - 1
@@ -50,6 +65,16 @@ class BatchMetadata:
     first_offset: int
     last_offset: int
     timestamp: int
+
+
+@dataclass(slots=True, frozen=True)
+class CompletedTxn:
+    """A transaction its marker ended: [first_offset, last_offset], the marker last."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,6 +100,8 @@ class ProducerStateEntry:
     )
     last_timestamp: int = -1
     current_txn_first_offset: int | None = None
+    # Of the last transaction marker written for this producer (Kafka's coordinatorEpoch).
+    coordinator_epoch: int = -1
 
     @property
     def last_sequence(self) -> int:
@@ -115,6 +142,10 @@ class ProducerStateManager:
 
     def __init__(self) -> None:
         self._producers: dict[int, ProducerStateEntry] = {}
+        # first offset -> producer id of every open transaction.
+        self._ongoing: SortedDict = SortedDict()
+        # Ended transactions whose marker is not below the high watermark yet, in marker order.
+        self._unreplicated: deque[CompletedTxn] = deque()
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -210,16 +241,60 @@ class ProducerStateManager:
                 f"than its current epoch {entry.producer_epoch}",
             )
 
-    def update(self, header: BatchHeader, append_time_ms: int) -> None:
+    def check_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        *,
+        transaction_version: int = 0,
+    ) -> None:
+        """Validate a COMMIT/ABORT marker about to be written (Kafka's appendEndTxnMarker).
+
+        An older producer epoch is INVALID_PRODUCER_EPOCH (with transactions v2 the
+        coordinator bumps the epoch for the marker, so an equal epoch is refused too,
+        unless no transaction is open: a retry of a marker already written). An older
+        coordinator epoch than the last marker's is TRANSACTION_COORDINATOR_FENCED.
+        """
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return
+        current = entry.producer_epoch
+        invalid = (
+            producer_epoch <= current if transaction_version >= 2 else producer_epoch < current
+        )
+        if invalid and not (
+            transaction_version >= 2
+            and producer_epoch == current
+            and entry.current_txn_first_offset is None
+        ):
+            raise KafkaError(
+                ErrorCode.invalid_producer_epoch,
+                f"transaction marker epoch {producer_epoch} of producer {producer_id} is "
+                f"{'at or below' if transaction_version >= 2 else 'below'} its current epoch "
+                f"{current}",
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise KafkaError(
+                ErrorCode.transaction_coordinator_fenced,
+                f"transaction marker for producer {producer_id} carries coordinator epoch "
+                f"{coordinator_epoch}, older than {entry.coordinator_epoch} of its last marker",
+            )
+
+    def update(
+        self, header: BatchHeader, append_time_ms: int, marker: EndTxnMarker | None = None
+    ) -> CompletedTxn | None:
         """Record a batch just appended; `header` carries its assigned offsets.
 
         As in Kafka, a producer's timestamp is its batches' max timestamp (so a
         rebuild from the log sees the same); `append_time_ms` stands in for batches
-        that carry none.
+        that carry none. For a control batch `marker` is its COMMIT/ABORT marker (None
+        counts as a commit); the transaction it ends is returned, None if the producer
+        had none open (a marker with no data is no transaction to index).
         """
         producer_id = header.producer_id
         if producer_id == NO_PRODUCER_ID:
-            return
+            return None
         entry = self._producers.get(producer_id)
         if entry is None:
             entry = self._producers[producer_id] = ProducerStateEntry(producer_id)
@@ -227,9 +302,18 @@ class ProducerStateManager:
         entry._set_epoch(header.producer_epoch)
         entry.last_timestamp = timestamp
         if header.is_control:
-            # A transaction marker (commit or abort) ends the open transaction.
+            first = entry.current_txn_first_offset
+            if marker is not None:
+                entry.coordinator_epoch = marker.coordinator_epoch
+            if first is None:
+                return None
             entry.current_txn_first_offset = None
-            return
+            self._ongoing.pop(first, None)
+            completed = CompletedTxn(
+                producer_id, first, header.base_offset, marker is not None and not marker.commit
+            )
+            self._unreplicated.append(completed)
+            return completed
         entry.batches.append(
             BatchMetadata(
                 header.base_sequence,
@@ -241,12 +325,19 @@ class ProducerStateManager:
         )
         if header.is_transactional and entry.current_txn_first_offset is None:
             entry.current_txn_first_offset = header.base_offset
+            self._ongoing[header.base_offset] = producer_id
+        return None
 
     def rebuild(self, headers: Iterable[BatchHeader]) -> None:
         """Forget everything and replay the log's batch headers in offset order."""
-        self._producers.clear()
+        self.clear()
         for header in headers:
             self.update(header, header.max_timestamp)
+
+    def clear(self) -> None:
+        self._producers.clear()
+        self._ongoing.clear()
+        self._unreplicated.clear()
 
     def truncate_below(self, log_start_offset: int) -> None:
         """Forget producers with no data batch left at or above the log start offset.
@@ -259,7 +350,9 @@ class ProducerStateManager:
             if not entry.batches or entry.last_data_offset < log_start_offset
         ]
         for producer_id in gone:
-            del self._producers[producer_id]
+            entry = self._producers.pop(producer_id)
+            if entry.current_txn_first_offset is not None:
+                self._ongoing.pop(entry.current_txn_first_offset, None)
 
     def remove_expired(
         self, now_ms: int, expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -278,11 +371,29 @@ class ProducerStateManager:
             del self._producers[producer_id]
         return expired
 
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """Ended transactions whose marker is now below the high watermark are stable."""
+        while self._unreplicated and self._unreplicated[0].last_offset < high_watermark:
+            self._unreplicated.popleft()
+
     def first_unstable_offset(self) -> int | None:
-        """First offset of the oldest open transaction (bounds the last stable offset)."""
-        offsets = [
-            entry.current_txn_first_offset
-            for entry in self._producers.values()
-            if entry.current_txn_first_offset is not None
-        ]
+        """First offset of the earliest open or not yet durable transaction (Kafka's
+        firstUnstableOffset, which bounds the last stable offset)."""
+        offsets: list[int] = [txn.first_offset for txn in self._unreplicated]
+        if self._ongoing:
+            first: int = self._ongoing.peekitem(0)[0]
+            offsets.append(first)
         return min(offsets) if offsets else None
+
+    def last_stable_offset(self, completed: CompletedTxn) -> int:
+        """The LSO right after `completed` ended, as its index entry records it (Kafka's
+        ProducerStateManager.lastStableOffset): the start of the earliest transaction of
+        another producer still open, else just past the marker."""
+        for first, producer_id in self._ongoing.items():
+            if producer_id != completed.producer_id:
+                return int(first)
+        return completed.last_offset + 1
+
+    def open_transactions(self) -> list[tuple[int, int]]:
+        """(first offset, producer id) of each open transaction, ascending."""
+        return [(int(first), int(pid)) for first, pid in self._ongoing.items()]

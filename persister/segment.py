@@ -1,11 +1,13 @@
-"""One segment of a partition log: `<base offset>.log` plus its `.index` and `.timeindex`.
+"""One segment of a partition log: `<base offset>.log` plus its `.index`, `.timeindex` and,
+once a transaction aborted in it, `.txnindex` (persister.txn_index).
 
 Follows Kafka's LogSegment: an index entry is added once more than `index.interval.bytes`
 were written since the previous one, pointing at a batch by its last offset; a time-index
 entry (the max timestamp so far and the offset that reached it) goes with it when the max
 timestamp grew, and once more when the segment stops being active. Recovery re-reads
 every batch, checks its structure and CRC, cuts the file at the first bad one and rebuilds
-both indexes.
+both indexes; the transaction index of a recovered segment is emptied, and the log
+rebuilds it while replaying producer state (which needs the segments before it).
 
 Not thread-safe except `fsync`, which the flush thread calls while the event-loop thread
 appends (both only touch the kernel's file, never the Python-side state).
@@ -22,13 +24,16 @@ from pathlib import Path
 import structlog
 
 from persister.index import INT32_MAX, OffsetIndex, TimeIndex
+from persister.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 from protocol.records import (
     HEADER_SIZE,
     NO_TIMESTAMP,
     BatchHeader,
     CorruptRecordError,
+    EndTxnMarker,
     iter_batches,
     parse_header,
+    read_batch_marker,
     validate_batch,
 )
 
@@ -37,6 +42,8 @@ log = structlog.get_logger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+# Every file of a segment, the log first.
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 # Chunk read when walking headers: covers the stretch between two index entries at the
 # default index.interval.bytes, so a lookup usually costs one read.
 _SCAN_CHUNK = 16 * 1024
@@ -90,6 +97,7 @@ class LogSegment:
         self.created_ms = created_ms
         self.offset_index = OffsetIndex(self.path(INDEX_SUFFIX))
         self.time_index = TimeIndex(self.path(TIME_INDEX_SUFFIX))
+        self.txn_index = TransactionIndex(self.path(TXN_INDEX_SUFFIX))
         self.size = 0
         self.next_offset = base_offset
         self.max_timestamp = NO_TIMESTAMP
@@ -145,6 +153,7 @@ class LogSegment:
             segment.last_modified_ms = int(os.fstat(fd).st_mtime * 1000)
             segment.size = file_size
             if trusted and segment._load_indexes(file_size):
+                segment.txn_index = TransactionIndex.load(segment.path(TXN_INDEX_SUFFIX))
                 return segment, False, 0
             return segment, True, segment.recover(index_interval_bytes)
         except BaseException:
@@ -198,7 +207,11 @@ class LogSegment:
         return True
 
     def recover(self, index_interval_bytes: int) -> int:
-        """Validate every batch, cut the file at the first bad one, rebuild the indexes."""
+        """Validate every batch, cut the file at the first bad one, rebuild the indexes.
+
+        The transaction index is emptied; the log's producer-state replay refills it.
+        """
+        self.txn_index.reset()
         index_offsets: array[int] = array("i")
         index_positions: array[int] = array("i")
         time_stamps: list[int] = []
@@ -320,6 +333,7 @@ class LogSegment:
         os.ftruncate(self.fd, position)
         self.offset_index.truncate_to_position(position)
         self.time_index.truncate_to_offset(new_next - self.base_offset)
+        self.txn_index.truncate_to(new_next)
         self.size = position
         self.next_offset = new_next
         last_time = self.time_index.last_entry()
@@ -401,6 +415,19 @@ class LogSegment:
         for _, header in scan_batches(self.fd, found[0], self.size, validate=False):
             yield header
 
+    def replay(self, start_offset: int) -> Iterator[tuple[BatchHeader, EndTxnMarker | None]]:
+        """Headers of the batches whose last offset is >= `start_offset`, each control
+        batch with its transaction marker (read from the file; data batches are not)."""
+        found = self.translate_offset(start_offset)
+        if found is None:
+            return
+        for pos, header in scan_batches(self.fd, found[0], self.size, validate=False):
+            marker = None
+            if header.is_control:
+                data = os.pread(self.fd, header.size, pos)
+                marker = read_batch_marker(data, 0, header)
+            yield header, marker
+
     def find_by_timestamp(self, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
         """(base offset, max timestamp) of the first batch at/after `starting_offset` whose
         max timestamp is >= `timestamp` (Kafka's findOffsetByTimestamp, at batch level)."""
@@ -416,11 +443,13 @@ class LogSegment:
         os.fsync(self.fd)
         self.offset_index.fsync()
         self.time_index.fsync()
+        self.txn_index.fsync()
 
     def close_index_files(self) -> None:
         """Drop the index fds of a segment no longer written (lookups use memory)."""
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
 
     def close(self) -> None:
         self.close_index_files()
@@ -429,5 +458,5 @@ class LogSegment:
             self.fd = -1
 
     def unlink(self) -> None:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in SEGMENT_SUFFIXES:
             self.path(suffix).unlink(missing_ok=True)

@@ -506,3 +506,92 @@ def set_log_append_time(
     crc = compute_crc(buf, pos, updated)
     struct.pack_into(">I", buf, pos + CRC_OFFSET, crc)
     return replace(updated, crc=crc)
+
+
+# ---------------------------------------------------------------------------
+# Control batches (transaction markers).
+#
+# A control batch (attributes bit 5) holds one control record whose key is
+# `version int16 (0) | type int16` (Kafka's ControlRecordType: 0 ABORT, 1 COMMIT) and,
+# for transaction markers, whose value is Kafka's EndTxnMarker:
+# `version int16 (0) | coordinator_epoch int32`.
+# ---------------------------------------------------------------------------
+
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_MARKER = struct.Struct(">hi")
+
+
+@dataclass(slots=True, frozen=True)
+class EndTxnMarker:
+    """A COMMIT or ABORT marker read from a control record."""
+
+    commit: bool
+    coordinator_epoch: int
+
+
+def control_type(key: bytes | None) -> int:
+    """The control record type of a control record's key (Kafka's ControlRecordType.parse)."""
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(
+            f"control record key has {0 if key is None else len(key)} bytes, need at least "
+            f"{_CONTROL_KEY.size}"
+        )
+    version, kind = _CONTROL_KEY.unpack_from(key)
+    if version < 0:
+        raise CorruptRecordError(f"control record key has negative version {version}")
+    return int(kind)
+
+
+def read_end_txn_marker(record: Record) -> EndTxnMarker | None:
+    """The transaction marker a control record holds; None for other control types."""
+    kind = control_type(record.key)
+    if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+        return None
+    value = record.value
+    if value is None or len(value) < _END_TXN_MARKER.size:
+        raise CorruptRecordError("transaction marker value is shorter than its 6 bytes")
+    version, coordinator_epoch = _END_TXN_MARKER.unpack_from(value)
+    if version < 0:
+        raise CorruptRecordError(f"transaction marker has negative version {version}")
+    return EndTxnMarker(kind == CONTROL_COMMIT, coordinator_epoch)
+
+
+def build_end_txn_marker_batch(
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    coordinator_epoch: int,
+    timestamp: int,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """One control batch holding a COMMIT or ABORT marker, as Kafka's transaction
+    coordinator has the partition leader write it (transactional, no sequence)."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _END_TXN_MARKER.pack(0, coordinator_epoch)
+    return build_batch(
+        [NewRecord(key, value)],
+        base_offset=base_offset,
+        default_timestamp=timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        is_transactional=True,
+        is_control=True,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def read_batch_marker(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> EndTxnMarker | None:
+    """The transaction marker of the control batch at `pos`; None for a data batch, an
+    empty control batch (its transaction was cleaned away) or another control type."""
+    if not header.is_control:
+        return None
+    records = decode_records(buf, pos, header)
+    if not records:
+        return None
+    return read_end_txn_marker(records[0])

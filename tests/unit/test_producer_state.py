@@ -198,6 +198,11 @@ def test_transaction_is_open_until_its_marker() -> None:
     assert log.state.first_unstable_offset() == 0
     assert error_of(log, batch(2, epoch=0)) == ErrorCode.invalid_txn_state
     log.produce(batch(-1, epoch=0, control=True))
+    # Ended, but unstable until the marker (offset 3) is below the high watermark.
+    assert log.state.first_unstable_offset() == 0
+    log.state.on_high_watermark(3)
+    assert log.state.first_unstable_offset() == 0
+    log.state.on_high_watermark(4)
     assert log.state.first_unstable_offset() is None
     assert log.produce(batch(2, epoch=0)) == (4, 4)
 
