@@ -1,0 +1,977 @@
+"""`spool audit`: check the share-state log (`DATA/share-state/`) with Spark.
+
+The log is the whole durable truth of the share groups (KIP-932): Kafka's
+`__share_group_state` records (ShareSnapshot, ShareUpdate, tombstones) that the share
+coordinator replays on start. The audit reads a copy or a stopped broker's data dir and
+checks, each as a named rule:
+
+- `crc_and_framing`: every batch has whole framing and a matching CRC32C, every record
+  is a share-state record. Read in the executors; a bad batch is a violation at its
+  segment file and offset, never a crash, and the rest of the segment is read when the
+  batch's length can be trusted (a CRC mismatch), not after a torn or garbled length.
+- `replay_equivalent`: with a compaction staging dir (`share-state/compacted-*/` with a
+  `manifest.json`), replaying its output plus the segments it did not cover gives every
+  key the state that replaying the originals gives; without one, the full replay of
+  each key equals its replay from its newest snapshot or tombstone, which is what any
+  compaction keeps (persister.share_compaction).
+- `state_epoch_monotonic`: per key in log order a snapshot's state epoch never goes
+  back (a tombstone ends the key; a later initialize starts afresh, as in Kafka).
+- `start_offset_monotonic`: the start offset moves back only where the state epoch
+  changes (an admin reset, KIP-932's AlterShareGroupOffsets, writes a new epoch).
+- `state_batches_ordered`: each record's state batches are valid ranges, in order,
+  non-overlapping and at or above the start offset in force.
+- `delivery_state_known`: 0 Available, 2 Acknowledged or 4 Archived, the only states
+  Kafka persists (Acquired is never written).
+- `delivery_count_within_limit`: no count above the group's `share.delivery.count.limit`
+  (a group override in the groups log, else the dynamic broker default
+  `group.share.delivery.count.limit` in the metadata log, else Kafka's default 5).
+- `offsets_in_topic_log`: the topic id names a topic in the metadata log, and start
+  offsets and state batches lie at or below its partition's log end offset.
+
+The pure parts (scanning a segment's bytes, the per-key rules, the replay) take plain
+values and are unit-tested without Spark; `run_audit` distributes them: one task per
+segment file for the scan, one group per share key for the rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from persister import share_fold
+from persister.segment import LOG_SUFFIX
+from persister.share_records import (
+    ShareRecord,
+    ShareSnapshot,
+    ShareUpdate,
+    StateBatch,
+    decode,
+)
+from protocol.records import (
+    HEADER_SIZE,
+    CorruptRecordError,
+    Record,
+    _read_varint,
+    compute_crc,
+    decode_records,
+    parse_header,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+    from pyspark.sql import SparkSession
+
+# ------------------------------------------------------------------ rules
+
+CRC_AND_FRAMING = "crc_and_framing"
+REPLAY_EQUIVALENT = "replay_equivalent"
+STATE_EPOCH_MONOTONIC = "state_epoch_monotonic"
+START_OFFSET_MONOTONIC = "start_offset_monotonic"
+STATE_BATCHES_ORDERED = "state_batches_ordered"
+DELIVERY_STATE_KNOWN = "delivery_state_known"
+DELIVERY_COUNT_WITHIN_LIMIT = "delivery_count_within_limit"
+OFFSETS_IN_TOPIC_LOG = "offsets_in_topic_log"
+
+RULES: dict[str, str] = {
+    CRC_AND_FRAMING: "every batch is whole with a matching CRC32C; every record decodes",
+    REPLAY_EQUIVALENT: "replaying the compacted log gives every key the same state",
+    STATE_EPOCH_MONOTONIC: "a key's state epoch never goes back",
+    START_OFFSET_MONOTONIC: "a start offset moves back only with a new state epoch",
+    STATE_BATCHES_ORDERED: "state batches ordered, non-overlapping, at or above the start",
+    DELIVERY_STATE_KNOWN: "delivery states are 0 Available, 2 Acknowledged or 4 Archived",
+    DELIVERY_COUNT_WITHIN_LIMIT: "delivery counts within share.delivery.count.limit",
+    OFFSETS_IN_TOPIC_LOG: "offsets exist in the topic partition's log",
+}
+
+# What Kafka persists (PersisterStateBatch): Acquired (1) is in memory only.
+KNOWN_DELIVERY_STATES = {0: "Available", 2: "Acknowledged", 4: "Archived"}
+AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
+# Kafka's group.share.delivery.count.limit default (KIP-932).
+DEFAULT_DELIVERY_COUNT_LIMIT = 5
+GROUP_LIMIT_KEY = "share.delivery.count.limit"
+BROKER_LIMIT_KEY = "group.share.delivery.count.limit"
+NO_OFFSET = -1
+
+SNAPSHOT, UPDATE, TOMBSTONE = "snapshot", "update", "tombstone"
+# Where a record was read: the live log, or a compaction's output.
+SOURCE_LOG, SOURCE_COMPACTED = "log", "compacted"
+
+_T = TypeVar("_T")
+ShareKeyTuple = tuple[str, str, int]  # group id, topic id (text), partition
+
+
+class LogRecord(NamedTuple):
+    """One decoded share-state record and where it sits: the record rows of the audit.
+
+    `state_epoch` is -1 for an update or a tombstone (ShareUpdate has no such field);
+    `segment` is the file name (relative to the share-state dir for compacted output).
+    """
+
+    source: str
+    segment: str
+    byte_position: int
+    offset: int
+    record_type: str
+    group_id: str
+    topic_id: str
+    partition: int
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    batches: tuple[StateBatch, ...]
+    share: ShareRecord
+
+    @property
+    def key(self) -> ShareKeyTuple:
+        return (self.group_id, self.topic_id, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One failed check, with the key (None where a bad batch names none) and position."""
+
+    rule: str
+    message: str
+    group_id: str | None
+    topic_id: str | None
+    partition: int | None
+    segment: str
+    offset: int | None
+    byte_position: int | None = None
+    topic: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _violation(rule: str, record: LogRecord, message: str) -> Violation:
+    return Violation(
+        rule,
+        message,
+        record.group_id,
+        record.topic_id,
+        record.partition,
+        record.segment,
+        record.offset,
+        record.byte_position,
+    )
+
+
+# ------------------------------------------------------------------ scanning segments
+
+
+def log_record(
+    source: str, segment: str, byte_position: int, offset: int, share: ShareRecord
+) -> LogRecord:
+    """The row of one decoded record at its position."""
+    key = share.key
+    kind = TOMBSTONE
+    snapshot_epoch = state_epoch = leader_epoch = start_offset = NO_OFFSET
+    batches: tuple[StateBatch, ...] = ()
+    if isinstance(share, ShareSnapshot):
+        kind, state_epoch = SNAPSHOT, share.state_epoch
+    if isinstance(share, ShareSnapshot | ShareUpdate):
+        kind = kind if kind == SNAPSHOT else UPDATE
+        snapshot_epoch, leader_epoch = share.snapshot_epoch, share.leader_epoch
+        start_offset, batches = share.start_offset, share.batches
+    return LogRecord(
+        source,
+        segment,
+        byte_position,
+        offset,
+        kind,
+        key.group_id,
+        str(key.topic_id),
+        key.partition,
+        snapshot_epoch,
+        state_epoch,
+        leader_epoch,
+        start_offset,
+        tuple(StateBatch(*b) for b in batches),
+        share,
+    )
+
+
+def _peek_key(data: bytes, pos: int) -> Any:
+    """The share key of the first record of a damaged batch at `pos`, or None: a torn or
+    garbled batch still usually names whose state it carried."""
+    try:
+        body = bytes(data[pos + HEADER_SIZE :])
+        _length, at = _read_varint(body, 0)
+        at += 1  # attributes
+        _, at = _read_varint(body, at)  # timestamp delta
+        _, at = _read_varint(body, at)  # offset delta
+        key_length, at = _read_varint(body, at)
+        if key_length < 0 or at + key_length > len(body):
+            return None
+        return decode(body[at : at + key_length], None).key
+    except (IndexError, ValueError, CorruptRecordError):
+        return None
+
+
+def _framing(
+    segment: str, pos: int, offset: int | None, message: str, key: Any = None
+) -> Violation:
+    return Violation(
+        CRC_AND_FRAMING,
+        message,
+        None if key is None else key.group_id,
+        None if key is None else str(key.topic_id),
+        None if key is None else key.partition,
+        segment,
+        offset,
+        pos,
+    )
+
+
+def scan_segment(
+    data: bytes, segment: str, source: str = SOURCE_LOG
+) -> Iterator[LogRecord | Violation]:
+    """Every share record of one segment file's bytes, and a `crc_and_framing` violation
+    for each batch or record that is not sound. Never raises on bad bytes."""
+    pos, end = 0, len(data)
+    next_offset: int | None = None
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            yield _framing(
+                segment,
+                pos,
+                None,
+                f"{end - pos} trailing bytes are not a record batch (a torn write)",
+            )
+            return
+        try:
+            header = parse_header(data, pos)
+        except CorruptRecordError as exc:
+            yield _framing(segment, pos, None, f"batch header unreadable: {exc}")
+            return
+        if pos + header.size > end:
+            yield _framing(
+                segment,
+                pos,
+                header.base_offset,
+                f"batch at base offset {header.base_offset} claims {header.size} bytes but "
+                f"only {end - pos} remain (a truncated record)",
+                _peek_key(data, pos),
+            )
+            return
+        # The length is whole from here on, so the next batch can be read even if this
+        # one's contents are bad.
+        batch_pos, pos = pos, pos + header.size
+        actual = compute_crc(data, batch_pos, header)
+        if actual != header.crc:
+            yield _framing(
+                segment,
+                batch_pos,
+                header.base_offset,
+                f"batch at base offset {header.base_offset} has CRC32C {header.crc:#010x} "
+                f"stored but {actual:#010x} computed",
+                _peek_key(data, batch_pos),
+            )
+            continue
+        if next_offset is not None and header.base_offset < next_offset:
+            yield _framing(
+                segment,
+                batch_pos,
+                header.base_offset,
+                f"batch base offset {header.base_offset} is below the previous batch's next "
+                f"offset {next_offset}",
+            )
+        next_offset = header.next_offset
+        if header.is_control:
+            continue
+        try:
+            records: Sequence[Record] = decode_records(data, batch_pos, header)
+        except CorruptRecordError as exc:
+            yield _framing(segment, batch_pos, header.base_offset, f"records unreadable: {exc}")
+            continue
+        for record in records:
+            try:
+                if record.key is None:
+                    raise ValueError("record has no key; it is not a share-state record")
+                share = decode(record.key, record.value)
+            except ValueError as exc:
+                yield _framing(segment, batch_pos, record.offset, str(exc))
+                continue
+            yield log_record(source, segment, batch_pos, record.offset, share)
+
+
+def scan_file(path: str, segment: str, source: str) -> list[LogRecord | Violation]:
+    """`scan_segment` of a file (what each executor task runs)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return [_framing(segment, 0, None, f"segment unreadable: {exc}")]
+    return list(scan_segment(data, segment, source))
+
+
+# ------------------------------------------------------------------ replay
+
+
+def fold(records: Iterable[LogRecord]) -> ShareSnapshot | None:
+    """A key's state after `records` by the coordinator's own replay rules
+    (persister.share_fold), as the ShareSnapshot that stands for it; None if deleted."""
+    return share_fold.fold(r.share for r in records)
+
+
+def from_last_reset(records: Sequence[LogRecord]) -> Sequence[LogRecord]:
+    """The records a compaction keeps of one key: from its newest snapshot or tombstone."""
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].record_type != UPDATE:
+            return records[i:]
+    return records
+
+
+# ------------------------------------------------------------------ per-key rules
+
+
+@dataclass(frozen=True, slots=True)
+class KeyContext:
+    """What the rules of one key need from outside the share-state log."""
+
+    delivery_count_limit: int = DEFAULT_DELIVERY_COUNT_LIMIT
+    limit_source: str = "Kafka default"
+    topic: str | None = None
+    log_start_offset: int | None = None
+    log_end_offset: int | None = None
+
+
+def _steps(records: Sequence[LogRecord]) -> Iterator[tuple[LogRecord, ShareSnapshot | None]]:
+    """Each record with the key's state before it."""
+    state: ShareSnapshot | None = None
+    for record in records:
+        yield record, state
+        state = share_fold.apply(state, record.share)
+
+
+def check_state_epochs(records: Sequence[LogRecord]) -> list[Violation]:
+    out = []
+    newest: int | None = None
+    for record in records:
+        if record.record_type == TOMBSTONE:
+            newest = None
+        elif record.record_type == SNAPSHOT:
+            if newest is not None and record.state_epoch < newest:
+                out.append(
+                    _violation(
+                        STATE_EPOCH_MONOTONIC,
+                        record,
+                        f"state epoch {record.state_epoch} after {newest}",
+                    )
+                )
+            newest = record.state_epoch if newest is None else max(newest, record.state_epoch)
+    return out
+
+
+def check_start_offsets(records: Sequence[LogRecord]) -> list[Violation]:
+    out = []
+    for record, before in _steps(records):
+        if record.record_type == TOMBSTONE or before is None or record.start_offset == NO_OFFSET:
+            continue
+        if record.start_offset >= before.start_offset:
+            continue
+        if record.record_type == SNAPSHOT and record.state_epoch != before.state_epoch:
+            continue  # a reset: a new state epoch may start anywhere
+        out.append(
+            _violation(
+                START_OFFSET_MONOTONIC,
+                record,
+                f"start offset {record.start_offset} is below {before.start_offset} with "
+                f"the state epoch unchanged at {before.state_epoch}",
+            )
+        )
+    return out
+
+
+def _start_in_force(record: LogRecord, before: ShareSnapshot | None) -> int:
+    if record.start_offset != NO_OFFSET or record.record_type == SNAPSHOT or before is None:
+        return record.start_offset
+    return before.start_offset
+
+
+def check_batches(records: Sequence[LogRecord]) -> list[Violation]:
+    out = []
+    for record, before in _steps(records):
+        start = _start_in_force(record, before)
+        previous: StateBatch | None = None
+        for batch in record.batches:
+            what = f"state batch {batch.first_offset}-{batch.last_offset}"
+            problem = None
+            if batch.first_offset < 0 or batch.last_offset < batch.first_offset:
+                problem = f"{what} is not a valid offset range"
+            elif start >= 0 and batch.first_offset < start:
+                problem = f"{what} begins below the start offset {start}"
+            elif previous is not None and batch.first_offset <= previous.last_offset:
+                ordered = batch.first_offset > previous.first_offset
+                problem = (
+                    f"{what} overlaps the batch before it "
+                    f"({previous.first_offset}-{previous.last_offset})"
+                    if ordered
+                    else f"{what} comes after {previous.first_offset}-{previous.last_offset}"
+                    " (batches out of order)"
+                )
+            if problem is not None:
+                out.append(_violation(STATE_BATCHES_ORDERED, record, problem))
+            previous = batch
+    return out
+
+
+def check_delivery_states(records: Sequence[LogRecord]) -> list[Violation]:
+    return [
+        _violation(
+            DELIVERY_STATE_KNOWN,
+            record,
+            f"state batch {batch.first_offset}-{batch.last_offset} has delivery state "
+            f"{batch.delivery_state}; Kafka stores 0 (Available), 2 (Acknowledged) or "
+            "4 (Archived)",
+        )
+        for record in records
+        for batch in record.batches
+        if batch.delivery_state not in KNOWN_DELIVERY_STATES
+    ]
+
+
+def check_delivery_counts(records: Sequence[LogRecord], context: KeyContext) -> list[Violation]:
+    limit = context.delivery_count_limit
+    return [
+        _violation(
+            DELIVERY_COUNT_WITHIN_LIMIT,
+            record,
+            f"state batch {batch.first_offset}-{batch.last_offset} has delivery count "
+            f"{batch.delivery_count}, outside 0..{limit} ({GROUP_LIMIT_KEY} "
+            f"{limit}, {context.limit_source})",
+        )
+        for record in records
+        for batch in record.batches
+        if not 0 <= batch.delivery_count <= limit
+    ]
+
+
+def check_topic_offsets(records: Sequence[LogRecord], context: KeyContext) -> list[Violation]:
+    if not records:
+        return []
+    if context.topic is None:
+        # Only a key whose state is still live matters: a deleted topic's state is
+        # deleted after it (by tombstones), not before.
+        if fold(records) is None:
+            return []
+        return [
+            _violation(
+                OFFSETS_IN_TOPIC_LOG,
+                records[-1],
+                f"topic id {records[-1].topic_id} is not a topic in the metadata log",
+            )
+        ]
+    end = context.log_end_offset
+    if end is None:
+        return []
+    out = []
+    for record in records:
+        if record.start_offset > end:
+            out.append(
+                _violation(
+                    OFFSETS_IN_TOPIC_LOG,
+                    record,
+                    f"start offset {record.start_offset} is past the log end offset {end} "
+                    f"of {context.topic}-{record.partition}",
+                )
+            )
+        out += [
+            _violation(
+                OFFSETS_IN_TOPIC_LOG,
+                record,
+                f"state batch {b.first_offset}-{b.last_offset} reaches past the log end "
+                f"offset {end} of {context.topic}-{record.partition}",
+            )
+            for b in record.batches
+            if b.last_offset >= end
+        ]
+    return out
+
+
+def check_replay_equivalent(
+    original: Sequence[LogRecord], compacted: Sequence[LogRecord] | None
+) -> list[Violation]:
+    """`compacted` None: compare the full replay with the replay from the last reset."""
+    if not original and not compacted:
+        return []
+    kept = from_last_reset(original) if compacted is None else compacted
+    expected, got = fold(original), fold(kept)
+    if expected == got:
+        return []
+    where = kept[-1] if kept else original[-1]
+    what = "its newest snapshot on" if compacted is None else "the compacted log"
+    return [
+        _violation(
+            REPLAY_EQUIVALENT,
+            where,
+            f"replaying {what} gives {_describe_state(got)}; the full log gives "
+            f"{_describe_state(expected)}",
+        )
+    ]
+
+
+def _describe_state(state: ShareSnapshot | None) -> str:
+    if state is None:
+        return "no state (deleted)"
+    return (
+        f"state epoch {state.state_epoch}, start offset {state.start_offset}, "
+        f"{len(state.batches)} state batches"
+    )
+
+
+def check_key(
+    original: Sequence[LogRecord],
+    context: KeyContext,
+    compacted: Sequence[LogRecord] | None = None,
+) -> list[Violation]:
+    """Every per-key rule over one key's records in log order."""
+    return [
+        *check_replay_equivalent(original, compacted),
+        *check_state_epochs(original),
+        *check_start_offsets(original),
+        *check_batches(original),
+        *check_delivery_states(original),
+        *check_delivery_counts(original, context),
+        *check_topic_offsets(original, context),
+    ]
+
+
+# ------------------------------------------------------------------ per-partition stats
+
+
+def partition_stats(
+    key: ShareKeyTuple, records: Sequence[LogRecord], context: KeyContext
+) -> dict[str, Any]:
+    """What the final state says of a share partition: offsets accepted (done), archived
+    (poison or given up), released (available again after a delivery), redelivered
+    (delivered more than once), the delivery-count histogram, and the lag (KIP-932's
+    share-group lag: log end - start offset - offsets done above the start)."""
+    state = fold(records)
+    counts: Counter[int] = Counter()
+    by_state: Counter[int] = Counter()
+    released = redelivered = 0
+    for batch in state.batches if state else ():
+        size = batch.last_offset - batch.first_offset + 1
+        counts[batch.delivery_count] += size
+        by_state[batch.delivery_state] += size
+        if batch.delivery_state == AVAILABLE and batch.delivery_count > 0:
+            released += size
+        if batch.delivery_count > 1:
+            redelivered += size
+    done = by_state[ACKNOWLEDGED] + by_state[ARCHIVED]
+    start = state.start_offset if state else NO_OFFSET
+    lag = None
+    if state is not None and context.log_end_offset is not None and start >= 0:
+        lag = max(context.log_end_offset - start - done, 0)
+    group_id, topic_id, partition = key
+    kinds = Counter(r.record_type for r in records)
+    return {
+        "group_id": group_id,
+        "topic_id": topic_id,
+        "topic": context.topic,
+        "partition": partition,
+        "deleted": state is None,
+        "state_epoch": state.state_epoch if state else None,
+        "start_offset": start if state else None,
+        "log_end_offset": context.log_end_offset,
+        "records": len(records),
+        "snapshots": kinds[SNAPSHOT],
+        "updates": kinds[UPDATE],
+        "tombstones": kinds[TOMBSTONE],
+        "accepted": by_state[ACKNOWLEDGED],
+        "archived": by_state[ARCHIVED],
+        "released": released,
+        "redelivered": redelivered,
+        "lag": lag,
+        "delivery_count_limit": context.delivery_count_limit,
+        "limit_source": context.limit_source,
+        "delivery_count_histogram": {str(k): v for k, v in sorted(counts.items())},
+    }
+
+
+# ------------------------------------------------------------------ context from the data dir
+
+
+def segment_files(directory: Path) -> list[Path]:
+    """The `.log` segment files of a log directory, oldest first."""
+    if not directory.is_dir():
+        return []
+    names = [
+        p
+        for p in directory.iterdir()
+        if p.name.endswith(LOG_SUFFIX) and p.name[: -len(LOG_SUFFIX)].isdigit()
+    ]
+    return sorted(names, key=lambda p: int(p.name[: -len(LOG_SUFFIX)]))
+
+
+def _read_key_values(directory: Path) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The records of a coordinator log, read-only, stopping quietly at a torn tail."""
+    for path in segment_files(directory):
+        data = path.read_bytes()
+        for _, batch in scan_batches_lenient(data):
+            yield from batch
+
+
+def scan_batches_lenient(
+    data: bytes,
+) -> Iterator[tuple[int, list[tuple[bytes | None, bytes | None]]]]:
+    pos = 0
+    while len(data) - pos >= HEADER_SIZE:
+        try:
+            header = parse_header(data, pos)
+        except CorruptRecordError:
+            return
+        if pos + header.size > len(data):
+            return
+        if not header.is_control and compute_crc(data, pos, header) == header.crc:
+            try:
+                records = decode_records(data, pos, header)
+            except CorruptRecordError:
+                records = []
+            yield header.next_offset, [(r.key, r.value) for r in records]
+        else:
+            yield header.next_offset, []
+        pos += header.size
+
+
+@dataclass(slots=True)
+class DataDirContext:
+    """Topic names, log bounds and delivery-count limits of a data dir."""
+
+    topics: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (name, parts)
+    broker_configs: dict[str, str] = field(default_factory=dict)
+    group_limits: dict[str, int] = field(default_factory=dict)
+    bounds: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def key_context(self, key: ShareKeyTuple) -> KeyContext:
+        group_id, topic_id, partition = key
+        limit, source = self.delivery_count_limit(group_id)
+        topic = self.topics.get(topic_id)
+        name = None if topic is None else topic[0]
+        bounds = None if name is None else self.bounds.get((name, partition))
+        return KeyContext(
+            limit,
+            source,
+            name,
+            None if bounds is None else bounds[0],
+            None if bounds is None else bounds[1],
+        )
+
+    def delivery_count_limit(self, group_id: str) -> tuple[int, str]:
+        if group_id in self.group_limits:
+            return self.group_limits[group_id], "group config"
+        raw = self.broker_configs.get(BROKER_LIMIT_KEY)
+        if raw is not None and raw.lstrip("-").isdigit():
+            return int(raw), f"broker config {BROKER_LIMIT_KEY}"
+        return DEFAULT_DELIVERY_COUNT_LIMIT, "Kafka default"
+
+
+def load_context(data_dir: Path) -> DataDirContext:
+    """Read (never write) the metadata log, the groups log and the topic logs."""
+    ctx = DataDirContext()
+    by_name: dict[str, tuple[str, int]] = {}
+    for _key, value in _read_key_values(data_dir / "meta"):
+        try:
+            record = json.loads(value) if value is not None else None
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        kind = record.get("type")
+        if kind == "topic":
+            by_name[record["name"]] = (record["topic_id"], int(record["partitions"]))
+        elif kind == "topic_deleted":
+            if by_name.get(record["name"], ("",))[0] == record.get("topic_id"):
+                del by_name[record["name"]]
+        elif kind == "broker_config":
+            ctx.broker_configs = {str(k): str(v) for k, v in record["configs"].items()}
+    ctx.topics = {tid: (name, parts) for name, (tid, parts) in by_name.items()}
+    for key, value in _read_key_values(data_dir / "groups"):
+        _group_limit(ctx.group_limits, key, value)
+    for name, (_tid, parts) in by_name.items():
+        for p in range(parts):
+            ctx.bounds[(name, p)] = log_bounds(data_dir / "topics" / f"{name}-{p}")
+    return ctx
+
+
+def _group_limit(limits: dict[str, int], key: bytes | None, value: bytes | None) -> None:
+    """A ConfigRecord of a group's share.delivery.count.limit (coordinator.group_records)."""
+    try:
+        parsed = json.loads(key) if key is not None else None
+    except ValueError:
+        return
+    if not isinstance(parsed, dict) or parsed.get("name") != "ConfigRecord":
+        return
+    if parsed.get("config") != GROUP_LIMIT_KEY:
+        return
+    group = str(parsed.get("resource_name"))
+    if value is None:
+        limits.pop(group, None)
+        return
+    raw = str(json.loads(value).get("value"))
+    if raw.lstrip("-").isdigit():
+        limits[group] = int(raw)
+
+
+def log_bounds(directory: Path) -> tuple[int, int]:
+    """(log start offset, log end offset) of a topic partition's directory, read-only."""
+    files = segment_files(directory)
+    if not files:
+        return 0, 0
+    start = int(files[0].name[: -len(LOG_SUFFIX)])
+    checkpoint = directory / "log-start-offset-checkpoint"
+    if checkpoint.exists():
+        lines = checkpoint.read_text().split()
+        if len(lines) == 2 and lines[1].isdigit():
+            start = max(start, int(lines[1]))
+    end = int(files[-1].name[: -len(LOG_SUFFIX)])
+    for next_offset, _ in scan_batches_lenient(files[-1].read_bytes()):
+        end = next_offset
+    return start, end
+
+
+# ------------------------------------------------------------------ compaction staging
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """A compaction's staging dir: its output files and the input segments they replace."""
+
+    directory: Path
+    outputs: list[Path]
+    inputs: frozenset[str]
+
+
+def find_staging(share_dir: Path) -> Staging | None:
+    """The newest `compacted-*/manifest.json` under the share-state dir, if any."""
+    manifests = sorted(share_dir.glob("compacted-*/manifest.json"))
+    if not manifests:
+        return None
+    path = manifests[-1]
+    try:
+        manifest = json.loads(path.read_text())
+        inputs_listed = [(str(i["file"]), int(i["size"])) for i in manifest["inputs"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # Stale when the broker has compacted or truncated an input since: the broker would
+    # discard it (persister.spark.adopt), so comparing with it says nothing.
+    for name, size in inputs_listed:
+        input_path = share_dir / name
+        if not input_path.exists() or input_path.stat().st_size != size:
+            return None
+    # persister.spark.compact's manifest: inputs and outputs each list {"file": name, ...}.
+    outputs = [path.parent / str(o["file"]) for o in manifest.get("outputs", [])]
+    inputs = frozenset(str(i["file"]) for i in manifest.get("inputs", []))
+    return Staging(path.parent, outputs, inputs)
+
+
+# ------------------------------------------------------------------ the Spark job
+
+
+@dataclass
+class AuditResult:
+    checks: list[dict[str, Any]]
+    violations: list[Violation]
+    partitions: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+def _audit_key(
+    item: tuple[ShareKeyTuple, Iterable[LogRecord]],
+    ctx: DataDirContext,
+    replaced: frozenset[str] | None,
+) -> list[tuple[str, Any]]:
+    key, rows = item
+    ordered = sorted(rows, key=lambda r: (r.offset, r.source != SOURCE_COMPACTED))
+    original = [r for r in ordered if r.source == SOURCE_LOG]
+    compacted = None
+    if replaced is not None:
+        compacted = [
+            r for r in ordered if r.source == SOURCE_COMPACTED or r.segment not in replaced
+        ]
+    context = ctx.key_context(key)
+    out: list[tuple[str, Any]] = [("violation", v) for v in check_key(original, context, compacted)]
+    if original:
+        out.append(("stats", partition_stats(key, original, context)))
+    return out
+
+
+def _only(cls: type[_T]) -> Callable[[object], list[_T]]:
+    return lambda item: [item] if isinstance(item, cls) else []
+
+
+def run_audit(
+    spark: SparkSession,
+    data_dir: Path,
+    out: Path,
+    progress: Callable[[str], None] | None = None,
+) -> AuditResult:
+    """Audit `data_dir/share-state` and write `out/` (report.json, report.html, Parquet)."""
+    from persister.spark import report
+
+    say = progress or (lambda _m: None)
+    share_dir = data_dir / "share-state"
+    say(f"[1/5] reading topics, log bounds and group configs of {data_dir}")
+    ctx = load_context(data_dir)
+    staging = find_staging(share_dir)
+    tasks = [(str(p), p.name, SOURCE_LOG) for p in segment_files(share_dir)]
+    if staging is not None:
+        tasks += [
+            (str(p), str(p.relative_to(share_dir)), SOURCE_COMPACTED) for p in staging.outputs
+        ]
+    say(
+        f"[2/5] scanning {len(tasks)} segment files in the executors"
+        + ("" if staging is None else f" (with compaction output {staging.directory.name})")
+    )
+    sc = spark.sparkContext
+    scanned = sc.parallelize(tasks, max(len(tasks), 1)).flatMap(lambda t: scan_file(*t)).cache()
+    framing = scanned.flatMap(_only(Violation)).collect()
+    rows = scanned.flatMap(_only(LogRecord))
+    say("[3/5] checking every share key (grouped by group, topic, partition)")
+    ctx_b = sc.broadcast(ctx)
+    replaced = None if staging is None else staging.inputs
+    results = (
+        rows.map(lambda r: (r.key, r))
+        .groupByKey()
+        .flatMap(lambda item: _audit_key(item, ctx_b.value, replaced))
+        .collect()
+    )
+    violations = list(framing) + [v for tag, v in results if tag == "violation"]
+    violations = [_with_topic(v, ctx) for v in violations]
+    partitions = sorted(
+        (s for tag, s in results if tag == "stats"),
+        key=lambda s: (s["group_id"], s["topic"] or "", s["partition"]),
+    )
+    say(f"[4/5] writing Parquet tables under {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_tables(spark, rows, violations, partitions, out)
+    scanned.unpersist()
+    checks = [
+        {
+            "rule": rule,
+            "description": text,
+            "passed": not any(v.rule == rule for v in violations),
+            "violations": sum(1 for v in violations if v.rule == rule),
+        }
+        for rule, text in RULES.items()
+    ]
+    summary = {
+        "data_dir": str(data_dir),
+        "segments": sum(1 for t in tasks if t[2] == SOURCE_LOG),
+        "compaction_staging": None if staging is None else staging.directory.name,
+        "replay_comparison": (
+            "full replay vs. newest snapshot + later updates per key"
+            if staging is None
+            else f"originals vs. {staging.directory.name} output + segments it did not cover"
+        ),
+        "keys": len(partitions),
+        "delivery_count_limits": _limit_sources(ctx, partitions),
+    }
+    result = AuditResult(checks, violations, partitions, summary)
+    say(f"[5/5] writing {out / 'report.json'} and {out / 'report.html'}")
+    report.write_reports(result, out)
+    return result
+
+
+def _with_topic(v: Violation, ctx: DataDirContext) -> Violation:
+    topic = None if v.topic_id is None else ctx.topics.get(v.topic_id)
+    if topic is None:
+        return v
+    return Violation(**{**v.to_dict(), "topic": topic[0]})
+
+
+def _limit_sources(ctx: DataDirContext, partitions: list[dict[str, Any]]) -> dict[str, Any]:
+    groups = sorted({p["group_id"] for p in partitions})
+    return {
+        g: {"limit": limit, "source": source}
+        for g in groups
+        for limit, source in [ctx.delivery_count_limit(g)]
+    }
+
+
+# ------------------------------------------------------------------ command line
+
+
+def register(subparsers: Any) -> None:
+    """`spool audit --data-dir DIR --out OUT [--master URL]`."""
+    parser = subparsers.add_parser(
+        "audit",
+        help="check the share-state log with Spark and write a report",
+        description=(
+            "Check a data dir's share-state log (CRCs, replay, epochs, start offsets, state "
+            "batches, delivery states and counts, topic offsets); write OUT/report.json, "
+            "OUT/report.html and Parquet tables. Exit 0: every check passed; 1: violations; "
+            "2: usage error. Run it on a copy or a stopped broker's data dir."
+        ),
+    )
+    add_arguments(parser)
+    parser.set_defaults(run=audit_command)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, required=True, help="the broker's data dir")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the report")
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    from persister.spark.segments import NotASpoolDataDir, share_state_dir, spark_session
+
+    data_dir: Path = args.data_dir
+    try:
+        share_state_dir(data_dir)
+    except NotASpoolDataDir as exc:
+        print(f"spool audit: {exc}", file=sys.stderr)
+        return 2
+    if args.out.exists() and not args.out.is_dir():
+        print(f"spool audit: --out {args.out} exists and is not a directory", file=sys.stderr)
+        return 2
+
+    def say(message: str) -> None:
+        print(f"spool audit: {message}", file=sys.stderr, flush=True)
+
+    say(f"starting Spark ({args.master})")
+    spark = spark_session(args.master, "spool-audit")
+    try:
+        result = run_audit(spark, data_dir, args.out, say)
+    finally:
+        spark.stop()
+    failed = [c["rule"] for c in result.checks if not c["passed"]]
+    say(
+        "every check passed"
+        if not failed
+        else f"{len(result.violations)} violations of {', '.join(failed)}"
+    )
+    say(f"report: {args.out / 'report.html'}")
+    return 0 if result.passed else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """spark-submit entry: `spark-submit persister/spark/audit.py --data-dir D --out O`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="spool audit")
+    add_arguments(parser)
+    return audit_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    # Run through the module's own name: functions Spark ships to executors must be
+    # importable there, not pickled by value out of __main__.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from persister.spark import audit
+
+    sys.exit(audit.main())

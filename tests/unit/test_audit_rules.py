@@ -1,0 +1,260 @@
+"""The audit's pure parts (persister.spark.audit), without Spark: scanning a segment's
+bytes, each per-key rule, the replay comparison and the per-partition figures."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+from persister.share_records import (
+    ShareKey,
+    ShareRecord,
+    ShareSnapshot,
+    ShareTombstone,
+    ShareUpdate,
+    StateBatch,
+    encode,
+)
+from persister.spark import audit
+from persister.spark.audit import (
+    CRC_AND_FRAMING,
+    DELIVERY_COUNT_WITHIN_LIMIT,
+    DELIVERY_STATE_KNOWN,
+    OFFSETS_IN_TOPIC_LOG,
+    REPLAY_EQUIVALENT,
+    START_OFFSET_MONOTONIC,
+    STATE_BATCHES_ORDERED,
+    STATE_EPOCH_MONOTONIC,
+    DataDirContext,
+    KeyContext,
+    LogRecord,
+    Violation,
+)
+from protocol.records import CRC_OFFSET, NewRecord, build_batch
+
+TOPIC = uuid.UUID(int=7)
+KEY = ShareKey("g1", TOPIC, 3)
+SEGMENT = "00000000000000000000.log"
+CONTEXT = KeyContext(topic="orders", log_start_offset=0, log_end_offset=100)
+
+
+def snap(state_epoch: int = 0, start: int = 0, *batches: StateBatch) -> ShareSnapshot:
+    return ShareSnapshot(KEY, 0, state_epoch, -1, start, 1, 1, tuple(batches))
+
+
+def upd(start: int = -1, *batches: StateBatch) -> ShareUpdate:
+    return ShareUpdate(KEY, 0, -1, start, tuple(batches))
+
+
+def rows(*records: ShareRecord, source: str = audit.SOURCE_LOG) -> list[LogRecord]:
+    """Records at offsets 0, 1, 2, ... of one segment."""
+    return [audit.log_record(source, SEGMENT, 0, i, r) for i, r in enumerate(records)]
+
+
+def where(violations: list[Violation]) -> list[tuple[str, str | None, int | None, int | None]]:
+    return [(v.rule, v.group_id, v.partition, v.offset) for v in violations]
+
+
+# ------------------------------------------------------------------ scanning bytes
+
+
+def segment_bytes(*records: ShareRecord) -> bytearray:
+    """One batch per record, at offsets 0, 1, 2, ..."""
+    out = bytearray()
+    for i, record in enumerate(records):
+        out += build_batch([NewRecord(*encode(record))], base_offset=i)
+    return out
+
+
+def test_scan_of_a_sound_segment_yields_every_record_with_its_position() -> None:
+    data = segment_bytes(snap(0, 0), upd(5), ShareTombstone(KEY))
+    got = list(audit.scan_segment(bytes(data), SEGMENT))
+    assert all(isinstance(r, LogRecord) for r in got)
+    assert [(r.offset, r.record_type, r.segment) for r in got] == [  # type: ignore[union-attr]
+        (0, "snapshot", SEGMENT),
+        (1, "update", SEGMENT),
+        (2, "tombstone", SEGMENT),
+    ]
+    assert got[1].byte_position == len(segment_bytes(snap(0, 0)))  # type: ignore[union-attr]
+
+
+def test_a_bad_crc_is_a_violation_at_its_batch_and_the_batches_after_it_still_read() -> None:
+    data = segment_bytes(snap(0, 0), upd(5), upd(6))
+    second = len(segment_bytes(snap(0, 0)))
+    data[second + CRC_OFFSET] ^= 0xFF  # the stored CRC of the batch at offset 1
+    got = list(audit.scan_segment(bytes(data), SEGMENT))
+    bad = [v for v in got if isinstance(v, Violation)]
+    assert where(bad) == [(CRC_AND_FRAMING, "g1", 3, 1)]
+    assert bad[0].byte_position == second and "CRC32C" in bad[0].message
+    assert [r.offset for r in got if isinstance(r, LogRecord)] == [0, 2]
+
+
+def test_a_truncated_last_batch_is_a_violation_naming_its_key_and_offset() -> None:
+    data = segment_bytes(snap(0, 0), upd(5, StateBatch(5, 9, 0, 1)))
+    got = list(audit.scan_segment(bytes(data[:-7]), SEGMENT))
+    bad = [v for v in got if isinstance(v, Violation)]
+    assert where(bad) == [(CRC_AND_FRAMING, "g1", 3, 1)]
+    assert "truncated" in bad[0].message
+    assert [r.offset for r in got if isinstance(r, LogRecord)] == [0]
+
+
+def test_trailing_bytes_shorter_than_a_header_are_a_torn_write() -> None:
+    data = segment_bytes(snap(0, 0)) + b"\x00" * 10
+    bad = [v for v in audit.scan_segment(bytes(data), SEGMENT) if isinstance(v, Violation)]
+    assert [(v.rule, v.byte_position) for v in bad] == [(CRC_AND_FRAMING, len(data) - 10)]
+
+
+def test_a_record_that_is_not_a_share_state_record_is_a_framing_violation() -> None:
+    data = bytes(build_batch([NewRecord(b"\x00\x07garbage", b"x")], base_offset=4))
+    bad = list(audit.scan_segment(data, SEGMENT))
+    assert [(v.rule, v.offset) for v in bad] == [(CRC_AND_FRAMING, 4)]  # type: ignore[union-attr]
+
+
+def test_a_garbled_batch_length_stops_the_scan_with_a_violation_not_a_crash() -> None:
+    data = segment_bytes(snap(0, 0), upd(5))
+    second = len(segment_bytes(snap(0, 0)))
+    struct.pack_into(">i", data, second + 8, 3)  # batch_length smaller than a header
+    got = list(audit.scan_segment(bytes(data), SEGMENT))
+    assert [type(x).__name__ for x in got] == ["LogRecord", "Violation"]
+
+
+# ------------------------------------------------------------------ per-key rules
+
+
+def test_state_epoch_going_back_is_flagged_at_the_record() -> None:
+    records = rows(snap(3, 0), upd(4), snap(2, 4))
+    assert where(audit.check_state_epochs(records)) == [(STATE_EPOCH_MONOTONIC, "g1", 3, 2)]
+
+
+def test_state_epoch_may_start_afresh_after_a_tombstone() -> None:
+    assert audit.check_state_epochs(rows(snap(3, 0), ShareTombstone(KEY), snap(0, 0))) == []
+
+
+def test_start_offset_back_without_a_new_state_epoch_is_flagged() -> None:
+    records = rows(snap(1, 10), upd(20), upd(15))
+    assert where(audit.check_start_offsets(records)) == [(START_OFFSET_MONOTONIC, "g1", 3, 2)]
+
+
+def test_start_offset_back_with_a_new_state_epoch_is_a_reset_not_a_violation() -> None:
+    assert audit.check_start_offsets(rows(snap(1, 10), upd(20), snap(2, 0), upd(-1))) == []
+
+
+def test_overlapping_state_batches_are_flagged() -> None:
+    records = rows(snap(0, 0, StateBatch(0, 5, 2, 1), StateBatch(5, 8, 0, 1)))
+    got = audit.check_batches(records)
+    assert where(got) == [(STATE_BATCHES_ORDERED, "g1", 3, 0)] and "overlaps" in got[0].message
+
+
+def test_unordered_state_batches_are_flagged() -> None:
+    records = rows(snap(0, 0), upd(-1, StateBatch(10, 12, 2, 1), StateBatch(3, 4, 2, 1)))
+    got = audit.check_batches(records)
+    assert where(got) == [(STATE_BATCHES_ORDERED, "g1", 3, 1)] and "out of order" in got[0].message
+
+
+def test_a_state_batch_below_the_start_offset_in_force_is_flagged() -> None:
+    # The update leaves the start offset unchanged (-1): the snapshot's 10 is in force.
+    records = rows(snap(0, 10), upd(-1, StateBatch(8, 12, 2, 1)))
+    got = audit.check_batches(records)
+    assert where(got) == [(STATE_BATCHES_ORDERED, "g1", 3, 1)] and "below" in got[0].message
+
+
+def test_sound_state_batches_pass() -> None:
+    records = rows(snap(0, 0, StateBatch(0, 4, 2, 1)), upd(5, StateBatch(5, 7, 0, 2)))
+    assert audit.check_batches(records) == []
+
+
+def test_an_unknown_delivery_state_is_flagged_and_the_stored_ones_pass() -> None:
+    records = rows(
+        snap(0, 0, StateBatch(0, 1, 0, 1), StateBatch(2, 3, 2, 1), StateBatch(4, 5, 4, 5)),
+        upd(-1, StateBatch(6, 6, 1, 1)),
+    )
+    assert where(audit.check_delivery_states(records)) == [(DELIVERY_STATE_KNOWN, "g1", 3, 1)]
+
+
+def test_a_delivery_count_over_the_groups_limit_is_flagged_naming_the_limit() -> None:
+    context = KeyContext(delivery_count_limit=3, limit_source="group config")
+    records = rows(snap(0, 0, StateBatch(0, 1, 4, 3)), upd(-1, StateBatch(2, 2, 0, 4)))
+    got = audit.check_delivery_counts(records, context)
+    assert where(got) == [(DELIVERY_COUNT_WITHIN_LIMIT, "g1", 3, 1)]
+    assert "share.delivery.count.limit 3, group config" in got[0].message
+
+
+def test_offsets_past_the_topic_log_end_are_flagged() -> None:
+    records = rows(snap(0, 0), upd(101), upd(-1, StateBatch(100, 100, 0, 1)))
+    got = audit.check_topic_offsets(records, CONTEXT)
+    assert where(got) == [(OFFSETS_IN_TOPIC_LOG, "g1", 3, 1), (OFFSETS_IN_TOPIC_LOG, "g1", 3, 2)]
+    assert "log end offset 100 of orders-3" in got[0].message
+
+
+def test_a_start_offset_at_the_log_end_is_in_the_log() -> None:
+    assert audit.check_topic_offsets(rows(snap(0, 100)), CONTEXT) == []
+
+
+def test_live_state_of_an_unknown_topic_is_flagged_but_deleted_state_is_not() -> None:
+    unknown = KeyContext()
+    got = audit.check_topic_offsets(rows(snap(0, 0), upd(3)), unknown)
+    assert where(got) == [(OFFSETS_IN_TOPIC_LOG, "g1", 3, 1)]
+    assert audit.check_topic_offsets(rows(snap(0, 0), ShareTombstone(KEY)), unknown) == []
+
+
+def test_replay_from_the_newest_snapshot_equals_the_full_replay_of_a_sound_log() -> None:
+    records = rows(
+        upd(2, StateBatch(2, 3, 2, 1)),
+        snap(0, 0, StateBatch(0, 4, 0, 1)),
+        upd(1, StateBatch(1, 2, 2, 1)),
+        upd(-1, StateBatch(3, 3, 4, 2)),
+    )
+    assert audit.check_replay_equivalent(records, None) == []
+
+
+def test_compacted_output_that_replays_differently_is_flagged_at_its_record() -> None:
+    original = rows(snap(0, 0), upd(5, StateBatch(5, 6, 2, 1)))
+    compacted = [
+        audit.log_record(audit.SOURCE_COMPACTED, "compacted-1/x.log", 0, 1, snap(0, 5))
+    ]
+    got = audit.check_replay_equivalent(original, compacted)
+    assert [(v.rule, v.segment, v.offset) for v in got] == [
+        (REPLAY_EQUIVALENT, "compacted-1/x.log", 1)
+    ]
+    assert "0 state batches" in got[0].message and "1 state batches" in got[0].message
+
+
+def test_compacted_output_that_replays_the_same_passes() -> None:
+    original = rows(snap(0, 0), upd(5, StateBatch(5, 6, 2, 1)))
+    folded = audit.fold(original)
+    assert folded is not None
+    compacted = [audit.log_record(audit.SOURCE_COMPACTED, "c/x.log", 0, 1, folded)]
+    assert audit.check_replay_equivalent(original, compacted) == []
+
+
+# ------------------------------------------------------------------ figures and limits
+
+
+def test_partition_stats_count_outcomes_histogram_and_lag() -> None:
+    records = rows(
+        snap(0, 10),
+        upd(
+            -1,
+            StateBatch(10, 13, 2, 1),  # 4 accepted
+            StateBatch(14, 14, 4, 5),  # 1 archived
+            StateBatch(15, 16, 0, 2),  # 2 released, redelivered
+        ),
+    )
+    stats = audit.partition_stats(("g1", str(TOPIC), 3), records, CONTEXT)
+    assert (stats["accepted"], stats["archived"], stats["released"], stats["redelivered"]) == (
+        4,
+        1,
+        2,
+        3,
+    )
+    assert stats["delivery_count_histogram"] == {"1": 4, "2": 2, "5": 1}
+    assert stats["lag"] == 100 - 10 - 5
+
+
+def test_the_delivery_count_limit_is_the_groups_then_the_brokers_then_kafkas_default() -> None:
+    ctx = DataDirContext(
+        broker_configs={"group.share.delivery.count.limit": "7"}, group_limits={"g1": 3}
+    )
+    assert ctx.delivery_count_limit("g1") == (3, "group config")
+    assert ctx.delivery_count_limit("g2") == (7, "broker config group.share.delivery.count.limit")
+    assert DataDirContext().delivery_count_limit("g2") == (5, "Kafka default")
