@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 import structlog
+
+from protocol.records import BatchHeader
 
 log = structlog.get_logger(__name__)
 
@@ -144,3 +147,26 @@ class TransactionIndex:
 
     def _truncate_file(self, size: int) -> None:
         os.ftruncate(self._open(), size)
+
+
+def aborted_batch_ranges(
+    headers: Iterable[BatchHeader], aborted: Iterable[AbortedTxn]
+) -> list[tuple[int, int]]:
+    """(base, last) offsets of the data batches in `headers` (ascending) that belong to
+    an aborted transaction, as Kafka's SharePartition.fetchAbortedTransactionRecordBatches
+    (and a read_committed consumer) finds them: a producer is aborting from the first
+    offset of its aborted transaction until its next control batch, which is that abort's
+    marker; its transactional batches in between are aborted."""
+    pending = sorted(aborted, key=lambda txn: txn.first_offset)
+    next_txn = 0
+    aborting: set[int] = set()
+    ranges: list[tuple[int, int]] = []
+    for header in headers:
+        while next_txn < len(pending) and pending[next_txn].first_offset <= header.last_offset:
+            aborting.add(pending[next_txn].producer_id)
+            next_txn += 1
+        if header.is_control:
+            aborting.discard(header.producer_id)
+        elif header.is_transactional and header.producer_id in aborting:
+            ranges.append((header.base_offset, header.last_offset))
+    return ranges

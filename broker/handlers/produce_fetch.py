@@ -20,6 +20,7 @@ from broker.handlers.requests import (
 from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
+from protocol.records import iter_batches
 
 log = structlog.get_logger("spool.data")
 
@@ -269,6 +270,8 @@ def _fetch_once(
                 errors = True
                 data = b""
             entry["records"] = data
+            if committed_only and data:
+                entry["aborted_transactions"] = _aborted_in(part, w.fetch_offset, data)
             total += len(data)
             budget = max(budget - len(data), 0)
         by_topic.setdefault((w.name, w.topic_id), []).append(entry)
@@ -279,8 +282,21 @@ def _fetch_once(
     return responses, total, errors
 
 
+def _aborted_in(part: Partition, fetch_offset: int, data: bytes) -> list[dict[str, int]]:
+    """The aborted transactions a read_committed consumer needs to drop the aborted
+    records of `data`: those overlapping [fetch_offset, the offset after the last batch
+    returned), as Kafka's LocalLog.addAbortedTransactions bounds them."""
+    upper = fetch_offset
+    for _, header in iter_batches(data, validate=False):
+        upper = header.next_offset
+    return [
+        {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+        for txn in part.aborted_transactions(fetch_offset, upper)
+    ]
+
+
 async def _wait_for_data(logs: LogManager, wanted: list[_Wanted], timeout_s: float) -> None:
-    """Park until any fetched partition's high watermark moves, or the timeout."""
+    """Park until any fetched partition's high watermark or LSO moves, or the timeout."""
     parts = [logs.get(w.name, w.partition) for w in wanted if w.name]
     await wait_for_any([part for part in parts if part is not None], timeout_s)
 

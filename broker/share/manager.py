@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import structlog
 
+from broker.metrics import ShareMetrics
 from broker.share.partition import (
     AcquiredRange,
     PendingChange,
@@ -36,6 +37,7 @@ from coordinator.group_config import GroupConfig
 from coordinator.runtime import KeyLocks
 from coordinator.share_state import Persister, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
+from persister.txn_index import AbortedTxn, aborted_batch_ranges
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -135,6 +137,7 @@ class LogPartition(Protocol):
     def last_stable_offset(self) -> int: ...
 
     def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes: ...
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]: ...
 
 
 class GroupConfigs(Protocol):
@@ -173,8 +176,11 @@ class SharePartitionManager:
         idle_unload_ms: int = IDLE_UNLOAD_MS,
         unload_check_interval_ms: int = UNLOAD_CHECK_INTERVAL_MS,
         expiry_retry_backoff_ms: int = EXPIRY_RETRY_BACKOFF_MS,
+        metrics: ShareMetrics | None = None,
     ) -> None:
         self.persister = persister
+        # Counted only once a change is durable, so metrics never run ahead of the state.
+        self.metrics = metrics if metrics is not None else ShareMetrics()
         self.groups = groups
         self.log_partition = log_partition
         self.offset_for_timestamp = offset_for_timestamp
@@ -233,7 +239,12 @@ class SharePartitionManager:
             return
         try:
             await self.persister.write_state(
-                key, sp.state_epoch, LEADER_EPOCH, update.start_offset, update.state_batches
+                key,
+                sp.state_epoch,
+                LEADER_EPOCH,
+                update.start_offset,
+                update.state_batches,
+                delivery_complete_count=update.delivery_complete_count,
             )
         except BaseException as exc:
             # Memory must not run ahead of the share coordinator: undo, whatever went wrong
@@ -420,8 +431,13 @@ class SharePartitionManager:
         headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
         if not headers:
             return FetchedPartition()
-        # Control batches (transaction markers) are never delivered: archived as gaps.
+        # Control batches (transaction markers) are never delivered: archived as gaps; so
+        # are, for share.isolation.level=read_committed, the batches of aborted transactions.
         gaps = [(h.base_offset, h.last_offset) for _, h in headers if h.is_control]
+        if committed_only:
+            aborted = log_part.aborted_transactions(offset, headers[-1][1].next_offset)
+            if aborted:
+                gaps = sorted(gaps + aborted_batch_ranges((h for _, h in headers), aborted))
         result = sp.acquire(
             member_id,
             [(h.base_offset, h.last_offset) for _, h in headers],
@@ -433,6 +449,7 @@ class SharePartitionManager:
         await self._write(key, sp, result.change, "acquire", member=member_id)
         if not result.acquired:
             return FetchedPartition()
+        self.metrics.acquired(key, result.acquired)
         self._arm(key, sp)
         chunks = []
         ranges = result.acquired
@@ -487,6 +504,7 @@ class SharePartitionManager:
                 await self._write(key, sp, result.change, "acknowledge", member=member_id)
             except KafkaError as exc:
                 return exc.code, exc.message
+            self.metrics.acknowledged(key, batches, result.released)
             self._arm(key, sp)
         if result.released:
             self._notify(key)
@@ -516,6 +534,7 @@ class SharePartitionManager:
                     await self._write(key, sp, result.change, "release_member", member=member_id)
                 except KafkaError:
                     continue  # logged by _write
+                self.metrics.member_released(key, result.released, _count(result.archived))
             if result.available or result.archived:
                 released += result.released
                 self._notify(key)
@@ -659,6 +678,7 @@ class SharePartitionManager:
                 if self.partitions.get(key) is sp:
                     self._wake_at(key, now + self.expiry_retry_backoff_ms)
                 return
+            self.metrics.locks_expired(key, result.released, _count(result.archived))
             self._arm(key, sp)
         if result.available or result.archived:
             log.info(
@@ -667,7 +687,7 @@ class SharePartitionManager:
                 topic_id=str(key.topic_id),
                 partition=key.partition,
                 available=result.released,
-                archived=sum(r.last_offset - r.first_offset + 1 for r in result.archived),
+                archived=_count(result.archived),
             )
             self._notify(key)
 
@@ -690,6 +710,10 @@ class SharePartitionManager:
     def _notify(self, key: ShareStateKey) -> None:
         for listener in list(self._listeners.get(key, ())):
             listener()
+
+
+def _count(ranges: Iterable[tuple[int, int]]) -> int:
+    return sum(last - first + 1 for first, last in ranges)
 
 
 @dataclass(frozen=True, slots=True)
