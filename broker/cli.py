@@ -8,6 +8,7 @@ import importlib
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -29,7 +30,11 @@ def _endpoint(text: str) -> tuple[str, int]:
 # subcommand(s) with `set_defaults(run=...)`; `run(args) -> int` is the exit code. A module
 # imports what is heavy (the admin client, pyspark) inside `run`, so `spool --help` and
 # `spool serve` stay fast.
-TOOL_MODULES: tuple[str, ...] = ()
+TOOL_MODULES: tuple[str, ...] = (
+    "broker.tools.share_groups",
+    "broker.tools.topics",
+    "broker.tools.configs",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a config key, e.g. --set num.partitions=3 (repeatable, wins over all)",
     )
+    serve.add_argument(
+        "--metrics",
+        type=_endpoint,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /health on this address (default: off)",
+    )
     serve.add_argument("--log-format", choices=["console", "json"], default="console")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     serve.set_defaults(run=serve_command)
@@ -110,10 +122,16 @@ def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await broker.start()
-        await stop.wait()
-        log.info("shutdown_requested")
-        await broker.stop()
+        # Up before the broker starts, so /health says "starting" while it loads.
+        metrics = _start_metrics(args.metrics, broker, loop)
+        try:
+            await broker.start()
+            await stop.wait()
+            log.info("shutdown_requested")
+            await broker.stop()
+        finally:
+            if metrics is not None:
+                metrics.stop()
 
     try:
         import uvloop
@@ -123,6 +141,18 @@ def serve(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         return 1
     return 0
+
+
+def _start_metrics(
+    address: tuple[str, int] | None, broker: Any, loop: asyncio.AbstractEventLoop
+) -> Any:
+    if address is None:
+        return None
+    from broker.metrics import MetricsServer
+
+    server = MetricsServer(*address, broker)
+    server.start(loop)
+    return server
 
 
 if __name__ == "__main__":

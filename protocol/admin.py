@@ -440,6 +440,11 @@ class AdminClient:
             raise _Retry(code, message)
         check(code, message, context)
 
+    async def brokers(self) -> list[Node]:
+        """The live brokers, from a fresh Metadata."""
+        await self._metadata([], self._deadline())
+        return sorted(self._nodes.values(), key=lambda n: n.node_id)
+
     # --- topics -------------------------------------------------------------------------
 
     async def describe_topics(self, topics: Iterable[str] | None = None) -> list[TopicInfo]:
