@@ -9,25 +9,32 @@ back. No I/O, no clock: the time comes in as `now_ms`.
 The rules, in one place:
 
 - initialize_state: FENCED_STATE_EPOCH for an older state epoch. Writes a ShareSnapshot
-  with the new state epoch and start offset, no batches, leader epoch -1 and the next
-  snapshot epoch.
+  with the new state epoch and start offset, no batches, leader epoch 0, the next
+  snapshot epoch, CreateTimestamp = WriteTimestamp = now, and DeliveryCompleteCount -1
+  for start offset -1 (nothing consumed yet, lag unknown) else 0 (Kafka's
+  ShareGroupOffset.fromRequest for Initialize).
 - write_state: INVALID_REQUEST for a key never initialized (or deleted), as Kafka's
   "Write operation on uninitialized share partition not allowed"; then FENCED_LEADER_EPOCH
   / FENCED_STATE_EPOCH for an older epoch, in that order (-1 skips either check);
   INVALID_REQUEST for a malformed batch. Writes a ShareUpdate (the delta), or, once the key
   has had `snapshot_update_records_per_snapshot` updates since its last snapshot, a
-  ShareSnapshot of the merged state instead.
+  ShareSnapshot of the merged state instead (a new snapshot: CreateTimestamp =
+  WriteTimestamp = now). Either carries the stored leader epoch (as Kafka's
+  generateShareStateRecord: only a read moves it) and the request's
+  DeliveryCompleteCount, which the share-partition leader computes.
 - read_state: INVALID_REQUEST for a key never initialized (Kafka's "Read operation on
   uninitialized share partition not allowed"); FENCED_LEADER_EPOCH for an older leader
   epoch (-1 too, once one is known). A newer leader epoch is written down first, as a
-  write of that epoch with no batches (Kafka's readStateAndMaybeUpdateLeaderEpoch).
+  write of that epoch with no batches, the current start offset and the stored
+  DeliveryCompleteCount (Kafka's readStateAndMaybeUpdateLeaderEpoch).
 - read_summary: never an error for a well-formed key: a key with no state answers state
-  epoch 0, leader epoch 0 and start offset -1 (uninitialized), as Kafka's
-  readStateSummary does. A read operation: returns the result alone.
+  epoch 0, leader epoch 0, start offset -1 and DeliveryCompleteCount -1 (uninitialized),
+  as Kafka's readStateSummary does. A read operation: returns the result alone.
 - delete_state: a ShareTombstone; nothing for a key that has no state.
 
 Replay: a snapshot replaces the key's state whole and resets its update count; an update
-moves the start offset and leader epoch (-1 = unchanged), merges its batches over the
+moves the start offset and leader epoch (-1 = unchanged), replaces the
+DeliveryCompleteCount (Kafka's merge takes the update's), merges its batches over the
 stored ones (`merge_batches`: newer wins, batches below the start offset dropped) and
 counts one more update; a tombstone forgets the key. The state epoch changes only
 through a snapshot from initialize (an admin reset); ShareUpdate has no state-epoch field.
@@ -42,6 +49,7 @@ from dataclasses import dataclass
 
 from coordinator.share_state import (
     UNINITIALIZED_START_OFFSET,
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
     PersistedBatch,
     ShareState,
     ShareStateKey,
@@ -64,6 +72,8 @@ NO_TIMESTAMP = -1
 # What ReadShareGroupStateSummary answers for a key with no state (Kafka's PartitionFactory).
 DEFAULT_STATE_EPOCH = 0
 DEFAULT_LEADER_EPOCH = 0
+# The leader epoch Initialize writes (Kafka's ShareGroupOffset.UNINITIALIZED_EPOCH).
+INITIAL_LEADER_EPOCH = 0
 _DELIVERY_STATES = frozenset({0, 2, 4})  # Available, Acknowledged, Archived
 _INT16_MAX = 2**15 - 1
 
@@ -82,6 +92,7 @@ class _Entry:
     create_timestamp_ms: int
     write_timestamp_ms: int
     updates_since_snapshot: int
+    delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
 
     def to_state(self, *, with_batches: bool = True) -> ShareState:
         return ShareState(
@@ -89,6 +100,7 @@ class _Entry:
             leader_epoch=self.leader_epoch,
             start_offset=self.start_offset,
             batches=list(self.batches) if with_batches else [],
+            delivery_complete_count=self.delivery_complete_count,
         )
 
 
@@ -169,10 +181,15 @@ class ShareCoordinatorShard:
             key=_share_key(key),
             snapshot_epoch=0 if entry is None else entry.snapshot_epoch + 1,
             state_epoch=state_epoch,
-            leader_epoch=NO_EPOCH,
+            leader_epoch=INITIAL_LEADER_EPOCH,
             start_offset=start_offset,
             create_timestamp_ms=now_ms,
             write_timestamp_ms=now_ms,
+            # Lag is computable from an explicit start offset on (an admin reset), not
+            # before the first consumer resolved share.auto.offset.reset.
+            delivery_complete_count=(
+                UNKNOWN_DELIVERY_COMPLETE_COUNT if start_offset == UNINITIALIZED_START_OFFSET else 0
+            ),
         )
         return [snapshot], None
 
@@ -184,9 +201,11 @@ class ShareCoordinatorShard:
         start_offset: int,
         batches: Sequence[PersistedBatch],
         now_ms: int,
+        *,
+        delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT,
     ) -> tuple[Records, None]:
         """WriteShareGroupState: merge `batches` over the state, move the start offset
-        (-1 = unchanged)."""
+        (-1 = unchanged), store the leader's DeliveryCompleteCount."""
         self._check_key(key)
         entry = self._require(key, "Write")
         # Kafka's maybeGetWriteStateError checks the leader epoch before the state epoch.
@@ -204,7 +223,10 @@ class ShareCoordinatorShard:
             )
         for batch in batches:
             self._check_batch(key, batch)
-        return [self._state_record(key, entry, leader_epoch, start_offset, batches, now_ms)], None
+        record = self._state_record(
+            key, entry, entry.leader_epoch, start_offset, batches, delivery_complete_count, now_ms
+        )
+        return [record], None
 
     def read_state(
         self, key: ShareStateKey, leader_epoch: int, now_ms: int
@@ -220,7 +242,13 @@ class ShareCoordinatorShard:
             return [], state
         state.leader_epoch = leader_epoch
         record = self._state_record(
-            key, entry, leader_epoch, UNINITIALIZED_START_OFFSET, (), now_ms
+            key,
+            entry,
+            leader_epoch,
+            entry.start_offset,
+            (),
+            entry.delivery_complete_count,
+            now_ms,
         )
         return [record], state
 
@@ -240,6 +268,7 @@ class ShareCoordinatorShard:
                 state_epoch=DEFAULT_STATE_EPOCH,
                 leader_epoch=DEFAULT_LEADER_EPOCH,
                 start_offset=UNINITIALIZED_START_OFFSET,
+                delivery_complete_count=UNKNOWN_DELIVERY_COMPLETE_COUNT,
             )
         return entry.to_state(with_batches=False)
 
@@ -267,6 +296,7 @@ class ShareCoordinatorShard:
                 create_timestamp_ms=record.create_timestamp_ms,
                 write_timestamp_ms=record.write_timestamp_ms,
                 updates_since_snapshot=0,
+                delivery_complete_count=record.delivery_complete_count,
             )
         else:
             entry = self._entries.get(key)
@@ -299,6 +329,7 @@ class ShareCoordinatorShard:
                 create_timestamp_ms=entry.create_timestamp_ms,
                 write_timestamp_ms=entry.write_timestamp_ms,
                 updates_since_snapshot=entry.updates_since_snapshot + 1,
+                delivery_complete_count=record.delivery_complete_count,
             )
 
     # -------------------------------------------------------------- helpers
@@ -310,9 +341,14 @@ class ShareCoordinatorShard:
         leader_epoch: int,
         start_offset: int,
         batches: Iterable[PersistedBatch],
+        delivery_complete_count: int,
         now_ms: int,
     ) -> ShareSnapshot | ShareUpdate:
-        """The one snapshot-or-update decision (Kafka's generateShareStateRecord)."""
+        """The one snapshot-or-update decision (Kafka's generateShareStateRecord).
+
+        `leader_epoch` is what the record carries: the stored one for a write, the new
+        one for a read that moves it.
+        """
         if entry.updates_since_snapshot >= self.snapshot_update_records_per_snapshot:
             start = (
                 entry.start_offset if start_offset == UNINITIALIZED_START_OFFSET else start_offset
@@ -323,9 +359,11 @@ class ShareCoordinatorShard:
                 state_epoch=entry.state_epoch,
                 leader_epoch=entry.leader_epoch if leader_epoch == NO_EPOCH else leader_epoch,
                 start_offset=start,
-                create_timestamp_ms=entry.create_timestamp_ms,
+                # A new snapshot: created and written now, as Kafka's roll.
+                create_timestamp_ms=now_ms,
                 write_timestamp_ms=now_ms,
                 batches=_to_record_batches(merge_batches(entry.batches, batches, start)),
+                delivery_complete_count=delivery_complete_count,
             )
         # The request's batches may overlap each other: normalise them (newer wins), and
         # drop what lies below a new start offset.
@@ -335,6 +373,7 @@ class ShareCoordinatorShard:
             leader_epoch=leader_epoch,
             start_offset=start_offset,
             batches=_to_record_batches(merge_batches((), batches, start_offset)),
+            delivery_complete_count=delivery_complete_count,
         )
 
     def _require(self, key: ShareStateKey, operation: str) -> _Entry:

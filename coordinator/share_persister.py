@@ -25,7 +25,12 @@ from coordinator.share_coordinator import (
     DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
     ShareCoordinatorShard,
 )
-from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
+from coordinator.share_state import (
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
+    PersistedBatch,
+    ShareState,
+    ShareStateKey,
+)
 from persister import share_records
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
@@ -92,11 +97,18 @@ class _ShardPersister:
         leader_epoch: int,
         start_offset: int,
         batches: Sequence[PersistedBatch],
+        delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT,
     ) -> None:
         await self.runtime.run(
             key,
             lambda: self.shard.write_state(
-                key, state_epoch, leader_epoch, start_offset, batches, self.clock.now_ms()
+                key,
+                state_epoch,
+                leader_epoch,
+                start_offset,
+                batches,
+                self.clock.now_ms(),
+                delivery_complete_count=delivery_complete_count,
             ),
         )
 

@@ -17,6 +17,8 @@ from typing import NamedTuple, Protocol
 from persister.share_records import StateBatch
 
 UNINITIALIZED_START_OFFSET = -1
+# DeliveryCompleteCount not known (Kafka 4.2's UNINITIALIZED_DELIVERY_COMPLETE_COUNT).
+UNKNOWN_DELIVERY_COMPLETE_COUNT = -1
 
 
 class ShareStateKey(NamedTuple):
@@ -40,6 +42,8 @@ class ShareState:
     leader_epoch: int = -1
     start_offset: int = UNINITIALIZED_START_OFFSET
     batches: list[PersistedBatch] = field(default_factory=list)
+    # Offsets at or above start_offset in a terminal state (KIP-1226); -1 when not known.
+    delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
 
 
 class Persister(Protocol):
@@ -62,6 +66,7 @@ class Persister(Protocol):
         leader_epoch: int,
         start_offset: int,
         batches: Sequence[PersistedBatch],
+        delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT,
     ) -> None: ...
 
     async def delete_state(self, key: ShareStateKey) -> None: ...

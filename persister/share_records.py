@@ -29,8 +29,15 @@ ShareUpdateValue (version 0, flexible):
     version int16 (0) | SnapshotEpoch int32 | LeaderEpoch int32 | StartOffset int64
     | StateBatches compact array (as above) | tagged fields
 
-Tagged fields are written empty (uvarint 0) and skipped when read, so a record carrying
-Kafka 4.2's tagged DeliveryCompleteCount still decodes.
+Both values end with a tagged-field section. Kafka 4.2 (KIP-1226) puts
+DeliveryCompleteCount there as tag 0 (int32, default -1: "not known"), and, as Kafka's
+generated serializers do, writes it only when it differs from the default:
+
+    tagged fields = uvarint count | per field: uvarint tag | uvarint size | data
+    DeliveryCompleteCount: tag 0, size 4, int32
+
+A value without it (written by older spool, or holding -1) decodes with -1; unknown tags
+are skipped.
 
 Hand-written with `struct`: these are coordinator-record schemas (Kafka's
 share-coordinator module), not RPC messages, and kio generates only the RPC messages
@@ -59,6 +66,9 @@ _UPDATE_HEAD = struct.Struct(">hiiq")  # version, SnapshotEpoch, LeaderEpoch, St
 _STATE_BATCH = struct.Struct(">qqbh")
 _INT16_MAX = 2**15 - 1
 _MAX_UVARINT_BYTES = 5
+# DeliveryCompleteCount: tagged field 0 of both values (Kafka 4.2, KIP-1226).
+DELIVERY_COMPLETE_COUNT_TAG = 0
+UNKNOWN_DELIVERY_COMPLETE_COUNT = -1
 
 
 class ShareKey(NamedTuple):
@@ -120,13 +130,17 @@ class ShareSnapshot:
     create_timestamp_ms: int
     write_timestamp_ms: int
     batches: tuple[StateBatch, ...] = ()
+    # Offsets at or above start_offset whose delivery is complete (ACKNOWLEDGED or
+    # ARCHIVED); -1 when not known. DescribeShareGroupOffsets computes lag from it.
+    delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
 
 
 @dataclass(frozen=True, slots=True)
 class ShareUpdate:
     """A delta over the last snapshot (ShareUpdateKey + ShareUpdateValue).
 
-    `start_offset` and `leader_epoch` are -1 when unchanged.
+    `start_offset` and `leader_epoch` are -1 when unchanged; `delivery_complete_count`
+    replaces the stored one (-1: not known), as Kafka's merge of an update does.
     """
 
     key: ShareKey
@@ -134,6 +148,7 @@ class ShareUpdate:
     leader_epoch: int
     start_offset: int
     batches: tuple[StateBatch, ...] = ()
+    delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +192,14 @@ def _encode_batches(out: bytearray, batches: tuple[StateBatch, ...]) -> None:
         out.append(0)  # no tagged fields
 
 
+def _encode_tagged_fields(out: bytearray, delivery_complete_count: int) -> None:
+    if delivery_complete_count == UNKNOWN_DELIVERY_COMPLETE_COUNT:
+        out.append(0)  # the default is not written
+        return
+    out += bytes((1, DELIVERY_COMPLETE_COUNT_TAG, _INT32.size))
+    out += _INT32.pack(delivery_complete_count)
+
+
 def encode(record: ShareRecord) -> tuple[bytes, bytes | None]:
     """(key bytes, value bytes or None for a tombstone); struct.error/ValueError when a
     field does not fit its type."""
@@ -195,7 +218,7 @@ def encode(record: ShareRecord) -> tuple[bytes, bytes | None]:
             )
         )
         _encode_batches(value, record.batches)
-        value.append(0)
+        _encode_tagged_fields(value, record.delivery_complete_count)
         return _encode_key(SNAPSHOT_RECORD_TYPE, record.key), bytes(value)
     value = bytearray(
         _UPDATE_HEAD.pack(
@@ -203,7 +226,7 @@ def encode(record: ShareRecord) -> tuple[bytes, bytes | None]:
         )
     )
     _encode_batches(value, record.batches)
-    value.append(0)
+    _encode_tagged_fields(value, record.delivery_complete_count)
     return _encode_key(UPDATE_RECORD_TYPE, record.key), bytes(value)
 
 
@@ -250,6 +273,21 @@ class _Reader:
         for _ in range(self.uvarint(field)):
             self.uvarint(field)  # tag
             self.take(self.uvarint(field), field)
+
+    def value_tagged_fields(self) -> int:
+        """Read a value's tagged fields; returns DeliveryCompleteCount (-1 if absent)."""
+        count = UNKNOWN_DELIVERY_COMPLETE_COUNT
+        for _ in range(self.uvarint("tagged fields")):
+            tag = self.uvarint("tagged field tag")
+            data = self.take(self.uvarint("tagged field size"), f"tagged field {tag}")
+            if tag == DELIVERY_COMPLETE_COUNT_TAG:
+                if len(data) != _INT32.size:
+                    raise ValueError(
+                        f"share-state {self.what} has a DeliveryCompleteCount of {len(data)} "
+                        f"bytes; expected {_INT32.size}"
+                    )
+                (count,) = _INT32.unpack(data)
+        return count
 
     def expect_end(self) -> None:
         if self.pos != len(self.data):
@@ -319,18 +357,26 @@ def decode(key: bytes, value: bytes | None) -> ShareRecord:
         )
         _check_version(version, reader.what)
         batches = _decode_batches(reader)
-        reader.skip_tagged_fields("tagged fields")
+        count = reader.value_tagged_fields()
         reader.expect_end()
         return ShareSnapshot(
-            share_key, snapshot_epoch, state_epoch, leader_epoch, start, created, written, batches
+            share_key,
+            snapshot_epoch,
+            state_epoch,
+            leader_epoch,
+            start,
+            created,
+            written,
+            batches,
+            count,
         )
     reader = _Reader(bytes(value), "ShareUpdateValue")
     version, snapshot_epoch, leader_epoch, start = reader.unpack(_UPDATE_HEAD, "header fields")
     _check_version(version, reader.what)
     batches = _decode_batches(reader)
-    reader.skip_tagged_fields("tagged fields")
+    count = reader.value_tagged_fields()
     reader.expect_end()
-    return ShareUpdate(share_key, snapshot_epoch, leader_epoch, start, batches)
+    return ShareUpdate(share_key, snapshot_epoch, leader_epoch, start, batches, count)
 
 
 def _check_version(version: int, what: str) -> None:

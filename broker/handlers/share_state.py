@@ -27,7 +27,12 @@ from broker.handlers.requests import (
 )
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
-from coordinator.share_state import PersistedBatch, Persister, ShareStateKey
+from coordinator.share_state import (
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
+    PersistedBatch,
+    Persister,
+    ShareStateKey,
+)
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.share_coordinator")
@@ -142,7 +147,16 @@ async def _write(
                 f"State batch {b.first_offset}-{b.last_offset} with delivery state "
                 f"{b.delivery_state} is not valid (states are 0, 2 and 4)",
             )
-    await persister.write_state(key, p.state_epoch, p.leader_epoch, p.start_offset, batches)
+    # v1 (KIP-1226) carries the leader's DeliveryCompleteCount; v0 has none (-1, unknown).
+    count = getattr(p, "delivery_complete_count", UNKNOWN_DELIVERY_COMPLETE_COUNT)
+    await persister.write_state(
+        key,
+        p.state_epoch,
+        p.leader_epoch,
+        p.start_offset,
+        batches,
+        delivery_complete_count=count,
+    )
     return {}
 
 
@@ -175,6 +189,6 @@ async def _read_summary(
         "state_epoch": state.state_epoch,
         "leader_epoch": state.leader_epoch,
         "start_offset": state.start_offset,
-        # v1: spool keeps no delivery-complete count; -1 is Kafka's "unknown".
-        "delivery_complete_count": -1,
+        # v1 only (build_response leaves it out of v0); -1 when not known.
+        "delivery_complete_count": state.delivery_complete_count,
     }

@@ -153,11 +153,14 @@ class StateUpdate:
     """What to write through WriteShareGroupState before answering.
 
     ``state_batches`` are the changed ranges, newer-wins over what is stored; ``start_offset``
-    is the current SPSO, and stored batches below it are dropped.
+    is the current SPSO, and stored batches below it are dropped. ``delivery_complete_count``
+    is the number of in-flight records (at or above SPSO) that are ACKNOWLEDGED or ARCHIVED,
+    as Kafka 4.2's leader sends in WriteShareGroupState v1 (KIP-1226, for lag).
     """
 
     start_offset: int
     state_batches: tuple[PersistedBatch, ...]
+    delivery_complete_count: int = 0
 
 
 class AcquiredRange(NamedTuple):
@@ -496,6 +499,7 @@ class SharePartition:
         self._lock_deadlines = SortedList()  # (lock_deadline_ms, first_offset) of ACQUIRED
         self._available = SortedSet()  # first_offset of AVAILABLE ranges
         self._acquired_count = 0
+        self._done_count = 0  # records of [spso, speo) that are ACKNOWLEDGED or ARCHIVED
         self._spso = UNINITIALIZED_START_OFFSET
         self._speo = UNINITIALIZED_START_OFFSET
         # The change being built: ranges put in / taken out, and SPSO/SPEO before it.
@@ -541,6 +545,11 @@ class SharePartition:
     def acquired_count(self) -> int:
         """Records currently ACQUIRED by some member."""
         return self._acquired_count
+
+    @property
+    def delivery_complete_count(self) -> int:
+        """In-flight records in a terminal state (ACKNOWLEDGED/ARCHIVED) at or above SPSO."""
+        return self._done_count
 
     @property
     def range_count(self) -> int:
@@ -881,6 +890,8 @@ class SharePartition:
             self._lock_deadlines.add((record.lock_deadline_ms, record.first_offset))
         elif record.state is _AVAILABLE:
             self._available.add(record.first_offset)
+        else:
+            self._done_count += record.record_count
 
     def _pop(self, first_offset: int) -> InFlightRange:
         record: InFlightRange = self._ranges.pop(first_offset)
@@ -890,6 +901,8 @@ class SharePartition:
             self._lock_deadlines.remove((record.lock_deadline_ms, record.first_offset))
         elif record.state is _AVAILABLE:
             self._available.remove(record.first_offset)
+        else:
+            self._done_count -= record.record_count
         return record
 
     def _add_range(self, record: InFlightRange) -> None:
@@ -1003,7 +1016,9 @@ class SharePartition:
             last = min(last, self._speo - 1)
             if first <= last:
                 batches.extend(self._durable_batches(first, last))
-        return self._pend(StateUpdate(self._spso, tuple(_coalesce_batches(batches))))
+        return self._pend(
+            StateUpdate(self._spso, tuple(_coalesce_batches(batches)), self._done_count)
+        )
 
     def _pend(self, state_update: StateUpdate | None) -> PendingChange:
         """End building a change: it now waits for commit or rollback, unless it is empty."""

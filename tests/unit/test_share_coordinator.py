@@ -82,20 +82,26 @@ def test_initialize_writes_a_snapshot_and_changes_nothing_before_replay() -> Non
     shard = ShareCoordinatorShard()
     records, result = shard.initialize_state(KEY, 1, 100, NOW)
     assert result is None
-    assert records == [ShareSnapshot(RKEY, 0, 1, -1, 100, NOW, NOW, ())]
+    # Kafka 4.2: leader epoch 0, and a DeliveryCompleteCount of 0 from an explicit start.
+    assert records == [ShareSnapshot(RKEY, 0, 1, 0, 100, NOW, NOW, (), 0)]
     assert shard.state(KEY) is None and list(shard.keys()) == []
     shard.replay(records[0])
-    assert shard.state(KEY) == ShareState(1, -1, 100, [])
+    assert shard.state(KEY) == ShareState(1, 0, 100, [], 0)
     assert list(shard.keys()) == [KEY]
+
+
+def test_initialize_without_a_start_offset_leaves_the_delivery_complete_count_unknown() -> None:
+    records, _ = ShareCoordinatorShard().initialize_state(KEY, 0, -1, NOW)
+    assert records == [ShareSnapshot(RKEY, 0, 0, 0, -1, NOW, NOW, (), -1)]
 
 
 def test_reinitialize_bumps_snapshot_epoch_and_resets_state() -> None:
     h = initialized()
     h.apply(h.shard.write_state(KEY, 0, 3, 5, [b(5, 9)], NOW))
     records, _ = h.shard.initialize_state(KEY, 1, 50, NOW + 1)
-    assert records == [ShareSnapshot(RKEY, 1, 1, -1, 50, NOW + 1, NOW + 1, ())]
+    assert records == [ShareSnapshot(RKEY, 1, 1, 0, 50, NOW + 1, NOW + 1, (), 0)]
     h.apply((records, None))
-    assert h.shard.state(KEY) == ShareState(1, -1, 50, [])
+    assert h.shard.state(KEY) == ShareState(1, 0, 50, [], 0)
     assert h.shard.updates_since_snapshot(KEY) == 0
 
 
@@ -142,23 +148,36 @@ def test_write_of_a_never_initialized_key_is_invalid_request() -> None:
 
 def test_write_emits_an_update_with_the_delta_only() -> None:
     h = initialized()
-    h.apply(h.shard.write_state(KEY, 0, 1, 0, [b(0, 9)], NOW))
+    h.apply(h.shard.read_state(KEY, 2, NOW))
+    h.apply(h.shard.write_state(KEY, 0, 2, 0, [b(0, 9)], NOW))
     before = h.shard.state(KEY)
-    records, result = h.shard.write_state(KEY, 0, 2, -1, [b(5, 6, 2), b(3, 3, 4)], NOW)
+    records, result = h.shard.write_state(
+        KEY, 0, 2, -1, [b(5, 6, 2), b(3, 3, 4)], NOW, delivery_complete_count=3
+    )
     assert result is None
+    # The update carries the stored leader epoch and the leader's count (Kafka 4.2).
     assert records == [
-        ShareUpdate(RKEY, 0, 2, -1, (StateBatch(3, 3, 4, 1), StateBatch(5, 6, 2, 1)))
+        ShareUpdate(RKEY, 0, 2, -1, (StateBatch(3, 3, 4, 1), StateBatch(5, 6, 2, 1)), 3)
     ]
     assert h.shard.state(KEY) == before  # not applied until replayed
     h.apply((records, None))
     assert h.shard.state(KEY) == ShareState(
-        0, 2, 0, [b(0, 2), b(3, 3, 4), b(4, 4), b(5, 6, 2), b(7, 9)]
+        0, 2, 0, [b(0, 2), b(3, 3, 4), b(4, 4), b(5, 6, 2), b(7, 9)], 3
     )
+
+
+def test_a_write_does_not_move_the_leader_epoch_only_a_read_does() -> None:
+    # Kafka's generateShareStateRecord: a write's record carries the stored leader epoch.
+    h = initialized()
+    records, _ = h.shard.write_state(KEY, 0, 7, -1, [], NOW)
+    assert records == [ShareUpdate(RKEY, 0, 0, -1, ())]
+    h.apply((records, None))
+    assert h.shard.read_summary(KEY).leader_epoch == 0
 
 
 def test_write_normalises_overlapping_request_batches() -> None:
     h = initialized()
-    records, _ = h.shard.write_state(KEY, 0, 0, -1, [b(0, 9, 0, 1), b(4, 5, 2, 1)], NOW)
+    records, _ = h.shard.write_state(KEY, 0, -1, -1, [b(0, 9, 0, 1), b(4, 5, 2, 1)], NOW)
     assert records == [
         ShareUpdate(
             RKEY,
@@ -181,6 +200,7 @@ def test_write_moves_start_offset_and_drops_batches_below() -> None:
 
 def test_write_fencing() -> None:
     h = initialized(state_epoch=2)
+    h.apply(h.shard.read_state(KEY, 5, NOW))
     h.apply(h.shard.write_state(KEY, 2, 5, 0, [], NOW))
     with pytest.raises(KafkaError) as err:
         h.shard.write_state(KEY, 1, 5, 0, [], NOW)
@@ -191,9 +211,9 @@ def test_write_fencing() -> None:
     # -1 skips either check and keeps the stored leader epoch.
     h.apply(h.shard.write_state(KEY, -1, -1, 3, [], NOW))
     assert h.shard.state(KEY) == ShareState(2, 5, 3, [])
-    # A newer leader epoch is taken.
+    # A newer leader epoch passes the check, but only a read records it (Kafka 4.2).
     h.apply(h.shard.write_state(KEY, 2, 6, -1, [], NOW))
-    assert h.shard.read_summary(KEY).leader_epoch == 6
+    assert h.shard.read_summary(KEY).leader_epoch == 5
 
 
 @pytest.mark.parametrize(
@@ -212,7 +232,9 @@ def test_snapshot_every_n_updates() -> None:
     h = initialized(per_snapshot=n)
     kinds = []
     for i in range(9):
-        records, _ = h.shard.write_state(KEY, 0, i, i, [b(i, i, 2)], NOW + i)
+        records, _ = h.shard.write_state(
+            KEY, 0, i, i, [b(i, i, 2)], NOW + i, delivery_complete_count=i
+        )
         kinds.append(type(records[0]).__name__)
         h.apply((records, None))
     # n updates after each snapshot, then a snapshot instead of the next update.
@@ -229,8 +251,11 @@ def test_snapshot_every_n_updates() -> None:
     ]
     snapshot = h.log[4]
     assert isinstance(snapshot, ShareSnapshot)
-    # The merged state: start offset 3, batches below it dropped; create time kept.
-    assert snapshot == ShareSnapshot(RKEY, 1, 0, 3, 3, NOW, NOW + 3, (StateBatch(3, 3, 2, 1),))
+    # The merged state: start offset 3, batches below it dropped, the stored leader
+    # epoch; a new snapshot, so created and written now (Kafka 4.2).
+    assert snapshot == ShareSnapshot(
+        RKEY, 1, 0, 0, 3, NOW + 3, NOW + 3, (StateBatch(3, 3, 2, 1),), 3
+    )
     assert h.shard.snapshot_epoch(KEY) == 2
     assert h.shard.updates_since_snapshot(KEY) == 1
     assert states(h.replayed()) == states(h.shard)
@@ -254,6 +279,7 @@ def test_read_of_a_never_initialized_key_is_invalid_request() -> None:
 
 def test_read_same_epoch_writes_nothing_and_returns_a_copy() -> None:
     h = initialized()
+    h.apply(h.shard.read_state(KEY, 4, NOW))
     h.apply(h.shard.write_state(KEY, 0, 4, 0, [b(0, 3)], NOW))
     records, state = h.shard.read_state(KEY, 4, NOW)
     assert records == []
@@ -264,10 +290,12 @@ def test_read_same_epoch_writes_nothing_and_returns_a_copy() -> None:
 
 def test_read_with_newer_leader_epoch_records_it() -> None:
     h = initialized()
-    h.apply(h.shard.write_state(KEY, 0, 4, 0, [b(0, 3)], NOW))
+    h.apply(h.shard.read_state(KEY, 4, NOW))
+    h.apply(h.shard.write_state(KEY, 0, 4, 2, [b(2, 3)], NOW, delivery_complete_count=1))
     records, state = h.shard.read_state(KEY, 6, NOW)
-    assert records == [ShareUpdate(RKEY, 0, 6, -1, ())]
-    assert state == ShareState(0, 6, 0, [b(0, 3)])
+    # Kafka 4.2: the update keeps the current start offset and the stored count.
+    assert records == [ShareUpdate(RKEY, 0, 6, 2, (), 1)]
+    assert state == ShareState(0, 6, 2, [b(2, 3)], 1)
     assert h.shard.read_summary(KEY).leader_epoch == 4  # not yet replayed
     h.apply((records, state))
     assert h.shard.state(KEY) == state
@@ -282,17 +310,23 @@ def test_read_with_older_leader_epoch_is_fenced() -> None:
         assert err.value.code == ErrorCode.fenced_leader_epoch
 
 
-def test_read_with_no_leader_epoch_before_any_is_known() -> None:
+def test_read_with_no_leader_epoch_is_fenced_once_initialize_recorded_epoch_0() -> None:
+    # Kafka 4.2: Initialize writes leader epoch 0, so -1 is older than what is known.
     h = initialized()
-    records, state = h.shard.read_state(KEY, -1, NOW)
-    assert records == [] and state == ShareState(0, -1, 0, [])
+    with pytest.raises(KafkaError) as err:
+        h.shard.read_state(KEY, -1, NOW)
+    assert err.value.code == ErrorCode.fenced_leader_epoch
+    records, state = h.shard.read_state(KEY, 0, NOW)
+    assert records == [] and state == ShareState(0, 0, 0, [], 0)
 
 
 def test_read_leader_epoch_update_becomes_a_snapshot_when_due() -> None:
     h = initialized(per_snapshot=1)
-    h.apply(h.shard.write_state(KEY, 0, 1, 0, [b(0, 1)], NOW))
+    h.apply(h.shard.write_state(KEY, 0, -1, 0, [b(0, 1)], NOW, delivery_complete_count=0))
     records, _ = h.shard.read_state(KEY, 2, NOW + 5)
-    assert records == [ShareSnapshot(RKEY, 1, 0, 2, 0, NOW, NOW + 5, (StateBatch(0, 1, 0, 1),))]
+    assert records == [
+        ShareSnapshot(RKEY, 1, 0, 2, 0, NOW + 5, NOW + 5, (StateBatch(0, 1, 0, 1),), 0)
+    ]
 
 
 # -------------------------------------------------------------- summary, delete
@@ -300,10 +334,11 @@ def test_read_leader_epoch_update_becomes_a_snapshot_when_due() -> None:
 
 def test_read_summary() -> None:
     h = initialized(start=10, state_epoch=2)
-    h.apply(h.shard.write_state(KEY, 2, 3, 12, [b(12, 20)], NOW))
-    assert h.shard.read_summary(KEY) == ShareState(2, 3, 12, [])
+    h.apply(h.shard.read_state(KEY, 3, NOW))
+    h.apply(h.shard.write_state(KEY, 2, 3, 12, [b(12, 20)], NOW, delivery_complete_count=4))
+    assert h.shard.read_summary(KEY) == ShareState(2, 3, 12, [], 4)
     # A key with no state answers the uninitialized defaults, not an error.
-    assert h.shard.read_summary(ShareStateKey("other", TOPIC, 0)) == ShareState(0, 0, -1, [])
+    assert h.shard.read_summary(ShareStateKey("other", TOPIC, 0)) == ShareState(0, 0, -1, [], -1)
 
 
 def test_delete_writes_a_tombstone_and_replay_forgets_the_key() -> None:
@@ -360,7 +395,7 @@ def test_uninitialized_is_checked_before_the_epochs_and_batches() -> None:
 
 def test_write_with_both_epochs_stale_is_fenced_by_the_leader_epoch_first() -> None:
     h = initialized(state_epoch=2)
-    h.apply(h.shard.write_state(KEY, 2, 5, 0, [], NOW))
+    h.apply(h.shard.read_state(KEY, 5, NOW))
     with pytest.raises(KafkaError) as err:
         h.shard.write_state(KEY, 1, 4, 0, [], NOW)
     assert err.value.code == ErrorCode.fenced_leader_epoch
@@ -369,10 +404,10 @@ def test_write_with_both_epochs_stale_is_fenced_by_the_leader_epoch_first() -> N
 def test_summary_of_a_never_initialized_or_deleted_key_is_the_uninitialized_default() -> None:
     shard = ShareCoordinatorShard()
     assert shard.read_summary(KEY) == ShareState(
-        state_epoch=0, leader_epoch=0, start_offset=-1, batches=[]
+        state_epoch=0, leader_epoch=0, start_offset=-1, batches=[], delivery_complete_count=-1
     )
     h = initialized(start=4, state_epoch=3)
-    assert h.shard.read_summary(KEY) == ShareState(3, -1, 4, [])
+    assert h.shard.read_summary(KEY) == ShareState(3, 0, 4, [], 0)
     h.apply(h.shard.delete_state(KEY))
     assert h.shard.read_summary(KEY) == ShareState(0, 0, -1, [])
 

@@ -99,6 +99,7 @@ class FlakyPersister(InMemoryPersister):
         leader_epoch: int,
         start_offset: int,
         batches: Sequence[PersistedBatch],
+        delivery_complete_count: int = -1,
     ) -> None:
         if self.gate is not None:
             await self.gate.wait()
@@ -107,7 +108,14 @@ class FlakyPersister(InMemoryPersister):
         if failure is not None:
             raise failure
         self.writes += 1
-        await super().write_state(key, state_epoch, leader_epoch, start_offset, batches)
+        await super().write_state(
+            key,
+            state_epoch,
+            leader_epoch,
+            start_offset,
+            batches,
+            delivery_complete_count=delivery_complete_count,
+        )
 
 
 STORAGE = KafkaError(ErrorCode.kafka_storage_error, "fsync of share-state segment failed")

@@ -401,7 +401,8 @@ def test_accept_inside_a_range_splits_it() -> None:
     fetch(sp, "m1", [(0, 499)])
     result = committed(sp.acknowledge("m1", [(250, 250, ACCEPT)], now_ms=0))
     assert states(sp) == [(0, 249, Q, 1, "m1"), (250, 250, K, 1, None), (251, 499, Q, 1, "m1")]
-    assert result.state_update == StateUpdate(0, (PersistedBatch(250, 250, 2, 1),))
+    # One record above SPSO is done: the count Kafka 4.2's leader writes (KIP-1226).
+    assert result.state_update == StateUpdate(0, (PersistedBatch(250, 250, 2, 1),), 1)
     assert sp.acquired_count == 499
 
 
@@ -448,7 +449,7 @@ def test_reject_archives() -> None:
     fetch(sp, "m1", [(0, 9)])
     result = committed(sp.acknowledge("m1", [(5, 9, REJECT)], now_ms=0))
     assert states(sp) == [(0, 4, Q, 1, "m1"), (5, 9, X, 1, None)]
-    assert result.state_update == StateUpdate(0, (PersistedBatch(5, 9, 4, 1),))
+    assert result.state_update == StateUpdate(0, (PersistedBatch(5, 9, 4, 1),), 5)
 
 
 def test_gap_archives() -> None:
@@ -967,3 +968,31 @@ def test_an_exception_half_way_through_a_change_undoes_what_it_did(
     monkeypatch.undo()
     committed(sp.acknowledge("m1", [(0, 0, ACCEPT), (2, 2, REJECT)], now_ms=0))
     assert sp.spso == 1
+
+
+def test_delivery_complete_count_is_terminal_records_at_or_above_spso() -> None:
+    # Kafka 4.2's SharePartition.deliveryCompleteCount: ACKNOWLEDGED/ARCHIVED records not
+    # yet passed by SPSO; SPSO moving over them takes them out, a rollback puts it back.
+    sp = make()
+    fetch(sp, "m1", [(0, 9)])
+    assert sp.delivery_complete_count == 0
+    committed(sp.acknowledge("m1", [(2, 3, ACCEPT), (5, 5, REJECT)], now_ms=0))
+    assert sp.delivery_complete_count == 3
+    result = sp.acknowledge("m1", [(0, 1, ACCEPT)], now_ms=0)
+    # SPSO moves to 4 over 0-3: only offset 5 is left to count.
+    assert result.state_update is not None
+    assert result.state_update.start_offset == 4
+    assert result.state_update.delivery_complete_count == 1
+    result.change.rollback()
+    assert sp.delivery_complete_count == 3 and sp.spso == 0
+    loaded = SharePartition(
+        "g",
+        sp.topic_id,
+        0,
+        config=sp.config,
+        state_epoch=0,
+        start_offset=2,
+        state_batches=[(2, 3, 2, 1), (4, 4, 0, 1), (5, 6, 4, 2)],
+    )
+    # Loading: 2-3 done moves SPSO to 4; 5-6 are counted.
+    assert (loaded.spso, loaded.delivery_complete_count) == (4, 2)

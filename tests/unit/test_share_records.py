@@ -60,12 +60,24 @@ def test_exact_layout() -> None:
     assert update_value == struct.pack(">hiiq", 0, 1, 3, -1) + b"\x01" + b"\x00"
 
 
-def test_unknown_tagged_fields_are_skipped() -> None:
-    # Kafka 4.2 adds DeliveryCompleteCount as tagged field 0 (int32).
+def test_delivery_complete_count_is_tagged_field_0_and_unknown_tags_are_skipped() -> None:
+    # Kafka 4.2 (KIP-1226) adds DeliveryCompleteCount as tagged field 0 (int32).
     key_bytes, value = encode(ShareUpdate(KEY, 1, 3, 5, ()))
     assert value is not None
     tagged = value[:-1] + b"\x01" + b"\x00" + b"\x04" + struct.pack(">i", 42)
-    assert decode(key_bytes, tagged) == ShareUpdate(KEY, 1, 3, 5, ())
+    assert decode(key_bytes, tagged) == ShareUpdate(KEY, 1, 3, 5, (), 42)
+    unknown = value[:-1] + b"\x01" + b"\x07" + b"\x02" + b"ab"
+    assert decode(key_bytes, unknown) == ShareUpdate(KEY, 1, 3, 5, ())
+
+
+def test_a_value_without_delivery_complete_count_decodes_with_minus_one() -> None:
+    # What older spool wrote: an empty tagged-field section.
+    key_bytes, value = encode(ShareSnapshot(KEY, 2, 7, 3, 10, 1_000, 2_000, BATCHES))
+    assert value is not None and value.endswith(b"\x00")
+    assert decode(key_bytes, value).delivery_complete_count == -1  # type: ignore[union-attr]
+    _, counted = encode(ShareSnapshot(KEY, 2, 7, 3, 10, 1_000, 2_000, BATCHES, 4))
+    assert counted is not None
+    assert counted == value[:-1] + b"\x01\x00\x04" + struct.pack(">i", 4)
 
 
 batches = st.lists(
@@ -85,10 +97,13 @@ keys = st.builds(
     st.integers(0, 2**31 - 1),
 )
 epochs = st.integers(-1, 2**31 - 1)
+counts = st.integers(-1, 2**31 - 1)
 offsets = st.integers(-1, 2**63 - 1)
 records: st.SearchStrategy[ShareRecord] = st.one_of(
-    st.builds(ShareSnapshot, keys, epochs, epochs, epochs, offsets, offsets, offsets, batches),
-    st.builds(ShareUpdate, keys, epochs, epochs, offsets, batches),
+    st.builds(
+        ShareSnapshot, keys, epochs, epochs, epochs, offsets, offsets, offsets, batches, counts
+    ),
+    st.builds(ShareUpdate, keys, epochs, epochs, offsets, batches, counts),
     st.builds(ShareTombstone, keys),
 )
 

@@ -59,6 +59,8 @@ def test_in_memory_persister_fences_older_state_and_leader_epochs() -> None:
         p = InMemoryPersister()
         key = ShareStateKey("g", uuid.uuid4(), 0)
         await p.initialize_state(key, 3, 10)
+        # Only a read records a leader epoch (Kafka 4.2); a write carries the stored one.
+        await p.read_state(key, 5)
         await p.write_state(key, 3, 5, 12, [PersistedBatch(12, 14, 2, 1)])
         with pytest.raises(KafkaError) as stale_state:
             await p.write_state(key, 2, 5, 12, [])
