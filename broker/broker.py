@@ -15,6 +15,7 @@ import structlog
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
 from broker.logs import LogManager, Partition
+from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
 from broker.server import RequestContext, Server, ServerLimits, error_frame
 from broker.share.manager import LogPartition, SharePartitionManager
 from broker.share.session import ShareSessionCache
@@ -24,6 +25,7 @@ from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_persister import DurablePersister
 from coordinator.share_state import ShareStateKey
+from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
@@ -65,12 +67,16 @@ class Broker:
         self._advertise = advertise
         self.node_id: int = config.get("node.id")
         self.commit = GroupCommit()
+        # Counters for the metrics endpoint (broker.metrics); one set per broker.
+        self.metrics = BrokerMetrics()
+        self.commit.on_flush = self.metrics.flushed
         self.metadata: MetadataStore
         self.logs: LogManager
         self.server: Server | None = None
         self.cluster_id = ""
         self._tasks: list[asyncio.Task[None]] = []
         self.groups: GroupCoordinator
+        self.transactions: TransactionCoordinator
         self.share: SharePartitionManager
         self.sessions: ShareSessionCache
         # Round-robin start for share fetches, so MaxRecords starves no partition.
@@ -107,6 +113,7 @@ class Broker:
             self.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
         apply_dynamic_broker_config(self)
         self._start_share_groups()
+        self._start_transactions()
         self.server = Server(
             self.listen.host,
             self.listen.port,
@@ -118,6 +125,7 @@ class Broker:
         await self.server.start()
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._compaction_loop()))
+        self.metrics.state = SERVING
         log.info(
             "broker_started",
             node_id=self.node_id,
@@ -152,6 +160,7 @@ class Broker:
             self.log_partition,
             _offset_for_timestamp,
             clock=self.clock,
+            metrics=self.metrics.share,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
@@ -162,6 +171,21 @@ class Broker:
         self.topic_deleted_hooks.append(self._on_topic_deleted)
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
         self.groups.start()
+
+    def _start_transactions(self) -> None:
+        """The transaction coordinator on `data/transactions/`: replayed, in-doubt
+        transactions completed, timeout and expiry sweeps on the broker's clock."""
+        from broker.handlers.transactions import marker_writer
+
+        self.transactions = TransactionCoordinator(
+            RecordLog(self.data_dir / "transactions", self.commit, clock=self.clock),
+            allocate_producer_id=self.metadata.allocate_producer_id,
+            markers=marker_writer(self.logs),
+            config=TransactionConfig.from_mapping(self.config.get),
+            clock=self.clock,
+        )
+        self.transactions.load()
+        self.transactions.start()
 
     def _spawn(self, coro: Any, **context: object) -> None:
         """Run `coro` in the background; a failure is logged with what it was, not lost."""
@@ -202,9 +226,11 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush everything, close files."""
+        self.metrics.state = STOPPING
         if self.server is not None:
             await self.server.stop()
         await self.groups.stop()
+        await self.transactions.stop()
         self.share.stop()
         for task in self._tasks:
             task.cancel()
@@ -216,7 +242,9 @@ class Broker:
         self.metadata.close()
         self.share_persister.close()
         self.groups.close()
+        self.transactions.close()
         await self.commit.stop()
+        self.metrics.state = STOPPED
         log.info("broker_stopped")
 
     async def _retention_loop(self) -> None:
@@ -235,13 +263,24 @@ class Broker:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.share_persister.compact()
+                rewritten = await self.share_persister.compact()
             except Exception:
+                self.metrics.compacted(None)
                 log.exception("share_state_compaction_failed")
+            else:
+                self.metrics.compacted(rewritten)
 
     # -- dispatch ---------------------------------------------------------------
 
     async def dispatch(self, ctx: RequestContext, frame: bytes, body_offset: int) -> bytes | None:
+        """Answer one request, counted and timed (failed or cut off too) for the metrics."""
+        started = self.metrics.timer()
+        try:
+            return await self._dispatch(ctx, frame, body_offset)
+        finally:
+            self.metrics.request_done(ctx.header.api_key, ctx.header.api_version, started)
+
+    async def _dispatch(self, ctx: RequestContext, frame: bytes, body_offset: int) -> bytes | None:
         h = ctx.header
         entry = self.table.lookup(h.api_key, h.api_version)
         if entry is None:
@@ -271,6 +310,7 @@ class Broker:
             connection=ctx.connection_id,
         )
         result = await entry.handler(ctx, request)
+        self.metrics.payload(h.api_key, request, result)
         if result is None:
             return None
         body = api.build_response(h.api_key, h.api_version, result)

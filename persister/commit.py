@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,8 +39,14 @@ class _Target:
 class GroupCommit:
     """Runs `flush()` of sync targets on one worker thread, one round per target at a time."""
 
-    def __init__(self, *, thread_name: str = "spool-fsync") -> None:
+    def __init__(
+        self, *, thread_name: str = "spool-fsync", timer: Callable[[], float] = time.perf_counter
+    ) -> None:
         self._thread_name = thread_name
+        # Monotonic seconds, to time rounds for `on_flush` (the broker's metrics).
+        self._timer = timer
+        # Called on the loop as each round ends: (seconds from its start, whether it failed).
+        self.on_flush: Callable[[float, bool], None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._targets: dict[int, _Target] = {}
@@ -87,9 +95,12 @@ class GroupCommit:
         assert self._executor is not None and self._loop is not None
         waiters, state.pending = state.pending, []
         self.rounds += 1
+        started = self._timer()
         running = self._loop.run_in_executor(self._executor, state.target.flush)
         state.running = running
-        running.add_done_callback(lambda done: self._finish_round(key, state, waiters, done))
+        running.add_done_callback(
+            lambda done: self._finish_round(key, state, waiters, done, started)
+        )
 
     def _finish_round(
         self,
@@ -97,12 +108,15 @@ class GroupCommit:
         state: _Target,
         waiters: list[asyncio.Future[None]],
         done: asyncio.Future[None],
+        started: float,
     ) -> None:
         state.running = None
         cancelled = done.cancelled()
         error = None if cancelled else done.exception()
         if error is not None:
             log.error("flush_failed", target=repr(state.target), error=repr(error))
+        if self.on_flush is not None and not cancelled:
+            self.on_flush(self._timer() - started, error is not None)
         for waiter in waiters:
             if waiter.done():
                 continue
