@@ -239,12 +239,7 @@ class Partition:
             except KafkaError as exc:
                 # Without its index entry the abort would read as committed: take the
                 # marker back out, so the transaction stays open and the coordinator retries.
-                log.error(
-                    "partition_write_failed",
-                    topic=self.topic,
-                    partition=self.index,
-                    error=exc.message,
-                )
+                self._log_write_failed(exc)
                 self._undo_write(marker_offset)
                 raise
         self.producers.update(
@@ -269,14 +264,14 @@ class Partition:
         try:
             return self.log.append(data, now_ms)
         except KafkaError as exc:
-            if exc.code == ErrorCode.kafka_storage_error:
-                log.error(
-                    "partition_write_failed",
-                    topic=self.topic,
-                    partition=self.index,
-                    error=exc.message,
-                )
+            self._log_write_failed(exc)
             raise
+
+    def _log_write_failed(self, exc: KafkaError) -> None:
+        if exc.code == ErrorCode.kafka_storage_error:
+            log.error(
+                "partition_write_failed", topic=self.topic, partition=self.index, error=exc.message
+            )
 
     def _undo_write(self, offset: int) -> None:
         try:

@@ -14,12 +14,12 @@ import uuid
 from dataclasses import replace
 
 from broker.share.manager import FetchedPartition, SharePartitionManager
-from coordinator.group_config import GroupConfig
 from coordinator.share_persister import InMemoryPersister
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from persister.clock import ManualClock
 from persister.txn_index import AbortedTxn
 from protocol.records import NewRecord, build_batch, build_end_txn_marker_batch, iter_batches
+from tests.unit.test_share_manager import FakeGroups
 
 TOPIC_ID = uuid.uuid4()
 KEY = ShareStateKey("g", TOPIC_ID, 0)
@@ -102,23 +102,15 @@ class TxnLog:
         ]
 
 
-class Groups:
+class Groups(FakeGroups):
+    """The group configs of test_share_manager, with share.isolation.level to switch."""
+
     def __init__(self, persister: InMemoryPersister, isolation: str) -> None:
-        self.persister = persister
-        self.group_config = GroupConfig.effective(
-            {"share.auto.offset.reset": "earliest", "share.isolation.level": isolation}
-        )
+        super().__init__(persister, delivery_count_limit=5)
+        self.set_isolation(isolation)
 
     def set_isolation(self, isolation: str) -> None:
         self.group_config = replace(self.group_config, isolation_level=isolation)  # type: ignore[arg-type]
-
-    def config(self, group_id: str) -> GroupConfig:
-        return self.group_config
-
-    async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> None:
-        key = ShareStateKey(group_id, topic_id, partition)
-        if self.persister.shard.state(key) is None:
-            await self.persister.initialize_state(key, 0, -1)
 
 
 def manager(
