@@ -105,6 +105,8 @@ def _to_json(name: str, value: Any) -> Any:
         return {str(tid): sorted(parts) for tid, parts in value.items()}
     if name == "subscribed_topic_names":
         return sorted(value)
+    if name == "deleting":
+        return sorted(str(tid) for tid in value)
     if name == "subscription_metadata":
         return [[str(t.topic_id), t.name, t.num_partitions] for t in value]
     return value
@@ -115,9 +117,21 @@ def _from_json(name: str, value: Any) -> Any:
         return {uuid.UUID(tid): frozenset(parts) for tid, parts in value.items()}
     if name == "subscribed_topic_names":
         return frozenset(value)
+    if name == "deleting":
+        return frozenset(uuid.UUID(tid) for tid in value)
     if name == "subscription_metadata":
         return tuple(TopicMetadata(uuid.UUID(tid), n, p) for tid, n, p in value)
     return value
+
+
+def _stored_fields(cls: type[Any], data: Mapping[str, Any], skip: frozenset[str]) -> dict[str, Any]:
+    """The dataclass fields stored in `data`; a field added later with a default (such
+    as `deleting`) may be absent from records written before it."""
+    return {
+        f.name: _from_json(f.name, data[f.name])
+        for f in dataclasses.fields(cls)
+        if f.name not in skip and (f.name in data or f.default is dataclasses.MISSING)
+    }
 
 
 def _key(record_type: int, group_id: str, member_or_config: str | None = None) -> bytes:
@@ -208,11 +222,7 @@ def decode(key: bytes | None, value: bytes | None) -> GroupRecord | None:
             f"supported (only {VALUE_VERSION})"
         )
     cls = _VALUE_CLASSES[record_type]
-    fields = {
-        f.name: _from_json(f.name, data[f.name])
-        for f in dataclasses.fields(cls)
-        if f.name not in _KEY_FIELDS
-    }
+    fields = _stored_fields(cls, data, _KEY_FIELDS)
     record: GroupRecord = cls(group_id=group_id, **member, **fields)
     return record
 
@@ -241,7 +251,7 @@ def _decode_class_name_format(value: bytes) -> GroupRecord:
     cls = _CLASS_NAME_TYPES.get(data["type"])
     if cls is None:
         raise ValueError(f"unknown group record type {data['type']!r}")
-    kwargs = {f.name: _from_json(f.name, data[f.name]) for f in dataclasses.fields(cls)}
+    kwargs = _stored_fields(cls, data, frozenset())
     record: GroupRecord = cls(**kwargs)
     return record
 

@@ -206,11 +206,15 @@ class ShareGroupCurrentMemberAssignmentTombstone:
 
 @dataclass(frozen=True, slots=True)
 class ShareGroupStatePartitionMetadataRecord:
-    """Which partitions have share state (initialized) or are getting it (initializing)."""
+    """Which partitions have share state (initialized) or are getting it (initializing),
+    and the topics whose share state is being deleted (Kafka's DeletingTopics: an admin
+    delete marks them first, deletes the state, then unmarks them, so a crash between
+    the steps leaves them marked to be finished)."""
 
     group_id: str
     initializing: AssignmentDict
     initialized: AssignmentDict
+    deleting: frozenset[uuid.UUID] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +326,7 @@ class ShareGroup:
         self.subscription_metadata: dict[str, TopicMetadata] = {}
         self.initializing: AssignmentDict = {}
         self.initialized: AssignmentDict = {}
+        self.deleting: frozenset[uuid.UUID] = frozenset()
         self.deleted = False
         # Soft state: member id -> session deadline (ms). A timer, not durable.
         self._session_deadlines: dict[str, int] = {}
@@ -502,7 +507,7 @@ class ShareGroup:
         )
         deleted = frozenset(
             topic_id
-            for topic_id in {*self.initialized, *self.initializing}
+            for topic_id in {*self.initialized, *self.initializing, *self.deleting}
             if topic_id not in topics_metadata
         )
         if deleted:
@@ -511,6 +516,7 @@ class ShareGroup:
                     self.group_id,
                     {t: p for t, p in self.initializing.items() if t not in deleted},
                     {t: p for t, p in self.initialized.items() if t not in deleted},
+                    self.deleting - deleted,
                 )
             )
         return TopicsChangedResult(records, deleted)
@@ -563,11 +569,89 @@ class ShareGroup:
         )
 
     def _state_partition_record(
-        self, initializing: AssignmentDict, initialized: AssignmentDict
+        self,
+        initializing: AssignmentDict,
+        initialized: AssignmentDict,
+        deleting: frozenset[uuid.UUID] | None = None,
     ) -> list[ShareGroupRecord]:
-        if initializing == self.initializing and initialized == self.initialized:
+        deleting = self.deleting if deleting is None else deleting
+        if (initializing, initialized, deleting) == (
+            self.initializing,
+            self.initialized,
+            self.deleting,
+        ):
             return []
-        return [ShareGroupStatePartitionMetadataRecord(self.group_id, initializing, initialized)]
+        return [
+            ShareGroupStatePartitionMetadataRecord(
+                self.group_id, initializing, initialized, deleting
+            )
+        ]
+
+    # -- admin: reset and delete of share state (KIP-932 admin RPCs) -------------
+
+    def require_empty(self) -> None:
+        """Kafka's ShareGroup.validateEmptyGroup: admin changes need an Empty group."""
+        if self.members:
+            raise KafkaError(
+                ErrorCode.non_empty_group,
+                f"Share group {self.group_id} is not empty: it has {len(self.members)} "
+                "member(s). Stop its consumers (or wait for their sessions to expire), "
+                "then retry.",
+            )
+
+    def mark_altering(
+        self, partitions: Mapping[uuid.UUID, Iterable[int]]
+    ) -> list[ShareGroupRecord]:
+        """AlterShareGroupOffsets, first step: the partitions are `initializing` (and their
+        topics no longer `deleting`), as Kafka's addInitializingTopicsRecords; after the
+        share state is re-initialized, `mark_initialized` completes it."""
+        return self._state_partition_record(
+            _union(self.initializing, partitions),
+            self.initialized,
+            self.deleting - frozenset(partitions),
+        )
+
+    def mark_deleting_topics(
+        self, topic_ids: Iterable[uuid.UUID], topics_metadata: TopicsMetadata
+    ) -> tuple[list[ShareGroupRecord], AssignmentDict]:
+        """DeleteShareGroupOffsets, first step (Kafka's sharePartitionsEligibleForOffset-
+        Deletion): initialized topics move to `deleting`; a topic already `deleting` (a
+        delete cut short) is deleted again, every partition. Returns the records and the
+        partitions whose share state to delete."""
+        to_delete: dict[uuid.UUID, frozenset[int]] = {}
+        for topic_id in topic_ids:
+            if topic_id in self.initialized:
+                to_delete[topic_id] = self.initialized[topic_id]
+            elif topic_id in self.deleting and topic_id in topics_metadata:
+                to_delete[topic_id] = frozenset(range(topics_metadata[topic_id].num_partitions))
+        records = self._state_partition_record(
+            self.initializing,
+            {t: p for t, p in self.initialized.items() if t not in to_delete},
+            self.deleting | frozenset(to_delete),
+        )
+        return records, _freeze(to_delete)
+
+    def mark_deleting_all(
+        self, topics_metadata: TopicsMetadata
+    ) -> tuple[list[ShareGroupRecord], AssignmentDict]:
+        """DeleteGroups, first step (Kafka's shareGroupBuildPartitionDeleteRequest): every
+        initialized or initializing topic moves to `deleting`, with any left `deleting`
+        by an earlier cut-short delete (all partitions of those that still exist)."""
+        to_delete: dict[uuid.UUID, frozenset[int]] = dict(
+            _union(self.initialized, self.initializing)
+        )
+        for topic_id in self.deleting:
+            if topic_id in topics_metadata:
+                every = frozenset(range(topics_metadata[topic_id].num_partitions))
+                to_delete[topic_id] = to_delete.get(topic_id, frozenset()) | every
+        records = self._state_partition_record({}, {}, frozenset(to_delete))
+        return records, _freeze(to_delete)
+
+    def mark_deleted_topics(self, topic_ids: Iterable[uuid.UUID]) -> list[ShareGroupRecord]:
+        """The last step of a delete: these topics' share state is gone."""
+        return self._state_partition_record(
+            self.initializing, self.initialized, self.deleting - frozenset(topic_ids)
+        )
 
     # -- describe and delete ----------------------------------------------------
 
@@ -648,12 +732,14 @@ class ShareGroup:
             case ShareGroupStatePartitionMetadataRecord():
                 self.initializing = _freeze(record.initializing)
                 self.initialized = _freeze(record.initialized)
+                self.deleting = frozenset(record.deleting)
             case ShareGroupTombstone():
                 self.members.clear()
                 self.target_assignment.clear()
                 self.subscription_metadata.clear()
                 self.initializing = {}
                 self.initialized = {}
+                self.deleting = frozenset()
                 self._session_deadlines.clear()
                 self.deleted = True
 

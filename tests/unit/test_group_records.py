@@ -117,6 +117,8 @@ def class_name_encode(record: Any) -> KeyValue:
     kind = type(record).__name__
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(record):
+        if f.name == "deleting":
+            continue  # added after this format; decoding defaults it
         value = getattr(record, f.name)
         if f.name in ("assignment", "initializing", "initialized"):
             value = {str(tid): sorted(parts) for tid, parts in value.items()}
