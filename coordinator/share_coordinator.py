@@ -54,6 +54,7 @@ from coordinator.share_state import (
     ShareState,
     ShareStateKey,
 )
+from persister.share_fold import apply_update
 from persister.share_records import (
     ShareKey,
     ShareRecord,
@@ -93,6 +94,34 @@ class _Entry:
     write_timestamp_ms: int
     updates_since_snapshot: int
     delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
+
+    @classmethod
+    def of(cls, state: ShareSnapshot, *, updates_since_snapshot: int) -> _Entry:
+        return cls(
+            state_epoch=state.state_epoch,
+            leader_epoch=state.leader_epoch,
+            start_offset=state.start_offset,
+            batches=state.batches,
+            snapshot_epoch=state.snapshot_epoch,
+            create_timestamp_ms=state.create_timestamp_ms,
+            write_timestamp_ms=state.write_timestamp_ms,
+            updates_since_snapshot=updates_since_snapshot,
+            delivery_complete_count=state.delivery_complete_count,
+        )
+
+    def snapshot(self, key: ShareKey) -> ShareSnapshot:
+        """The entry as the ShareSnapshot that stands for it (persister.share_fold's form)."""
+        return ShareSnapshot(
+            key,
+            self.snapshot_epoch,
+            self.state_epoch,
+            self.leader_epoch,
+            self.start_offset,
+            self.create_timestamp_ms,
+            self.write_timestamp_ms,
+            self.batches,
+            self.delivery_complete_count,
+        )
 
     def to_state(self, *, with_batches: bool = True) -> ShareState:
         return ShareState(
@@ -287,50 +316,14 @@ class ShareCoordinatorShard:
         if isinstance(record, ShareTombstone):
             self._entries.pop(key, None)
         elif isinstance(record, ShareSnapshot):
-            self._entries[key] = _Entry(
-                state_epoch=record.state_epoch,
-                leader_epoch=record.leader_epoch,
-                start_offset=record.start_offset,
-                batches=tuple(_to_persisted(record.batches)),
-                snapshot_epoch=record.snapshot_epoch,
-                create_timestamp_ms=record.create_timestamp_ms,
-                write_timestamp_ms=record.write_timestamp_ms,
-                updates_since_snapshot=0,
-                delivery_complete_count=record.delivery_complete_count,
-            )
+            self._entries[key] = _Entry.of(record, updates_since_snapshot=0)
         else:
+            # The update rules live in persister.share_fold, shared with the Spark
+            # compaction, so a compacted log replays to exactly this state.
             entry = self._entries.get(key)
-            if entry is None:
-                # Only a log written by something else has an update before any snapshot;
-                # Kafka then starts the state from the update. Do the same.
-                entry = _Entry(
-                    state_epoch=0,
-                    leader_epoch=NO_EPOCH,
-                    start_offset=UNINITIALIZED_START_OFFSET,
-                    batches=(),
-                    snapshot_epoch=record.snapshot_epoch,
-                    create_timestamp_ms=NO_TIMESTAMP,
-                    write_timestamp_ms=NO_TIMESTAMP,
-                    updates_since_snapshot=0,
-                )
-            start = (
-                entry.start_offset
-                if record.start_offset == UNINITIALIZED_START_OFFSET
-                else record.start_offset
-            )
-            self._entries[key] = _Entry(
-                state_epoch=entry.state_epoch,
-                leader_epoch=(
-                    entry.leader_epoch if record.leader_epoch == NO_EPOCH else record.leader_epoch
-                ),
-                start_offset=start,
-                batches=tuple(merge_batches(entry.batches, _to_persisted(record.batches), start)),
-                snapshot_epoch=entry.snapshot_epoch,
-                create_timestamp_ms=entry.create_timestamp_ms,
-                write_timestamp_ms=entry.write_timestamp_ms,
-                updates_since_snapshot=entry.updates_since_snapshot + 1,
-                delivery_complete_count=record.delivery_complete_count,
-            )
+            state = apply_update(None if entry is None else entry.snapshot(record.key), record)
+            updates = 0 if entry is None else entry.updates_since_snapshot
+            self._entries[key] = _Entry.of(state, updates_since_snapshot=updates + 1)
 
     # -------------------------------------------------------------- helpers
 
