@@ -18,15 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import share_helpers as share
 from tests.integration.conftest import Broker, create_topic, free_port
-from tests.integration.share_helpers import (
-    accept_all,
-    close_quietly,
-    consume,
-    earliest,
-    produce_values,
-    share_consumer,
-)
 
 TOPIC = "metrics-queue"
 GROUP = "metrics-group"
@@ -64,13 +57,11 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsBroker]:
     try:
         # The harness's own probe connection has gone before any test counts connections.
         wait_for(lambda: gauge(scrape(b), CONNECTIONS) == 0, "the start probe to disconnect")
-        yield b
-    except BaseException:
-        print(b.log_tail())
+    except AssertionError:
+        b.kill9()
         raise
-    finally:
-        if b.running:
-            b.stop()
+    yield b
+    b.stop()  # a clean exit (code 0) is part of the test
 
 
 def scrape(broker: MetricsBroker) -> Samples:
@@ -139,21 +130,21 @@ def test_share_traffic_is_counted_and_lag_falls_to_zero_once_all_is_accepted(
     broker: MetricsBroker,
 ) -> None:
     create_topic(broker, TOPIC)
-    earliest(broker, GROUP)
+    share.earliest(broker, GROUP)
     before = scrape(broker)
     values = [bytes([65 + i % 26]) * VALUE_BYTES for i in range(RECORDS)]
-    produce_values(broker, TOPIC, values)
+    share.produce_values(broker, TOPIC, values)
 
-    consumer = share_consumer(broker, GROUP, [TOPIC])
+    consumer = share.share_consumer(broker, GROUP, [TOPIC])
     try:
-        log = consume(
+        log = share.consume(
             consumer,
             until=lambda log: len(log.deliveries) >= RECORDS,
             timeout=60,
-            decide=accept_all,
+            decide=share.accept_all,
         )
     finally:
-        close_quietly(consumer)
+        share.close_quietly(consumer)
     assert sorted(log.offsets()) == [(0, offset) for offset in range(RECORDS)]
 
     group = {"group": GROUP, "topic": TOPIC, "partition": "0"}
@@ -191,7 +182,7 @@ def test_share_traffic_is_counted_and_lag_falls_to_zero_once_all_is_accepted(
 
 
 def test_lag_of_records_nobody_fetched_is_kept_across_a_restart(broker: MetricsBroker) -> None:
-    produce_values(broker, TOPIC, [b"x" * VALUE_BYTES] * 10)
+    share.produce_values(broker, TOPIC, [b"x" * VALUE_BYTES] * 10)
     group = {"group": GROUP, "topic": TOPIC, "partition": "0"}
     wait_for(lambda: gauge(scrape(broker), LAG, **group) == 10, "lag of the 10 new records")
     broker.restart()
