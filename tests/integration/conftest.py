@@ -223,6 +223,22 @@ def broker(broker_factory: Callable[..., Broker]) -> Broker:
     return broker_factory()
 
 
+@contextlib.contextmanager
+def module_broker(
+    tmp_path_factory: pytest.TempPathFactory, name: str, settings: dict[str, str] | None = None
+) -> Iterator[Broker]:
+    """A started broker for a module-scoped fixture (tests that need no broker of their
+    own share one), stopped (exit 0 required) when the module is done."""
+    root = tmp_path_factory.mktemp(name)
+    broker = Broker(root / "data", root / "broker.log", settings)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
 # --- client configs --------------------------------------------------------------
 
 

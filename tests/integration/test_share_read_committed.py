@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from tests.integration.conftest import (
     Broker,
     consumer_config,
     create_topic,
+    module_broker,
     producer_config,
 )
 from tests.integration.share_helpers import (
@@ -43,14 +43,8 @@ WOKEN_WITHIN_S = 10.0
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    root: Path = tmp_path_factory.mktemp("share-read-committed")
-    broker = Broker(root / "data", root / "broker.log")
-    broker.start()
-    try:
+    with module_broker(tmp_path_factory, "share-read-committed") as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def txn_producer(broker: Broker, transactional_id: str) -> Producer:
