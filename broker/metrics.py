@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.server
 import json
+import sys
 import threading
 import time
 from bisect import bisect_left
@@ -634,6 +635,17 @@ class _Frozen:
         return iter(self._families)
 
 
+class _QuietHTTPServer(http.server.ThreadingHTTPServer):
+    """A scraper that hangs up mid-answer is logged in one line, not a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.warning(
+            "metrics_request_failed", client=str(client_address), error=repr(sys.exc_info()[1])
+        )
+
+
 class MetricsServer:
     """`/metrics` and `/health` on their own thread (`spool serve --metrics HOST:PORT`).
 
@@ -678,8 +690,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # scrapes are routine; failures are logged by the owner
 
-        httpd = http.server.ThreadingHTTPServer((self.host, self.port), Handler)
-        httpd.daemon_threads = True
+        httpd = _QuietHTTPServer((self.host, self.port), Handler)
         self.port = httpd.server_address[1]
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -732,6 +743,10 @@ class MetricsServer:
         except (TimeoutError, RuntimeError) as exc:
             log.warning("metrics_scrape_failed", error=str(exc))
             return 503, "text/plain; charset=utf-8", f"{exc}\n".encode()
+        except Exception:
+            # A bug in a collector: the scraper sees it, the broker is not touched.
+            log.exception("metrics_collect_failed")
+            return 500, "text/plain; charset=utf-8", b"collecting metrics failed; see the log\n"
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Frozen(families))
         ProcessCollector(registry=registry)  # CPU, memory, open fds: read here, off the loop

@@ -303,3 +303,13 @@ def test_metrics_response_is_503_when_no_loop_runs() -> None:
     server.loop = loop
     status, _, _ = server.metrics_response()
     assert status == 503
+
+
+async def test_metrics_response_is_500_when_a_collector_fails() -> None:
+    broken = bare_broker(BrokerMetrics())
+    broken.metrics.requests = None  # a bug: collect() raises
+    server = MetricsServer("127.0.0.1", 0, broken)
+    server.loop = asyncio.get_running_loop()
+    status, _, body = await asyncio.to_thread(server.metrics_response)
+    assert status == 500
+    assert b"see the log" in body
