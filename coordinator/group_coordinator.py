@@ -18,6 +18,7 @@ import copy
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -42,7 +43,12 @@ from coordinator.share_group import (
     ShareGroupTombstone,
     validate_heartbeat_request,
 )
-from coordinator.share_state import UNINITIALIZED_START_OFFSET, Persister, ShareStateKey
+from coordinator.share_state import (
+    UNINITIALIZED_START_OFFSET,
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
+    Persister,
+    ShareStateKey,
+)
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.record_log import MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
@@ -53,6 +59,12 @@ TopicsProvider = Callable[[], Mapping[uuid.UUID, TopicMetadata]]
 MemberRemoved = Callable[[str, str], None]
 StateDeleted = Callable[[str, uuid.UUID], None]
 Partitions = dict[uuid.UUID, frozenset[int]]
+# (topic id, partition) -> the log end offset (high watermark), None if unknown.
+EndOffset = Callable[[uuid.UUID, int], "int | None"]
+# What DescribeShareGroupOffsets answers without share state (Kafka's PartitionFactory).
+UNKNOWN_LAG = -1
+NO_STATE_LEADER_EPOCH = 0
+UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
 
 # How often member session timeouts are checked.
 EXPIRY_SWEEP_MS = 250
@@ -69,6 +81,37 @@ _MEMBER_TOMBSTONES = (
 class GroupListing:
     group_id: str
     state: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """One partition of DescribeShareGroupOffsets."""
+
+    partition: int
+    start_offset: int = UNINITIALIZED_START_OFFSET
+    leader_epoch: int = NO_STATE_LEADER_EPOCH
+    lag: int = UNKNOWN_LAG
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's outcome of an admin change (AlterShareGroupOffsets)."""
+
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    """One topic of an admin RPC's answer: its id (None if unknown) and per-partition
+    results, or a topic-level error (DeleteShareGroupOffsets)."""
+
+    name: str
+    topic_id: uuid.UUID | None
+    partitions: tuple[PartitionOffsets | PartitionResult, ...] = ()
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
 
 
 class GroupCoordinator:
@@ -97,7 +140,8 @@ class GroupCoordinator:
         )
         # Called with (group id, member id) after a member leaves or is fenced.
         self.member_removed_hooks: list[MemberRemoved] = []
-        # Called with (group id, topic id) when a group's share state of a topic is deleted.
+        # Called with (group id, topic id) when a group's share state of a topic is deleted
+        # or replaced (an admin reset): the share-partition leader drops what it holds.
         self.state_deleted_hooks: list[StateDeleted] = []
         self._expiry_timer: Timer | None = None
         self._expiry_task: asyncio.Task[None] | None = None
@@ -117,6 +161,40 @@ class GroupCoordinator:
     def start(self) -> None:
         self._stopped = False
         self._schedule_expiry()
+        self._track(self._finish_pending())
+
+    async def settle(self) -> None:
+        """Wait for the background share-state work started so far (initialization,
+        the restart's recovery) to finish."""
+        while pending := [task for task in self._initializing if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _track(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._initializing.add(task)
+        task.add_done_callback(self._initializing.discard)
+
+    async def _finish_pending(self) -> None:
+        """After a restart, finish what a crash cut short: share state of `deleting`
+        topics is deleted (then unmarked), `initializing` partitions get state (or are
+        marked initialized if they have it already, e.g. a reset done up to its last
+        step)."""
+        for group_id, group in list(self.groups.items()):
+            try:
+                if group.deleting:
+                    topics = self.topics()
+                    pending = {
+                        t: frozenset(range(topics[t].num_partitions))
+                        for t in group.deleting
+                        if t in topics
+                    }
+                    failed = await self._delete_state(group_id, pending)
+                    done = group.deleting - failed
+                    await self._mark(group_id, _marks_deleted(done))
+                if group.initializing:
+                    await self._initialize(group_id, dict(group.initializing))
+            except KafkaError as exc:
+                log.warning("share_state_recovery_failed", group=group_id, error=exc.message)
 
     async def stop(self) -> None:
         self._stopped = True
@@ -251,9 +329,7 @@ class GroupCoordinator:
         bookkeeping already says `initializing`."""
         if not pending or self._stopped:
             return
-        task = asyncio.ensure_future(self._initialize(group_id, pending))
-        self._initializing.add(task)
-        task.add_done_callback(self._initializing.discard)
+        self._track(self._initialize(group_id, pending))
 
     async def _initialize(self, group_id: str, pending: Mapping[uuid.UUID, Iterable[int]]) -> None:
         done: dict[uuid.UUID, set[int]] = {}
@@ -262,7 +338,8 @@ class GroupCoordinator:
             for partition in partitions:
                 key = ShareStateKey(group_id, topic_id, partition)
                 try:
-                    await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
+                    if not await self._has_state(key):
+                        await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
                     log.warning(
@@ -281,6 +358,12 @@ class GroupCoordinator:
         except KafkaError as exc:
             # The partitions stay `initializing`; a share fetch initializes them on use.
             log.warning("share_state_bookkeeping_failed", group=group_id, error=exc.message)
+
+    async def _has_state(self, key: ShareStateKey) -> bool:
+        """Whether the key has share state worth keeping: never clobber a reset's (or a
+        consumer's) state with a fresh one when bookkeeping lagged behind."""
+        summary = await self.persister.read_summary(key)
+        return summary.start_offset != UNINITIALIZED_START_OFFSET or summary.state_epoch > 0
 
     async def _mark(
         self, group_id: str, records_of: Callable[[ShareGroup], list[ShareGroupRecord]]
@@ -418,3 +501,341 @@ class GroupCoordinator:
 
         records = await self.runtime.run(group_id, op)
         log.info("group_config_altered", group=group_id, configs={r.name: r.value for r in records})
+
+    # -- admin RPCs: describe, reset and delete share-group offsets; delete groups ----
+
+    def _topic_by_name(self) -> dict[str, TopicMetadata]:
+        return {t.name: t for t in self.topics().values()}
+
+    async def _summary_offsets(
+        self, key: ShareStateKey, topic: TopicMetadata, end_offset: EndOffset
+    ) -> PartitionOffsets:
+        """Kafka's computeShareGroupLagAndBuildResponse for one partition: no state (or
+        an unknown partition) is start -1, leader epoch 0, lag -1, never an error; lag
+        is end offset - start offset - delivery complete count once both are known."""
+        if not 0 <= key.partition < topic.num_partitions:
+            return PartitionOffsets(key.partition)
+        try:
+            summary = await self.persister.read_summary(key)
+        except KafkaError:
+            return PartitionOffsets(key.partition)
+        lag = UNKNOWN_LAG
+        if (
+            summary.start_offset != UNINITIALIZED_START_OFFSET
+            and summary.delivery_complete_count != UNKNOWN_DELIVERY_COMPLETE_COUNT
+        ):
+            end = end_offset(key.topic_id, key.partition)
+            if end is not None:
+                lag = end - summary.start_offset - summary.delivery_complete_count
+        return PartitionOffsets(key.partition, summary.start_offset, summary.leader_epoch, lag)
+
+    async def describe_offsets(
+        self,
+        group_id: str,
+        topics: Sequence[tuple[str, Sequence[int]]] | None,
+        end_offset: EndOffset,
+    ) -> list[TopicResult]:
+        """DescribeShareGroupOffsets for one group, from the share coordinator's summary
+        (so partitions no leader has loaded answer too). `topics` None: every topic the
+        group has initialized share state for (Kafka's describeShareGroupAllOffsets); a
+        group that does not exist then has none. Named topics are read whatever the
+        group: an unknown topic answers topic id zero and start offset -1 per partition."""
+        result: list[TopicResult] = []
+        if topics is None:
+            group = self.groups.get(group_id)
+            metadata = self.topics()
+            initialized = {} if group is None else group.initialized
+            wanted = [
+                (metadata[t], sorted(parts)) for t, parts in initialized.items() if t in metadata
+            ]
+            wanted.sort(key=lambda item: item[0].name)
+        else:
+            by_name = self._topic_by_name()
+            wanted = []
+            for name, partitions in topics:
+                topic = by_name.get(name)
+                if topic is None:
+                    result.append(
+                        TopicResult(name, None, tuple(PartitionOffsets(p) for p in partitions))
+                    )
+                else:
+                    wanted.append((topic, list(partitions)))
+        described = [
+            TopicResult(
+                topic.name,
+                topic.topic_id,
+                tuple(
+                    [
+                        await self._summary_offsets(
+                            ShareStateKey(group_id, topic.topic_id, p), topic, end_offset
+                        )
+                        for p in partitions
+                    ]
+                ),
+            )
+            for topic, partitions in wanted
+        ]
+        # Kafka lists the topics it read first, then those not in the metadata.
+        return described + result
+
+    async def alter_offsets(
+        self, group_id: str, topics: Sequence[tuple[str, Sequence[tuple[int, int]]]]
+    ) -> list[TopicResult]:
+        """AlterShareGroupOffsets: reset the share-partition start offsets of an Empty
+        group (KIP-932). Whole-request failures raise KafkaError (NON_EMPTY_GROUP,
+        INVALID_REQUEST, NOT_COORDINATOR for a failed group write, KAFKA_STORAGE_ERROR for
+        a failed share-state write); per-partition problems are in the result.
+
+        As Kafka (GroupMetadataManager.alterShareGroupOffsets, then persisterInitialize):
+        a group that does not exist is created Empty; the partitions are marked
+        `initializing` durably first, then each is re-initialized in the share
+        coordinator at its new start offset with a state epoch above the stored one (so
+        delivery counts start over, and a leader still holding the old state is fenced
+        and reloads), then marked `initialized`. A crash between the steps leaves them
+        `initializing`; the restart finishes them (`_finish_pending`).
+        """
+        _refuse_duplicates(
+            [name for name, _ in topics],
+            "topic",
+            [(name, p) for name, parts in topics for p, _ in parts],
+        )
+        by_name = self._topic_by_name()
+        results: dict[str, list[PartitionResult]] = {}
+        valid: dict[uuid.UUID, dict[int, int]] = {}
+        for name, partitions in topics:
+            topic = by_name.get(name)
+            entries = results.setdefault(name, [])
+            for partition, offset in partitions:
+                if topic is None or not 0 <= partition < topic.num_partitions:
+                    entries.append(
+                        PartitionResult(
+                            partition, ErrorCode.unknown_topic_or_partition, UNKNOWN_TOPIC_MESSAGE
+                        )
+                    )
+                elif offset < 0:
+                    entries.append(
+                        PartitionResult(
+                            partition,
+                            ErrorCode.invalid_request,
+                            f"Start offset {offset} for partition {partition} of topic {name} "
+                            "is negative; give an offset of the log (0 or more).",
+                        )
+                    )
+                else:
+                    valid.setdefault(topic.topic_id, {})[partition] = offset
+                    entries.append(PartitionResult(partition))
+
+        def begin() -> tuple[list[ShareGroupRecord], None]:
+            group = self.groups.get(group_id) or ShareGroup(group_id)
+            group.require_empty()
+            return group.mark_altering(valid), None
+
+        await self._run_admin(group_id, begin)
+        done: dict[uuid.UUID, set[int]] = {}
+        try:
+            for topic_id, offsets in valid.items():
+                for partition, offset in sorted(offsets.items()):
+                    key = ShareStateKey(group_id, topic_id, partition)
+                    summary = await self.persister.read_summary(key)
+                    await self.persister.initialize_state(key, summary.state_epoch + 1, offset)
+                    done.setdefault(topic_id, set()).add(partition)
+        except KafkaError as exc:
+            log.error("share_offsets_reset_failed", group=group_id, error=exc.message)
+            raise KafkaError(
+                ErrorCode.kafka_storage_error,
+                f"Resetting the share state of group {group_id} failed ({exc.code.name}: "
+                f"{exc.message}); partitions reset so far keep their new offsets. Retry.",
+            ) from exc
+        finally:
+            for topic_id in done:
+                self._state_replaced(group_id, topic_id)
+        await self._run_admin(group_id, lambda: (self._records_of(group_id, done), None))
+        log.info(
+            "share_offsets_reset",
+            group=group_id,
+            partitions={str(t): sorted(o.items()) for t, o in valid.items()},
+        )
+        return [
+            TopicResult(name, by_name[name].topic_id if name in by_name else None, tuple(parts))
+            for name, parts in results.items()
+        ]
+
+    def _records_of(
+        self, group_id: str, initialized: Mapping[uuid.UUID, Iterable[int]]
+    ) -> list[ShareGroupRecord]:
+        group = self.groups.get(group_id)
+        return [] if group is None else group.mark_initialized(initialized)
+
+    async def delete_offsets(self, group_id: str, topic_names: Sequence[str]) -> list[TopicResult]:
+        """DeleteShareGroupOffsets of an Empty group: per topic, its share state is
+        deleted (DeleteShareGroupState for every partition) and the group forgets it.
+
+        Kafka's order: the topics move from `initialized` to `deleting` durably, the
+        state is deleted, then `deleting` is cleared for the topics that succeeded; a
+        crash in between leaves them `deleting`, and the restart (or a retry) finishes.
+        An unknown group is GROUP_ID_NOT_FOUND, a group with members NON_EMPTY_GROUP;
+        an unknown topic, or one with no share state, is UNKNOWN_TOPIC_OR_PARTITION.
+        """
+        _refuse_duplicates(list(topic_names), "topic", [])
+        by_name = self._topic_by_name()
+        errors: list[TopicResult] = []
+        ids: list[uuid.UUID] = []
+        for name in topic_names:
+            topic = by_name.get(name)
+            if topic is None:
+                errors.append(
+                    TopicResult(
+                        name,
+                        None,
+                        error=ErrorCode.unknown_topic_or_partition,
+                        message=UNKNOWN_TOPIC_MESSAGE,
+                    )
+                )
+            else:
+                ids.append(topic.topic_id)
+
+        def begin() -> tuple[list[ShareGroupRecord], Partitions]:
+            group = self._existing(group_id)
+            group.require_empty()
+            return group.mark_deleting_topics(ids, self.topics())
+
+        to_delete = await self._run_admin(group_id, begin)
+        for topic_id in ids:
+            if topic_id not in to_delete:
+                name = self.topics()[topic_id].name
+                errors.append(
+                    TopicResult(
+                        name,
+                        topic_id,
+                        error=ErrorCode.unknown_topic_or_partition,
+                        message="There is no offset information to delete.",
+                    )
+                )
+        failed = await self._delete_state(group_id, to_delete)
+        succeeded = frozenset(to_delete) - failed
+
+        def finish() -> tuple[list[ShareGroupRecord], None]:
+            group = self.groups.get(group_id)
+            return ([] if group is None else group.mark_deleted_topics(succeeded)), None
+
+        await self._run_admin(group_id, finish)
+        metadata = self.topics()
+        done = [
+            TopicResult(metadata[t].name if t in metadata else "", t)
+            for t in sorted(succeeded, key=lambda t: metadata[t].name if t in metadata else "")
+        ]
+        for topic_id in sorted(failed):
+            errors.append(
+                TopicResult(
+                    metadata[topic_id].name if topic_id in metadata else "",
+                    topic_id,
+                    error=ErrorCode.kafka_storage_error,
+                    message="Deleting the topic's share state failed; it stays marked for "
+                    "deletion and is finished on retry or restart.",
+                )
+            )
+        log.info("share_offsets_deleted", group=group_id, topics=[r.name for r in done])
+        return done + errors
+
+    async def delete_groups(self, group_ids: Sequence[str]) -> list[tuple[str, KafkaError | None]]:
+        """DeleteGroups for share groups, each on its own: GROUP_ID_NOT_FOUND if it does
+        not exist, NON_EMPTY_GROUP if it has members. Its share state is deleted for
+        every partition it had (its topics marked `deleting` first, durably), then the
+        group and its group configs are tombstoned in one write. A failure before the
+        tombstone leaves an Empty group whose state deletion the restart or a retry
+        finishes."""
+        results: list[tuple[str, KafkaError | None]] = []
+        for group_id in dict.fromkeys(group_ids):  # Kafka de-duplicates
+            try:
+                await self._delete_group(group_id)
+                results.append((group_id, None))
+            except KafkaError as exc:
+                results.append((group_id, exc))
+        return results
+
+    async def _delete_group(self, group_id: str) -> None:
+        def begin() -> tuple[list[ShareGroupRecord], Partitions]:
+            group = self._existing(group_id)
+            group.require_empty()
+            return group.mark_deleting_all(self.topics())
+
+        to_delete = await self._run_admin(group_id, begin)
+        failed = await self._delete_state(group_id, to_delete)
+        if failed:
+            raise KafkaError(
+                ErrorCode.kafka_storage_error,
+                f"Deleting the share state of group {group_id} failed for "
+                f"{len(failed)} topic(s); the group stays until a retry succeeds.",
+            )
+
+        def finish() -> tuple[list[GroupRecord], None]:
+            group = self._existing(group_id)
+            group.require_empty()  # a member may have joined meanwhile (Kafka re-checks)
+            records: list[GroupRecord] = [*group.delete(), *self.configs.delete_group(group_id)]
+            return records, None
+
+        await self._run_admin(group_id, finish)
+        log.info("group_deleted", group=group_id, topics=len(to_delete))
+
+    def _existing(self, group_id: str) -> ShareGroup:
+        group = self.groups.get(group_id)
+        if group is None or group.deleted:
+            raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+        return group
+
+    async def _run_admin(self, group_id: str, op: Callable[[], tuple[list[Any], Any]]) -> Any:
+        """A group-metadata write of an admin RPC; a failed write is NOT_COORDINATOR (the
+        client looks the coordinator up again and retries), as Kafka's coordinators."""
+        try:
+            return await self.runtime.run(group_id, op)
+        except KafkaError as exc:
+            raise for_coordinator_rpc(exc) from exc
+
+    async def _delete_state(
+        self, group_id: str, partitions: Mapping[uuid.UUID, Iterable[int]]
+    ) -> frozenset[uuid.UUID]:
+        """DeleteShareGroupState for each partition; returns the topics that failed. The
+        share-partition leader forgets the group's partitions of each topic either way."""
+        failed: set[uuid.UUID] = set()
+        for topic_id, parts in partitions.items():
+            for partition in sorted(parts):
+                try:
+                    await self.persister.delete_state(ShareStateKey(group_id, topic_id, partition))
+                except KafkaError as exc:
+                    log.warning(
+                        "share_state_delete_failed",
+                        group=group_id,
+                        topic_id=str(topic_id),
+                        partition=partition,
+                        error=exc.message,
+                    )
+                    failed.add(topic_id)
+                    break
+            self._state_replaced(group_id, topic_id)
+        return frozenset(failed)
+
+    def _state_replaced(self, group_id: str, topic_id: uuid.UUID) -> None:
+        for hook in self.state_deleted_hooks:
+            hook(group_id, topic_id)
+
+
+def _marks_deleted(
+    topic_ids: frozenset[uuid.UUID],
+) -> Callable[[ShareGroup], list[ShareGroupRecord]]:
+    return lambda group: group.mark_deleted_topics(topic_ids)
+
+
+def _refuse_duplicates(
+    names: Sequence[str], what: str, partitions: Sequence[tuple[str, int]]
+) -> None:
+    """A topic (or a topic's partition) named twice is a malformed request: which of the
+    two would win is not defined, so the whole request is INVALID_REQUEST."""
+    for items, label in ((names, what), (partitions, "partition")):
+        seen: set[Any] = set()
+        for item in items:
+            if item in seen:
+                raise KafkaError(
+                    ErrorCode.invalid_request,
+                    f"The request names {label} {item} more than once; name each once.",
+                )
+            seen.add(item)

@@ -549,7 +549,10 @@ class ShareGroup:
     ) -> list[ShareGroupRecord]:
         """Records noting that initialization of these partitions has started."""
         initializing = _union(self.initializing, partitions)
-        return self._state_partition_record(initializing, self.initialized)
+        # Kafka's addInitializingTopicsRecords: a topic getting state is no longer deleting.
+        return self._state_partition_record(
+            initializing, self.initialized, self.deleting - frozenset(partitions)
+        )
 
     def mark_initialized(
         self, partitions: Mapping[uuid.UUID, Iterable[int]]

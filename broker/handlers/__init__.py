@@ -18,7 +18,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.handlers import cluster, configs, produce_fetch, share, share_state, topics
+from broker.handlers import (
+    cluster,
+    configs,
+    produce_fetch,
+    share,
+    share_admin,
+    share_state,
+    topics,
+)
 from broker.server import RequestContext
 from protocol.api import ApiTable, Response
 
@@ -66,6 +74,10 @@ APIS: tuple[Api, ...] = (
     Api(85, 0, 1, share_state.write_share_group_state),
     Api(86, 0, 0, share_state.delete_share_group_state),
     Api(87, 0, 1, share_state.read_share_group_state_summary),
+    Api(42, 0, 2, share_admin.delete_groups),
+    Api(90, 0, 1, share_admin.describe_share_group_offsets),
+    Api(91, 0, 0, share_admin.alter_share_group_offsets),
+    Api(92, 0, 0, share_admin.delete_share_group_offsets),
 )
 
 

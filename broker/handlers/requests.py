@@ -19,6 +19,7 @@ from kio.schema.api_versions import v1 as api_versions_v1
 from kio.schema.api_versions import v2 as api_versions_v2
 from kio.schema.api_versions import v3 as api_versions_v3
 from kio.schema.api_versions import v4 as api_versions_v4
+from kio.schema.alter_share_group_offsets import v0 as alter_share_group_offsets_v0
 from kio.schema.create_partitions import v0 as create_partitions_v0
 from kio.schema.create_partitions import v1 as create_partitions_v1
 from kio.schema.create_partitions import v2 as create_partitions_v2
@@ -29,9 +30,13 @@ from kio.schema.create_topics import v4 as create_topics_v4
 from kio.schema.create_topics import v5 as create_topics_v5
 from kio.schema.create_topics import v6 as create_topics_v6
 from kio.schema.create_topics import v7 as create_topics_v7
+from kio.schema.delete_groups import v0 as delete_groups_v0
+from kio.schema.delete_groups import v1 as delete_groups_v1
+from kio.schema.delete_groups import v2 as delete_groups_v2
 from kio.schema.delete_records import v0 as delete_records_v0
 from kio.schema.delete_records import v1 as delete_records_v1
 from kio.schema.delete_records import v2 as delete_records_v2
+from kio.schema.delete_share_group_offsets import v0 as delete_share_group_offsets_v0
 from kio.schema.delete_share_group_state import v0 as delete_share_group_state_v0
 from kio.schema.delete_topics import v1 as delete_topics_v1
 from kio.schema.delete_topics import v2 as delete_topics_v2
@@ -46,6 +51,8 @@ from kio.schema.describe_configs import v1 as describe_configs_v1
 from kio.schema.describe_configs import v2 as describe_configs_v2
 from kio.schema.describe_configs import v3 as describe_configs_v3
 from kio.schema.describe_configs import v4 as describe_configs_v4
+from kio.schema.describe_share_group_offsets import v0 as describe_share_group_offsets_v0
+from kio.schema.describe_share_group_offsets import v1 as describe_share_group_offsets_v1
 from kio.schema.fetch import v4 as fetch_v4
 from kio.schema.fetch import v5 as fetch_v5
 from kio.schema.fetch import v6 as fetch_v6
@@ -282,6 +289,22 @@ DeleteShareGroupStateRequest: TypeAlias = delete_share_group_state_v0.DeleteShar
 ReadShareGroupStateSummaryRequest: TypeAlias = (
     read_share_group_state_summary_v0.ReadShareGroupStateSummaryRequest
     | read_share_group_state_summary_v1.ReadShareGroupStateSummaryRequest
+)
+
+DeleteGroupsRequest: TypeAlias = (
+    delete_groups_v0.DeleteGroupsRequest
+    | delete_groups_v1.DeleteGroupsRequest
+    | delete_groups_v2.DeleteGroupsRequest
+)
+DescribeShareGroupOffsetsRequest: TypeAlias = (
+    describe_share_group_offsets_v0.DescribeShareGroupOffsetsRequest
+    | describe_share_group_offsets_v1.DescribeShareGroupOffsetsRequest
+)
+AlterShareGroupOffsetsRequest: TypeAlias = (
+    alter_share_group_offsets_v0.AlterShareGroupOffsetsRequest
+)
+DeleteShareGroupOffsetsRequest: TypeAlias = (
+    delete_share_group_offsets_v0.DeleteShareGroupOffsetsRequest
 )
 
 # Versions grouped by a field they share, for `isinstance`.
