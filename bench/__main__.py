@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench import BenchContext, BrokerProcess, Result, client_config, drain, format_table
 from bench.share import bench_share
 from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
+from bench.spark_pipeline import bench_spark_pipeline
 
 DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
@@ -128,6 +129,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "share": bench_share,
     "share_ack": bench_share_ack_latency,
     "share_recovery": bench_share_state_recovery,
+    "spark_pipeline": bench_spark_pipeline,
 }
 
 
