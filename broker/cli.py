@@ -34,6 +34,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.share_groups",
     "broker.tools.topics",
     "broker.tools.configs",
+    "persister.spark.audit",
     "persister.spark.compact",
 )
 

@@ -818,8 +818,11 @@ def run_audit(
     data_dir: Path,
     out: Path,
     progress: Callable[[str], None] | None = None,
+    *,
+    tables: bool = True,
 ) -> AuditResult:
-    """Audit `data_dir/share-state` and write `out/` (report.json, report.html, Parquet)."""
+    """Audit `data_dir/share-state` and write `out/` (report.json, report.html, and with
+    `tables` the Parquet tables, the slowest part of a small audit)."""
     from persister.spark import report
 
     say = progress or (lambda _m: None)
@@ -855,9 +858,10 @@ def run_audit(
         (s for tag, s in results if tag == "stats"),
         key=lambda s: (s["group_id"], s["topic"] or "", s["partition"]),
     )
-    say(f"[4/5] writing Parquet tables under {out}")
     out.mkdir(parents=True, exist_ok=True)
-    report.write_tables(spark, rows, violations, partitions, out)
+    if tables:
+        say(f"[4/5] writing Parquet tables under {out}")
+        report.write_tables(spark, rows, violations, partitions, out)
     scanned.unpersist()
     checks = [
         {
@@ -956,6 +960,11 @@ def audit_command(args: argparse.Namespace) -> int:
         else f"{len(result.violations)} violations of {', '.join(failed)}"
     )
     say(f"report: {args.out / 'report.html'}")
+    return exit_code(result)
+
+
+def exit_code(result: AuditResult) -> int:
+    """0 when every check passed, 1 when any has a violation (2 is a usage error)."""
     return 0 if result.passed else 1
 
 
