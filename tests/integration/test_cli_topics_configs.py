@@ -5,47 +5,17 @@ what the broker holds afterwards."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO_ROOT, Broker, free_port, wait_for_partitions
-
-CLI_TIMEOUT_S = 60
+from tests.integration.cli_helpers import module_broker, ok, spool
+from tests.integration.conftest import Broker, wait_for_partitions
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    root: Path = tmp_path_factory.mktemp("cli-topics")
-    broker = Broker(root / "data", root / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        if broker.running:
-            broker.stop()
-
-
-def spool(broker: Broker | None, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`python -m broker <argv> --bootstrap-server <broker>`, bounded."""
-    bootstrap = broker.bootstrap if broker is not None else f"127.0.0.1:{free_port()}"
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *argv, "--bootstrap-server", bootstrap],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
-
-
-def ok(broker: Broker, *argv: str) -> str:
-    proc = spool(broker, *argv)
-    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    yield from module_broker(tmp_path_factory, "cli-topics")
 
 
 def topic_list(broker: Broker) -> list[str]:
