@@ -37,6 +37,7 @@ from persister.commit import GroupCommit
 from persister.log import PartitionLog
 from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
+from persister.spark import adopt as spark_adopt
 
 log = structlog.get_logger("spool.share_coordinator")
 
@@ -65,6 +66,7 @@ class _ShardPersister:
     ) -> None:
         self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
         self.clock = clock
+        self.compaction = _ShareCompaction(clock)
         self.runtime: CoordinatorRuntime[share_records.ShareRecord] = CoordinatorRuntime(
             "share-state",
             record_log,
@@ -72,7 +74,7 @@ class _ShardPersister:
             decode=_decode,
             replay=self.shard.replay,
             clock=clock,
-            compaction=_ShareCompaction(clock) if record_log.partition_log is not None else None,
+            compaction=self.compaction if record_log.partition_log is not None else None,
         )
 
     async def initialize_state(
@@ -171,8 +173,31 @@ class DurablePersister(_ShardPersister):
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        # A `spool compact` output left for a stopped broker goes in before the replay.
+        spark_adopt.adopt_at_start(directory)
         self.records = RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock)
         super().__init__(self.records, snapshot_update_records_per_snapshot, clock)
+
+    async def compact(self) -> int:
+        """Adopt a finished `spool compact` output, then compact what is left to do."""
+        await self.adopt_compactions()
+        return await super().compact()
+
+    async def adopt_compactions(self) -> bool:
+        """Swap in the newest `spool compact` output that still fits the log (stale ones
+        are discarded, persister.spark.adopt). Its CRCs are checked in a worker; the
+        check of the files and the swap run together on the event loop, with the
+        broker's own compaction held off, so no write or compaction comes between."""
+        plog = self.records.partition_log
+        async with self.compaction.lock:
+            for staging in spark_adopt.staging_dirs(plog.directory):
+                result = await asyncio.to_thread(spark_adopt.check, staging, plog.directory)
+                if isinstance(result, str):
+                    spark_adopt.discard(staging, result)
+                    continue
+                committed = self.runtime.committed_offset
+                return spark_adopt.adopt_live(plog, result, committed, self.clock.now_ms())
+        return False
 
 
 class _ShareCompaction:
@@ -181,10 +206,16 @@ class _ShareCompaction:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
+        # Held while compacting or adopting a Spark output: one rewrite of the log at a time.
+        self.lock = asyncio.Lock()
 
     async def __call__(
         self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
     ) -> int:
+        async with self.lock:
+            return await self._compact(plog, still_valid)
+
+    async def _compact(self, plog: PartitionLog, still_valid: StillValid) -> int:
         # The plan reads the closed segments as they are when it runs (perhaps more than
         # `base_offsets`, if one rolled meanwhile); it is used only while every segment it
         # read still holds committed records alone.

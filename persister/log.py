@@ -70,6 +70,11 @@ _STRAY_SUFFIXES = (".tmp", ".deleted", CLEANED_SUFFIX)
 # and opening the log finishes a replacement a crash interrupted.
 SWAP_SUFFIX = ".swap"
 _SWAP_NAME = re.compile(r"^(\d{20})\.(\d{20})\.swap$")
+# Several swap files replacing one run (`replace_closed_segments_with`) are gathered in
+# `<first>.<limit>.swaps-pending/`, which one rename makes `<first>.<limit>.swaps/`: the
+# commit point. `open` removes a pending one and finishes a committed one.
+_SWAP_DIR_NAME = re.compile(r"^(\d{20})\.(\d{20})\.swaps$")
+_PENDING_SWAP_DIR_NAME = re.compile(r"^\d{20}\.\d{20}\.swaps-pending$")
 
 
 _TOPIC_CONFIG_FIELDS = {
@@ -149,6 +154,27 @@ def _write_checkpoint(path: Path, value: int) -> None:
         os.close(fd)
     os.replace(tmp, path)
     _fsync_directory(path.parent)
+
+
+def commit_segment_swaps(directory: Path, limit: int, outputs: Sequence[tuple[int, Path]]) -> None:
+    """Commit new segments for the run [outputs[0] base, limit) of `directory`'s log:
+    hard-link each file as `<base>.<next base>.swap` into `<first>.<limit>.swaps-pending/`,
+    fsync it, then rename it to `<first>.<limit>.swaps/` (the commit point). Opening the
+    log (`PartitionLog._finish_swaps`) completes it; `replace_closed_segments_with`
+    does so at once. The old segments are still there when this returns."""
+    first = outputs[0][0]
+    name = f"{first:020d}.{limit:020d}"
+    pending = directory / f"{name}.swaps-pending"
+    if pending.exists():
+        shutil.rmtree(pending)
+    pending.mkdir()
+    ends = [base for base, _ in outputs[1:]] + [limit]
+    for (base, path), end in zip(outputs, ends, strict=True):
+        os.link(path, pending / f"{base:020d}.{end:020d}{SWAP_SUFFIX}")
+    _fsync_directory(pending)
+    _fsync_directory(directory)
+    os.replace(pending, directory / f"{name}.swaps")
+    _fsync_directory(directory)
 
 
 def _offset_out_of_range(offset: int, log_start: int, log_end: int, directory: Path) -> KafkaError:
@@ -291,7 +317,18 @@ class PartitionLog:
     def _finish_swaps(directory: Path) -> None:
         """Complete a `replace_closed_segments` a crash interrupted: the swap file is whole
         (it was fsynced before it got its name), so the segments it covers go and it
-        takes the first one's place."""
+        takes the first one's place. A committed `.swaps/` directory first hands its swap
+        files to the log directory; a pending one is dropped (the old segments stay)."""
+        for name in sorted(os.listdir(directory)):
+            if _PENDING_SWAP_DIR_NAME.match(name):
+                shutil.rmtree(directory / name)
+                log.warning("segment_swap_discarded", directory=str(directory), swap=name)
+            elif _SWAP_DIR_NAME.match(name):
+                for swap in os.listdir(directory / name):
+                    os.replace(directory / name / swap, directory / swap)
+                _fsync_directory(directory)
+                os.rmdir(directory / name)
+                _fsync_directory(directory)
         for name in sorted(os.listdir(directory)):
             match = _SWAP_NAME.match(name)
             if match is None:
@@ -770,6 +807,43 @@ class PartitionLog:
         or the new one.
         """
         self._check_open()
+        slot, last_slot, limit = self._closed_run(base_offsets)
+        first = base_offsets[0]
+        self._check_cleaned(cleaned, first, limit)
+        swap = self._directory / f"{first:020d}.{limit:020d}{SWAP_SUFFIX}"
+        os.replace(cleaned, swap)
+        _fsync_directory(self._directory)
+        for segment in self._segments[slot : last_slot + 1]:
+            segment.unlink()
+        os.replace(swap, self._directory / f"{first:020d}{LOG_SUFFIX}")
+        _fsync_directory(self._directory)
+        self._install(slot, last_slot, [first], now_ms)
+
+    def replace_closed_segments_with(
+        self, base_offsets: Sequence[int], outputs: Sequence[tuple[int, Path]], now_ms: int
+    ) -> None:
+        """Replace a run of consecutive closed segments by several new ones: `outputs`
+        are (base offset, fsynced file in the log directory), increasing, the first at
+        the run's first base offset; file i holds offsets below base i+1 (or the run's
+        limit). The files stay where they are (hard links are made).
+
+        Crash-safe as one step: `commit_segment_swaps` gathers the swap files in a
+        pending directory and one rename commits them all; `open` finishes a committed
+        swap or drops a pending one, so replay sees the old run or the new one.
+        """
+        self._check_open()
+        slot, last_slot, limit = self._closed_run(base_offsets)
+        bases = [base for base, _ in outputs]
+        if not bases or bases[0] != base_offsets[0] or bases != sorted(set(bases)):
+            raise ValueError(f"new segments {bases} do not start the run {list(base_offsets)}")
+        for (base, path), end in zip(outputs, [*bases[1:], limit], strict=True):
+            self._check_cleaned(path, base, end)
+        commit_segment_swaps(self._directory, limit, outputs)
+        self._finish_swaps(self._directory)
+        self._install(slot, last_slot, bases, now_ms)
+
+    def _closed_run(self, base_offsets: Sequence[int]) -> tuple[int, int, int]:
+        """(first slot, last slot, limit offset) of a run of closed segments."""
         if not base_offsets:
             raise ValueError("no segments to replace")
         slot = bisect.bisect_left(self._base_offsets, base_offsets[0])
@@ -781,23 +855,19 @@ class PartitionLog:
                 ErrorCode.invalid_request,
                 f"{self._directory.name} has no run of closed segments {list(base_offsets)}",
             )
-        first, limit = base_offsets[0], self._base_offsets[last_slot + 1]
-        self._check_cleaned(cleaned, first, limit)
-        swap = self._directory / f"{first:020d}.{limit:020d}{SWAP_SUFFIX}"
-        os.replace(cleaned, swap)
-        _fsync_directory(self._directory)
+        return slot, last_slot, self._base_offsets[last_slot + 1]
+
+    def _install(self, slot: int, last_slot: int, bases: Sequence[int], now_ms: int) -> None:
+        """Put the segments now on disk at `bases` in place of slots [slot, last_slot]
+        (whose files are gone) and close the old ones."""
         old = self._segments[slot : last_slot + 1]
-        for segment in old:
-            segment.unlink()
-        os.replace(swap, self._directory / f"{first:020d}{LOG_SUFFIX}")
-        _fsync_directory(self._directory)
-        new = self._load_closed_segment(first, now_ms)
+        new = [self._load_closed_segment(base, now_ms) for base in bases]
         with self._lock:
-            self._segments[slot : last_slot + 1] = [new]
-            self._base_offsets[slot : last_slot + 1] = [first]
+            self._segments[slot : last_slot + 1] = new
+            self._base_offsets[slot : last_slot + 1] = list(bases)
             self._unflushed = [s for s in self._unflushed if all(s is not o for o in old)]
             # The new indexes are not fsynced yet: the next flush does it.
-            self._unflushed.append(new)
+            self._unflushed.extend(new)
             in_flush = [o for o in old if any(s is o for s in self._flushing)]
             for segment in in_flush:
                 segment.deleted = True
@@ -808,9 +878,10 @@ class PartitionLog:
         log.info(
             "segments_replaced",
             directory=str(self._directory),
-            base_offsets=list(base_offsets),
+            base_offsets=[o.base_offset for o in old],
+            new_base_offsets=list(bases),
             previous_size=sum(s.size for s in old),
-            size=new.size,
+            size=sum(s.size for s in new),
         )
 
     def _check_cleaned(self, cleaned: Path, first: int, limit: int) -> None:

@@ -180,7 +180,7 @@ def _row(name: str, base: int, offset: int, timestamp: int, record: ShareRecord)
     if isinstance(record, ShareTombstone):
         return (*head, TOMBSTONE, *ident, *(None,) * 8)
     batches = [tuple(b) for b in record.batches]
-    count = _count(getattr(record, "delivery_complete_count", _UNKNOWN_COUNT))
+    count = _count(record.delivery_complete_count)
     if isinstance(record, ShareSnapshot):
         return (
             *head,
@@ -247,14 +247,11 @@ def record_of_row(row: Sequence[Any]) -> ShareRecord:
         return ShareTombstone(key)
     batches = tuple(StateBatch(*b) for b in row[15])
     count = _UNKNOWN_COUNT if row[14] is None else row[14]
-    extra: dict[str, int] = {}
-    if count != _UNKNOWN_COUNT:
-        extra["delivery_complete_count"] = count
     if kind == SNAPSHOT:
         return ShareSnapshot(
-            key, row[8], row[9], row[10], row[11], row[12], row[13], batches, **extra
+            key, row[8], row[9], row[10], row[11], row[12], row[13], batches, count
         )
-    return ShareUpdate(key, row[8], row[10], row[11], batches, **extra)
+    return ShareUpdate(key, row[8], row[10], row[11], batches, count)
 
 
 def row_schema() -> StructType:
