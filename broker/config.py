@@ -188,6 +188,32 @@ BROKER_KEYS: dict[str, ConfigDef] = {
             "Expiry of idle transactional ids.",
             _at_least(1),
         ),
+        # The transaction coordinator (Kafka's TransactionStateManagerConfig), read at start.
+        ConfigDef(
+            "transaction.max.timeout.ms",
+            INT,
+            900000,
+            "Largest transaction.timeout.ms a producer may ask for "
+            "(INVALID_TRANSACTION_TIMEOUT above it).",
+            _at_least(1),
+            read_only=True,
+        ),
+        ConfigDef(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            INT,
+            10000,
+            "How often ongoing transactions older than their timeout are aborted.",
+            _at_least(1),
+            read_only=True,
+        ),
+        ConfigDef(
+            "transaction.remove.expired.transaction.cleanup.interval.ms",
+            INT,
+            3600000,
+            "How often transactional ids idle for transactional.id.expiration.ms are removed.",
+            _at_least(1),
+            read_only=True,
+        ),
         ConfigDef(
             "producer.id.expiration.ms",
             INT,

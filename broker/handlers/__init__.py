@@ -26,6 +26,7 @@ from broker.handlers import (
     share_admin,
     share_state,
     topics,
+    transactions,
 )
 from broker.server import RequestContext
 from protocol.api import ApiTable, Response
@@ -55,6 +56,11 @@ APIS: tuple[Api, ...] = (
     Api(10, 0, 6, cluster.find_coordinator),
     # v6 (KIP-939) is latestVersionUnstable in Kafka 4.2: a default broker stops at v5.
     Api(22, 0, 5, cluster.init_producer_id),
+    # Transaction version 1 (transactions.py): EndTxn v5 would mean KIP-890 part 2.
+    Api(24, 0, 5, transactions.add_partitions_to_txn),
+    Api(25, 0, 4, transactions.add_offsets_to_txn),
+    Api(26, 0, 4, transactions.end_txn),
+    Api(28, 0, 5, transactions.txn_offset_commit),
     Api(19, 2, 7, topics.create_topics),
     Api(20, 1, 6, topics.delete_topics),
     Api(37, 0, 3, topics.create_partitions),

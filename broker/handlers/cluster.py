@@ -16,6 +16,7 @@ from broker.handlers.requests import (
     MetadataRequest,
 )
 from broker.handlers.topics import TopicStores, auto_create_topic
+from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
 
@@ -30,7 +31,7 @@ FEATURES = [("share.version", 0, 1, 1)]
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 
-class ClusterBroker(TopicStores, Protocol):
+class ClusterBroker(TopicStores, TxnBroker, Protocol):
     """What the cluster handlers use of the broker (and Metadata's auto-creation)."""
 
     @property
@@ -178,16 +179,7 @@ async def init_producer_id(
     ctx: RequestContext, req: InitProducerIdRequest, broker: ClusterBroker
 ) -> dict[str, Any]:
     if req.transactional_id is not None:
-        log.warning(
-            "transactions_unsupported",
-            transactional_id=req.transactional_id,
-            client_id=ctx.header.client_id,
-        )
-        return {
-            "error_code": ErrorCode.transactional_id_authorization_failed,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+        return await init_transactional_producer_id(ctx, req, broker)
     producer_id: int = getattr(req, "producer_id", -1)  # v3+
     producer_epoch: int = getattr(req, "producer_epoch", -1)  # v3+
     # KIP-360: an idempotent producer may bump its epoch to reset sequences.

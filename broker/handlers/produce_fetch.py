@@ -17,8 +17,10 @@ from broker.handlers.requests import (
     ListOffsetsRequest,
     ProduceRequest,
 )
+from broker.handlers.transactions import verify_produce
 from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
+from coordinator.transactions import TransactionCoordinator
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -35,6 +37,8 @@ class DataBroker(Protocol):
     def metadata(self) -> MetadataStore: ...
     @property
     def logs(self) -> LogManager: ...
+    @property
+    def transactions(self) -> TransactionCoordinator: ...
 
 
 class _Wanted(NamedTuple):
@@ -89,11 +93,6 @@ async def produce(
                     raise KafkaError(
                         ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, got {acks}"
                     )
-                if req.transactional_id is not None:
-                    raise KafkaError(
-                        ErrorCode.transactional_id_authorization_failed,
-                        "Transactions are not supported by this broker yet",
-                    )
                 part = broker.logs.get(name, p.index) if name else None
                 if part is None:
                     raise KafkaError(
@@ -101,6 +100,15 @@ async def produce(
                         f"This server does not host {name}-{p.index}",
                     )
                 data, batches = validate_produce_data(p.records or b"")
+                assert name is not None
+                verify_produce(
+                    broker.transactions,
+                    req.transactional_id,
+                    ctx.api_version,
+                    name,
+                    p.index,
+                    [header for _, header in batches],
+                )
                 outcome = part.append(data, batches)
                 entry.update(
                     base_offset=outcome.base_offset,

@@ -14,12 +14,23 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+from kio.schema.add_offsets_to_txn import v0 as add_offsets_to_txn_v0
+from kio.schema.add_offsets_to_txn import v1 as add_offsets_to_txn_v1
+from kio.schema.add_offsets_to_txn import v2 as add_offsets_to_txn_v2
+from kio.schema.add_offsets_to_txn import v3 as add_offsets_to_txn_v3
+from kio.schema.add_offsets_to_txn import v4 as add_offsets_to_txn_v4
+from kio.schema.add_partitions_to_txn import v0 as add_partitions_to_txn_v0
+from kio.schema.add_partitions_to_txn import v1 as add_partitions_to_txn_v1
+from kio.schema.add_partitions_to_txn import v2 as add_partitions_to_txn_v2
+from kio.schema.add_partitions_to_txn import v3 as add_partitions_to_txn_v3
+from kio.schema.add_partitions_to_txn import v4 as add_partitions_to_txn_v4
+from kio.schema.add_partitions_to_txn import v5 as add_partitions_to_txn_v5
+from kio.schema.alter_share_group_offsets import v0 as alter_share_group_offsets_v0
 from kio.schema.api_versions import v0 as api_versions_v0
 from kio.schema.api_versions import v1 as api_versions_v1
 from kio.schema.api_versions import v2 as api_versions_v2
 from kio.schema.api_versions import v3 as api_versions_v3
 from kio.schema.api_versions import v4 as api_versions_v4
-from kio.schema.alter_share_group_offsets import v0 as alter_share_group_offsets_v0
 from kio.schema.create_partitions import v0 as create_partitions_v0
 from kio.schema.create_partitions import v1 as create_partitions_v1
 from kio.schema.create_partitions import v2 as create_partitions_v2
@@ -53,6 +64,11 @@ from kio.schema.describe_configs import v3 as describe_configs_v3
 from kio.schema.describe_configs import v4 as describe_configs_v4
 from kio.schema.describe_share_group_offsets import v0 as describe_share_group_offsets_v0
 from kio.schema.describe_share_group_offsets import v1 as describe_share_group_offsets_v1
+from kio.schema.end_txn import v0 as end_txn_v0
+from kio.schema.end_txn import v1 as end_txn_v1
+from kio.schema.end_txn import v2 as end_txn_v2
+from kio.schema.end_txn import v3 as end_txn_v3
+from kio.schema.end_txn import v4 as end_txn_v4
 from kio.schema.fetch import v4 as fetch_v4
 from kio.schema.fetch import v5 as fetch_v5
 from kio.schema.fetch import v6 as fetch_v6
@@ -135,6 +151,12 @@ from kio.schema.share_fetch import v1 as share_fetch_v1
 from kio.schema.share_fetch import v2 as share_fetch_v2
 from kio.schema.share_group_describe import v1 as share_group_describe_v1
 from kio.schema.share_group_heartbeat import v1 as share_group_heartbeat_v1
+from kio.schema.txn_offset_commit import v0 as txn_offset_commit_v0
+from kio.schema.txn_offset_commit import v1 as txn_offset_commit_v1
+from kio.schema.txn_offset_commit import v2 as txn_offset_commit_v2
+from kio.schema.txn_offset_commit import v3 as txn_offset_commit_v3
+from kio.schema.txn_offset_commit import v4 as txn_offset_commit_v4
+from kio.schema.txn_offset_commit import v5 as txn_offset_commit_v5
 from kio.schema.write_share_group_state import v0 as write_share_group_state_v0
 from kio.schema.write_share_group_state import v1 as write_share_group_state_v1
 
@@ -291,6 +313,37 @@ ReadShareGroupStateSummaryRequest: TypeAlias = (
     | read_share_group_state_summary_v1.ReadShareGroupStateSummaryRequest
 )
 
+AddPartitionsToTxnRequest: TypeAlias = (
+    add_partitions_to_txn_v0.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v1.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v2.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v3.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v4.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v5.AddPartitionsToTxnRequest
+)
+AddOffsetsToTxnRequest: TypeAlias = (
+    add_offsets_to_txn_v0.AddOffsetsToTxnRequest
+    | add_offsets_to_txn_v1.AddOffsetsToTxnRequest
+    | add_offsets_to_txn_v2.AddOffsetsToTxnRequest
+    | add_offsets_to_txn_v3.AddOffsetsToTxnRequest
+    | add_offsets_to_txn_v4.AddOffsetsToTxnRequest
+)
+TxnOffsetCommitRequest: TypeAlias = (
+    txn_offset_commit_v0.TxnOffsetCommitRequest
+    | txn_offset_commit_v1.TxnOffsetCommitRequest
+    | txn_offset_commit_v2.TxnOffsetCommitRequest
+    | txn_offset_commit_v3.TxnOffsetCommitRequest
+    | txn_offset_commit_v4.TxnOffsetCommitRequest
+    | txn_offset_commit_v5.TxnOffsetCommitRequest
+)
+EndTxnRequest: TypeAlias = (
+    end_txn_v0.EndTxnRequest
+    | end_txn_v1.EndTxnRequest
+    | end_txn_v2.EndTxnRequest
+    | end_txn_v3.EndTxnRequest
+    | end_txn_v4.EndTxnRequest
+)
+
 DeleteGroupsRequest: TypeAlias = (
     delete_groups_v0.DeleteGroupsRequest
     | delete_groups_v1.DeleteGroupsRequest
@@ -322,6 +375,11 @@ FetchSessionRequest: TypeAlias = (
     | fetch_v16.FetchRequest
     | fetch_v17.FetchRequest
     | fetch_v18.FetchRequest
+)
+# AddPartitionsToTxn v4+: the batched broker-to-broker form.
+AddPartitionsToTxnBatchRequest: TypeAlias = (
+    add_partitions_to_txn_v4.AddPartitionsToTxnRequest
+    | add_partitions_to_txn_v5.AddPartitionsToTxnRequest
 )
 FindCoordinatorBatchRequest: TypeAlias = (
     find_coordinator_v4.FindCoordinatorRequest

@@ -1,0 +1,371 @@
+"""Transactions: InitProducerId with a transactional id, AddPartitionsToTxn,
+AddOffsetsToTxn, TxnOffsetCommit, EndTxn, the produce-side verification guard, and the
+markers EndTxn writes (`coordinator.transactions` holds the state).
+
+As Kafka 4.2 with transaction.version 1 (spool does not finalize transaction.version 2,
+KIP-890 part 2): EndTxn is served up to v4, since v5 means an epoch bump per transaction;
+AddPartitionsToTxn v4+ (the batched broker-to-broker form, with VerifyOnly) is served
+as Kafka serves it, with version-1 semantics.
+
+There are no consumer groups in spool yet: AddOffsetsToTxn adds the group's
+__consumer_offsets partition to the transaction as Kafka does (its marker is skipped:
+no such log here), and TxnOffsetCommit answers as Kafka's group coordinator does for a
+group it does not know: ILLEGAL_GENERATION for a member of a generation; for a simple
+group (generation -1), which Kafka would create and store offsets for, spool has no
+offset store and answers GROUP_ID_NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from broker.handlers.requests import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsToTxnBatchRequest,
+    AddPartitionsToTxnRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    TxnOffsetCommitRequest,
+)
+from broker.server import RequestContext
+from coordinator.runtime import for_coordinator_rpc
+from coordinator.transactions import (
+    OFFSETS_TOPIC,
+    TopicPartition,
+    TransactionCoordinator,
+    offsets_partition,
+)
+from protocol.errors import ErrorCode, KafkaError
+from protocol.records import BatchHeader
+
+if TYPE_CHECKING:
+    from broker.cluster import MetadataStore
+    from broker.logs import LogManager, Partition
+
+log = structlog.get_logger("spool.transactions")
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+# How long EndTxn waits for a marker to be durable (Kafka's request.timeout.ms default,
+# which bounds its marker requests).
+MARKER_TIMEOUT_S = 30.0
+
+
+class TxnBroker(Protocol):
+    """What the transaction handlers use of the broker."""
+
+    @property
+    def transactions(self) -> TransactionCoordinator: ...
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def logs(self) -> LogManager: ...
+
+
+def _code(exc: KafkaError, version: int, fenced_from: int) -> ErrorCode:
+    """The code a request of `version` gets for `exc`: a failed write is NOT_COORDINATOR
+    (Kafka's coordinator services), and PRODUCER_FENCED is INVALID_PRODUCER_EPOCH for
+    versions before `fenced_from`, which older clients do not know (KafkaApis)."""
+    code = for_coordinator_rpc(exc).code
+    if code == ErrorCode.producer_fenced and version < fenced_from:
+        return ErrorCode.invalid_producer_epoch
+    return code
+
+
+def _log_refused(api: str, transactional_id: str | None, exc: KafkaError, client: str) -> None:
+    log.info(
+        "transaction_request_refused",
+        api=api,
+        transactional_id=transactional_id,
+        error=exc.code.name,
+        reason=exc.message,
+        client_id=client,
+    )
+
+
+# ------------------------------------------------------------------ InitProducerId
+
+
+async def init_transactional_producer_id(
+    ctx: RequestContext, req: InitProducerIdRequest, broker: TxnBroker
+) -> dict[str, Any]:
+    """InitProducerId with a transactional id (the idempotent path is in `cluster`)."""
+    transactional_id = req.transactional_id
+    assert transactional_id is not None
+    producer_id: int = getattr(req, "producer_id", NO_PRODUCER_ID)  # v3+
+    producer_epoch: int = getattr(req, "producer_epoch", NO_PRODUCER_EPOCH)  # v3+
+    failed = {
+        "producer_id": NO_PRODUCER_ID,
+        "producer_epoch": NO_PRODUCER_EPOCH,
+        "throttle_time": 0,
+    }
+    expected: tuple[int, int] | None = None
+    if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
+        # Kafka refuses a producer id without an epoch and the other way round.
+        return {**failed, "error_code": ErrorCode.invalid_request}
+    if producer_id != NO_PRODUCER_ID:
+        expected = (producer_id, producer_epoch)
+    timeout_ms = int(req.transaction_timeout.total_seconds() * 1000)
+    try:
+        pid, epoch = await broker.transactions.init_producer_id(
+            transactional_id, timeout_ms, expected
+        )
+    except KafkaError as exc:
+        _log_refused("InitProducerId", transactional_id, exc, ctx.header.client_id or "")
+        return {**failed, "error_code": _code(exc, ctx.api_version, 4)}
+    return {
+        "error_code": ErrorCode.none,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+        "throttle_time": 0,
+    }
+
+
+# ------------------------------------------------------------------ AddPartitionsToTxn
+
+
+def _partition_results(errors: dict[TopicPartition, ErrorCode]) -> list[dict[str, Any]]:
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), code in errors.items():
+        by_topic.setdefault(topic, []).append(
+            {"partition_index": partition, "partition_error_code": code}
+        )
+    return [{"name": topic, "results_by_partition": parts} for topic, parts in by_topic.items()]
+
+
+async def _add_one(
+    broker: TxnBroker,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    topics: Any,
+    *,
+    verify_only: bool,
+    version: int,
+    client: str,
+) -> dict[TopicPartition, ErrorCode]:
+    """One transaction's partitions: their error codes (Kafka's
+    handleAddPartitionsToTxnRequest for one transaction)."""
+    wanted = [(t.name, int(p)) for t in topics for p in t.partitions]
+    unknown = {
+        tp for tp in wanted if broker.logs.get(tp[0], tp[1]) is None and tp[0] != OFFSETS_TOPIC
+    }
+    if unknown:
+        # Any unknown partition fails the whole request; the others were not attempted.
+        return {
+            tp: ErrorCode.unknown_topic_or_partition
+            if tp in unknown
+            else ErrorCode.operation_not_attempted
+            for tp in wanted
+        }
+    coordinator = broker.transactions
+    if verify_only:
+        return coordinator.verify(transactional_id, producer_id, producer_epoch, wanted)
+    try:
+        await coordinator.add_partitions(transactional_id, producer_id, producer_epoch, wanted)
+    except KafkaError as exc:
+        _log_refused("AddPartitionsToTxn", transactional_id, exc, client)
+        return dict.fromkeys(wanted, _code(exc, version, 2))
+    return dict.fromkeys(wanted, ErrorCode.none)
+
+
+async def add_partitions_to_txn(
+    ctx: RequestContext, req: AddPartitionsToTxnRequest, broker: TxnBroker
+) -> dict[str, Any]:
+    client = ctx.header.client_id or ""
+    if not isinstance(req, AddPartitionsToTxnBatchRequest):
+        errors = await _add_one(
+            broker,
+            req.v3_and_below_transactional_id,
+            req.v3_and_below_producer_id,
+            req.v3_and_below_producer_epoch,
+            req.v3_and_below_topics,
+            verify_only=False,
+            version=ctx.api_version,
+            client=client,
+        )
+        return {"throttle_time": 0, "results_by_topic_v3_and_below": _partition_results(errors)}
+    transactions: list[Any] = list(req.transactions)  # v4 or v5 entries, same fields
+    results = await asyncio.gather(
+        *(
+            _add_one(
+                broker,
+                t.transactional_id,
+                t.producer_id,
+                t.producer_epoch,
+                t.topics,
+                verify_only=t.verify_only,
+                version=ctx.api_version,
+                client=client,
+            )
+            for t in transactions
+        )
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "results_by_transaction": [
+            {"transactional_id": t.transactional_id, "topic_results": _partition_results(errors)}
+            for t, errors in zip(transactions, results, strict=True)
+        ],
+    }
+
+
+# ------------------------------------------------------------------ offsets in a transaction
+
+
+async def add_offsets_to_txn(
+    ctx: RequestContext, req: AddOffsetsToTxnRequest, broker: TxnBroker
+) -> dict[str, Any]:
+    partition = (OFFSETS_TOPIC, offsets_partition(req.group_id))
+    try:
+        await broker.transactions.add_partitions(
+            req.transactional_id, req.producer_id, req.producer_epoch, [partition]
+        )
+    except KafkaError as exc:
+        _log_refused("AddOffsetsToTxn", req.transactional_id, exc, ctx.header.client_id or "")
+        return {"throttle_time": 0, "error_code": _code(exc, ctx.api_version, 2)}
+    return {"throttle_time": 0, "error_code": ErrorCode.none}
+
+
+async def txn_offset_commit(
+    ctx: RequestContext, req: TxnOffsetCommitRequest, broker: TxnBroker
+) -> dict[str, Any]:
+    generation: int = getattr(req, "generation_id", -1)  # v3+
+    # See the module docstring: no group is known here.
+    code = ErrorCode.illegal_generation if generation >= 0 else ErrorCode.group_id_not_found
+    log.warning(
+        "txn_offset_commit_unsupported",
+        group=req.group_id,
+        transactional_id=req.transactional_id,
+        generation=generation,
+        error=code.name,
+        reason="spool has no consumer groups or offset store yet",
+    )
+    topics = []
+    for t in req.topics:
+        known = broker.metadata.state.topics.get(t.name)
+        parts = [
+            {
+                "partition_index": p.partition_index,
+                "error_code": code
+                if known is not None and 0 <= p.partition_index < known.partitions
+                else ErrorCode.unknown_topic_or_partition,
+            }
+            for p in t.partitions
+        ]
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+# ------------------------------------------------------------------ EndTxn
+
+
+async def end_txn(ctx: RequestContext, req: EndTxnRequest, broker: TxnBroker) -> dict[str, Any]:
+    try:
+        await broker.transactions.end_txn(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.committed
+        )
+    except KafkaError as exc:
+        _log_refused("EndTxn", req.transactional_id, exc, ctx.header.client_id or "")
+        return {"throttle_time": 0, "error_code": _code(exc, ctx.api_version, 2)}
+    return {"throttle_time": 0, "error_code": ErrorCode.none}
+
+
+# ------------------------------------------------------------------ markers
+
+
+class MarkerLogs(Protocol):
+    def get(self, topic: str, index: int) -> Partition | None: ...
+
+
+def marker_writer(logs: MarkerLogs) -> Any:
+    """The coordinator's MarkerWriter over the broker's partitions: one control batch
+    per partition of the transaction, returning once all are durable.
+
+    Skipped: partitions with no log here (a deleted topic, whose markers Kafka drops
+    too, and __consumer_offsets), and a partition that has seen a newer epoch of the
+    producer (INVALID_PRODUCER_EPOCH: Kafka's marker handler gives that partition up).
+    """
+
+    async def write(
+        producer_id: int, producer_epoch: int, commit: bool, partitions: frozenset[TopicPartition]
+    ) -> None:
+        waits: list[tuple[Partition, int]] = []
+        for topic, index in sorted(partitions):
+            part = logs.get(topic, index)
+            if part is None:
+                if topic != OFFSETS_TOPIC:
+                    log.warning("marker_partition_gone", topic=topic, partition=index)
+                continue
+            try:
+                outcome = part.append_marker(
+                    producer_id, producer_epoch, commit=commit, coordinator_epoch=0
+                )
+            except KafkaError as exc:
+                if exc.code != ErrorCode.invalid_producer_epoch:
+                    raise
+                log.warning(
+                    "marker_skipped_newer_epoch",
+                    topic=topic,
+                    partition=index,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    error=exc.message,
+                )
+                continue
+            waits.append((part, outcome.last_offset))
+        await asyncio.gather(*(part.wait_durable(last, MARKER_TIMEOUT_S) for part, last in waits))
+
+    return write
+
+
+# ------------------------------------------------------------------ produce verification
+
+
+def verify_produce(
+    coordinator: TransactionCoordinator,
+    transactional_id: str | None,
+    produce_version: int,
+    topic: str,
+    partition: int,
+    headers: list[BatchHeader],
+) -> None:
+    """Refuse transactional batches for a partition outside the producer's ongoing
+    transaction, as Kafka's verification guard does (KIP-890 part 1): PRODUCER_FENCED
+    becomes INVALID_PRODUCER_EPOCH, and TRANSACTION_ABORTABLE is INVALID_TXN_STATE for
+    Produce versions before 11, which do not know it (AddPartitionsToTxnManager)."""
+    transactional = [h for h in headers if h.is_transactional and not h.is_control]
+    if not transactional:
+        return
+    if transactional_id is None:
+        raise KafkaError(
+            ErrorCode.transactional_id_authorization_failed,
+            "Transactional records need the request's transactional id",
+        )
+    header = transactional[0]
+    found = coordinator.verify(
+        transactional_id, header.producer_id, header.producer_epoch, [(topic, partition)]
+    )[(topic, partition)]
+    if found == ErrorCode.none:
+        return
+    reason = {
+        ErrorCode.transaction_abortable: "is not part of its ongoing transaction "
+        "(AddPartitionsToTxn first)",
+        ErrorCode.producer_fenced: "comes from a fenced epoch",
+        ErrorCode.concurrent_transactions: "arrived while its transaction is completing",
+    }.get(found, f"failed verification ({found.name})")
+    code = found
+    if found == ErrorCode.producer_fenced:
+        code = ErrorCode.invalid_producer_epoch
+    elif found == ErrorCode.transaction_abortable and produce_version <= 10:
+        code = ErrorCode.invalid_txn_state
+    raise KafkaError(
+        code,
+        f"The transactional batch of producer {header.producer_id} epoch "
+        f"{header.producer_epoch} (transactional id {transactional_id}) for "
+        f"{topic}-{partition} {reason}",
+    )
