@@ -5,7 +5,9 @@ what the broker holds afterwards."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -73,23 +75,35 @@ def test_topic_lifecycle_create_describe_alter_delete(broker: Broker) -> None:
     ok(broker, "topics", "--delete", "--topic", "cli-orders", "--if-exists")
 
 
+def configs(broker: Broker, kind: str, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`spool configs --entity-type kind --entity-name name <argv>`."""
+    return spool(broker, "configs", "--entity-type", kind, "--entity-name", name, *argv)
+
+
+def configs_ok(broker: Broker, kind: str, name: str, *argv: str) -> str:
+    proc = configs(broker, kind, name, *argv)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def described(broker: Broker, kind: str, name: str) -> dict[str, Any]:
+    """The entity's `--describe --output json` document."""
+    (doc,) = json.loads(configs_ok(broker, kind, name, "--describe", "--output", "json"))
+    return dict(doc)
+
+
 def test_topic_config_set_shown_and_deleted(broker: Broker) -> None:
     ok(broker, "topics", "--create", "--topic", "cli-cfg")
-    out = ok(
+    out = configs_ok(
         broker,
-        "configs",
-        "--alter",
-        "--entity-type",
         "topics",
-        "--entity-name",
         "cli-cfg",
+        "--alter",
         "--add-config",
         "retention.ms=120000,cleanup.policy=[delete]",
     )
     assert out.strip() == "Completed updating config for topic cli-cfg."
-    lines = ok(
-        broker, "configs", "--describe", "--entity-type", "topics", "--entity-name", "cli-cfg"
-    ).splitlines()
+    lines = configs_ok(broker, "topics", "cli-cfg", "--describe").splitlines()
     assert lines[0] == "Dynamic configs for topic cli-cfg are:"
     assert any(
         line.startswith("  retention.ms=120000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:")
@@ -97,119 +111,39 @@ def test_topic_config_set_shown_and_deleted(broker: Broker) -> None:
     ), lines
     assert any(line.startswith("  cleanup.policy=delete ") for line in lines), lines
 
-    ok(
-        broker,
-        "configs",
-        "--alter",
-        "--entity-type",
-        "topics",
-        "--entity-name",
-        "cli-cfg",
-        "--delete-config",
-        "retention.ms",
-    )
-    (doc,) = json.loads(
-        ok(
-            broker,
-            "configs",
-            "--describe",
-            "--entity-type",
-            "topics",
-            "--entity-name",
-            "cli-cfg",
-            "--output",
-            "json",
-        )
-    )
-    assert [c["name"] for c in doc["configs"]] == ["cleanup.policy"]
+    configs_ok(broker, "topics", "cli-cfg", "--alter", "--delete-config", "retention.ms")
+    assert [c["name"] for c in described(broker, "topics", "cli-cfg")["configs"]] == [
+        "cleanup.policy"
+    ]
 
     # Deleting a key that is not set is refused before anything is sent.
-    unset = spool(
-        broker,
-        "configs",
-        "--alter",
-        "--entity-type",
-        "topics",
-        "--entity-name",
-        "cli-cfg",
-        "--delete-config",
-        "retention.ms",
-    )
+    unset = configs(broker, "topics", "cli-cfg", "--alter", "--delete-config", "retention.ms")
     assert unset.returncode == 1
     assert "INVALID_CONFIG: Invalid config(s): retention.ms" in unset.stderr
 
-    everything = ok(
-        broker,
-        "configs",
-        "--describe",
-        "--entity-type",
-        "topics",
-        "--entity-name",
-        "cli-cfg",
-        "--all",
-    )
+    everything = configs_ok(broker, "topics", "cli-cfg", "--describe", "--all")
     assert everything.startswith("All configs for topic cli-cfg are:")
     assert "  retention.ms=604800000 sensitive=false synonyms={DEFAULT_CONFIG:" in everything
 
 
 def test_group_config_set_before_the_group_exists_and_a_bad_value_refused(broker: Broker) -> None:
-    ok(
-        broker,
-        "configs",
-        "--alter",
-        "--entity-type",
-        "groups",
-        "--entity-name",
-        "cli-future-group",
-        "--add-config",
-        "share.auto.offset.reset=earliest",
+    group = "cli-future-group"
+    configs_ok(
+        broker, "groups", group, "--alter", "--add-config", "share.auto.offset.reset=earliest"
     )
-    (doc,) = json.loads(
-        ok(
-            broker,
-            "configs",
-            "--describe",
-            "--entity-type",
-            "groups",
-            "--entity-name",
-            "cli-future-group",
-            "--output",
-            "json",
-        )
-    )
+    doc = described(broker, "groups", group)
     assert [(c["name"], c["value"], c["source"]) for c in doc["configs"]] == [
         ("share.auto.offset.reset", "earliest", "GROUP_CONFIG")
     ]
 
-    bad = spool(
-        broker,
-        "configs",
-        "--alter",
-        "--entity-type",
-        "groups",
-        "--entity-name",
-        "cli-future-group",
-        "--add-config",
-        "share.record.lock.duration.ms=1",
+    bad = configs(
+        broker, "groups", group, "--alter", "--add-config", "share.record.lock.duration.ms=1"
     )
     assert bad.returncode == 1
     assert "Error: INVALID_CONFIG:" in bad.stderr
     assert "share.record.lock.duration.ms" in bad.stderr
     # Nothing changed, and the broker still serves.
-    (after,) = json.loads(
-        ok(
-            broker,
-            "configs",
-            "--describe",
-            "--entity-type",
-            "groups",
-            "--entity-name",
-            "cli-future-group",
-            "--output",
-            "json",
-        )
-    )
-    assert after == doc
+    assert described(broker, "groups", group) == doc
 
 
 def test_describe_of_a_missing_topic_and_the_broker_defaults(broker: Broker) -> None:
