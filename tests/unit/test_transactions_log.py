@@ -18,6 +18,7 @@ from broker.handlers.produce_fetch import LATEST, _fetch_once, _offset_for, _Wan
 from broker.logs import LogManager, Partition, validate_produce_data
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
+from persister.segment import LogSegment
 from persister.txn_index import ENTRY_SIZE, AbortedTxn, TransactionIndex, aborted_batch_ranges
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
@@ -237,6 +238,26 @@ async def test_a_failed_index_write_takes_the_abort_marker_back(
     marker = await end_txn(part, 1, commit=False)
     assert marker == 2
     assert part.aborted_transactions(0, 3) == [AbortedTxn(1, 0, 2, 3)]
+
+
+async def test_a_marker_the_disk_refuses_leaves_the_transaction_open(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    part = h.part
+    await produce(part, 2, pid=1, seq=0, transactional=True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(LogSegment, "append", refuse)
+    with pytest.raises(KafkaError) as info:
+        part.append_marker(1, 0, commit=True, coordinator_epoch=0)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    assert (part.log_end_offset, part.last_stable_offset) == (2, 0)
+    monkeypatch.undo()
+    # The coordinator's retry ends it.
+    assert await end_txn(part, 1, commit=True) == 2
+    assert part.last_stable_offset == part.high_watermark == 3
 
 
 # -- restarts ----------------------------------------------------------------------
