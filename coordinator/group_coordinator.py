@@ -342,13 +342,7 @@ class GroupCoordinator:
                         await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
-                    log.warning(
-                        "share_state_initialize_failed",
-                        group=group_id,
-                        topic_id=str(topic_id),
-                        partition=partition,
-                        error=exc.message,
-                    )
+                    _state_call_failed("share_state_initialize_failed", key, exc)
                     failed.setdefault(topic_id, set()).add(partition)
         try:
             if done:
@@ -455,21 +449,7 @@ class GroupCoordinator:
             except KafkaError as exc:
                 log.warning("topic_change_not_written", group=group_id, error=exc.message)
                 continue
-            for topic_id, partitions in deleted.items():
-                for partition in sorted(partitions):
-                    key = ShareStateKey(group_id, topic_id, partition)
-                    try:
-                        await self.persister.delete_state(key)
-                    except KafkaError as exc:
-                        log.warning(
-                            "share_state_delete_failed",
-                            group=group_id,
-                            topic_id=str(topic_id),
-                            partition=partition,
-                            error=exc.message,
-                        )
-                for hook in self.state_deleted_hooks:
-                    hook(group_id, topic_id)
+            await self._delete_state(group_id, deleted)
             self._start_initializing(group_id, pending)
 
     # -- describe / list / configs ------------------------------------------------
@@ -799,24 +779,28 @@ class GroupCoordinator:
         failed: set[uuid.UUID] = set()
         for topic_id, parts in partitions.items():
             for partition in sorted(parts):
+                key = ShareStateKey(group_id, topic_id, partition)
                 try:
-                    await self.persister.delete_state(ShareStateKey(group_id, topic_id, partition))
+                    await self.persister.delete_state(key)
                 except KafkaError as exc:
-                    log.warning(
-                        "share_state_delete_failed",
-                        group=group_id,
-                        topic_id=str(topic_id),
-                        partition=partition,
-                        error=exc.message,
-                    )
+                    _state_call_failed("share_state_delete_failed", key, exc)
                     failed.add(topic_id)
-                    break
             self._state_replaced(group_id, topic_id)
         return frozenset(failed)
 
     def _state_replaced(self, group_id: str, topic_id: uuid.UUID) -> None:
         for hook in self.state_deleted_hooks:
             hook(group_id, topic_id)
+
+
+def _state_call_failed(event: str, key: ShareStateKey, exc: KafkaError) -> None:
+    log.warning(
+        event,
+        group=key.group_id,
+        topic_id=str(key.topic_id),
+        partition=key.partition,
+        error=exc.message,
+    )
 
 
 def _marks_deleted(

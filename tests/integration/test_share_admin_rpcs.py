@@ -28,6 +28,7 @@ from tests.integration.share_helpers import (
     share_consumer,
     wait_for_members,
 )
+from tests.integration.test_share_state_rpcs import call
 
 DELETE_GROUPS, DESCRIBE, ALTER, DELETE = 42, 90, 91, 92
 ZERO = uuid.UUID(int=0)
@@ -37,18 +38,6 @@ ZERO = uuid.UUID(int=0)
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     with module_broker(tmp_path_factory, "share-admin") as b:
         yield b
-
-
-async def _call(broker: Broker, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    client = await KafkaClient.connect(broker.host, broker.port, "spool-it-share-admin")
-    try:
-        return await client.request(api_key, version, body, timeout_s=30)
-    finally:
-        await client.close()
-
-
-def call(broker: Broker, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    return asyncio.run(_call(broker, api_key, version, body))
 
 
 def describe(
