@@ -33,6 +33,7 @@ from bench import BenchContext, BrokerProcess, Result, client_config, drain, for
 from bench.share import bench_share
 from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
 from bench.spark_pipeline import bench_spark_pipeline
+from bench.transactions import bench_transactions
 
 DEFAULT_RECORDS = 500_000
 DEFAULT_SIZES = (100, 1024)
@@ -129,6 +130,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "share": bench_share,
     "share_ack": bench_share_ack_latency,
     "share_recovery": bench_share_state_recovery,
+    "transactions": bench_transactions,
     "spark_pipeline": bench_spark_pipeline,
 }
 
