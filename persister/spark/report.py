@@ -37,53 +37,32 @@ def records_schema() -> StructType:
     record came from (`source`: log or compacted output) and its batch's byte position."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
+    from persister.spark.audit import LogRecord
     from persister.spark.segments import row_schema
 
-    shared = {f.name: f for f in row_schema().fields}
-    names = (
-        "segment",
-        "offset",
-        "record_type",
-        "group_id",
-        "topic_id",
-        "partition",
-        "snapshot_epoch",
-        "state_epoch",
-        "leader_epoch",
-        "start_offset",
-        "batches",
-    )
+    # The compact job's columns this table shares, in its order.
+    shared = [f for f in row_schema().fields if f.name in LogRecord._fields]
     return StructType(
         [
             StructField("source", StringType(), False),
             StructField("byte_position", LongType(), False),
-            *(shared[n] for n in names),
+            *shared,
             StructField("batch_count", IntegerType(), False),
         ]
     )
 
 
-def _record_row(r: LogRecord) -> tuple[Any, ...]:
-    def epoch(value: int, present: bool) -> int | None:
-        return value if present else None
-
+def _record_row(r: LogRecord, columns: list[str]) -> tuple[Any, ...]:
+    """The record's values in `columns` order; fields its type does not carry are null."""
+    values = r._asdict()
     live = r.record_type != "tombstone"
-    return (
-        r.source,
-        r.byte_position,
-        r.segment,
-        r.offset,
-        r.record_type,
-        r.group_id,
-        r.topic_id,
-        r.partition,
-        epoch(r.snapshot_epoch, live),
-        epoch(r.state_epoch, r.record_type == "snapshot"),
-        epoch(r.leader_epoch, live),
-        epoch(r.start_offset, live),
-        [tuple(b) for b in r.batches],
-        len(r.batches),
-    )
+    for name in ("snapshot_epoch", "leader_epoch", "start_offset"):
+        values[name] = values[name] if live else None
+    if r.record_type != "snapshot":
+        values["state_epoch"] = None
+    values["batches"] = [tuple(b) for b in r.batches]
+    values["batch_count"] = len(r.batches)
+    return tuple(values[c] for c in columns)
 
 
 def violations_schema() -> StructType:
@@ -157,9 +136,10 @@ def write_tables(
     out: Path,
 ) -> None:
     """OUT/records, OUT/violations and OUT/partition_stats as Parquet (overwritten)."""
-    spark.createDataFrame(rows.map(_record_row), records_schema()).write.mode("overwrite").parquet(
-        str(out / "records")
-    )
+    schema = records_schema()
+    columns = schema.fieldNames()
+    records = spark.createDataFrame(rows.map(lambda r: _record_row(r, columns)), schema)
+    records.write.mode("overwrite").parquet(str(out / "records"))
     v_schema = violations_schema()
     spark.createDataFrame(
         [tuple(v.to_dict()[f.name] for f in v_schema.fields) for v in violations], v_schema

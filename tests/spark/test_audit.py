@@ -195,34 +195,32 @@ def test_a_delivery_count_at_the_limit_passes_and_the_limit_source_is_reported(
     assert limits["g2"] == {"limit": 5, "source": "Kafka default"}
 
 
-def _last_batch_position(path: Path) -> int:
-    data = path.read_bytes()
-    found = [v for v in audit.scan_segment(data, SEGMENT) if isinstance(v, audit.LogRecord)]
-    return found[-1].byte_position
+def _flip_a_byte_under_the_crc(data: bytes) -> bytes:
+    """One bit pattern changed in the last record's value, which the CRC32C covers."""
+    last = [r for r in audit.scan_segment(data, SEGMENT) if isinstance(r, audit.LogRecord)][-1]
+    assert len(data) - 3 > last.byte_position + CRC_START
+    damaged = bytearray(data)
+    damaged[-3] ^= 0x55
+    return bytes(damaged)
 
 
-def test_a_bad_crc_fails_framing_at_its_key_and_offset(spark: SparkSession, tmp_path: Path) -> None:
-    data_dir = write_data_dir(tmp_path / "data", [*SOUND, upd(-1, StateBatch(10, 11, 2, 1))])
-    path = share_segment(data_dir)
-    pos = _last_batch_position(path)
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0x55  # a byte of the last record's value, under the CRC
-    assert len(data) - 3 > pos + CRC_START
-    path.write_bytes(bytes(data))
-    result = audit_dir(spark, data_dir, tmp_path)
-    assert_fails_at(result, audit.CRC_AND_FRAMING, KEY, BAD_OFFSET)
-    assert "CRC32C" in result.violations[0].message
+BYTE_DAMAGE = {
+    "bad CRC": (_flip_a_byte_under_the_crc, "CRC32C"),
+    "truncated record": (lambda data: data[:-10], "truncated"),
+}
 
 
-def test_a_truncated_record_fails_framing_at_its_key_and_offset(
-    spark: SparkSession, tmp_path: Path
+@pytest.mark.parametrize("damage", list(BYTE_DAMAGE))
+def test_damaged_bytes_fail_framing_at_their_key_and_offset(
+    spark: SparkSession, tmp_path: Path, damage: str
 ) -> None:
+    mutate, words = BYTE_DAMAGE[damage]
     data_dir = write_data_dir(tmp_path / "data", [*SOUND, upd(-1, StateBatch(10, 11, 2, 1))])
     path = share_segment(data_dir)
-    path.write_bytes(path.read_bytes()[:-10])
+    path.write_bytes(mutate(path.read_bytes()))
     result = audit_dir(spark, data_dir, tmp_path)
     assert_fails_at(result, audit.CRC_AND_FRAMING, KEY, BAD_OFFSET)
-    assert "truncated" in result.violations[0].message
+    assert words in result.violations[0].message
 
 
 def test_compacted_output_that_replays_differently_fails_replay_equivalence(
