@@ -839,6 +839,23 @@ class TransactionCoordinator:
 
     # -- timeouts and expiry ------------------------------------------------------
 
+    async def _write_if_unchanged(self, seen: TxnMetadata, record: TxnRecord, failed: str) -> bool:
+        """Write `record` for a sweep if the transaction is still as the sweep `seen` it
+        (a request may have moved it on meanwhile); a failed write is logged as `failed`
+        and left for the next sweep. Returns whether it was written."""
+        tid = seen.transactional_id
+
+        def op() -> tuple[list[TxnRecord], bool]:
+            if self.transactions.get(tid) != seen:
+                return [], False
+            return [record], True
+
+        try:
+            return await self.runtime.run(tid, op)
+        except KafkaError as exc:
+            log.warning(failed, transactional_id=tid, error=exc.message)
+            return False
+
     async def abort_timed_out(self) -> list[str]:
         """Fence and abort every Ongoing transaction older than its timeout (Kafka's
         abortTimedOutTransactions); drive stuck Prepare* ones again. Returns the ids
@@ -852,23 +869,9 @@ class TransactionCoordinator:
             if m.state != S.ONGOING or m.txn_start_ms + m.txn_timeout_ms >= now:
                 continue
 
-            def op(
-                tid: str = transactional_id, seen: TxnMetadata = m
-            ) -> tuple[list[TxnRecord], bool]:
-                current = self.transactions.get(tid)
-                if current != seen:
-                    return [], False  # it moved on meanwhile
-                return [fence(current, now)], True
-
-            try:
-                fenced = await self.runtime.run(transactional_id, op)
-            except KafkaError as exc:
-                log.warning(
-                    "transaction_timeout_abort_failed",
-                    transactional_id=transactional_id,
-                    error=exc.message,
-                )
-                continue
+            fenced = await self._write_if_unchanged(
+                m, fence(m, now), "transaction_timeout_abort_failed"
+            )
             if fenced:
                 log.info(
                     "transaction_timed_out",
@@ -890,24 +893,11 @@ class TransactionCoordinator:
             if m.state not in EXPIRATION_ALLOWED or m.txn_last_update_ms > limit:
                 continue
 
-            def op(
-                tid: str = transactional_id, seen: TxnMetadata = m
-            ) -> tuple[list[TxnRecord], bool]:
-                current = self.transactions.get(tid)
-                if current != seen:
-                    return [], False
-                current.transit(S.DEAD)  # checks the transition
-                return [TxnTombstone(tid)], True
-
-            try:
-                if await self.runtime.run(transactional_id, op):
-                    expired.append(transactional_id)
-            except KafkaError as exc:
-                log.warning(
-                    "transactional_id_expiry_failed",
-                    transactional_id=transactional_id,
-                    error=exc.message,
-                )
+            m.transit(S.DEAD)  # checks the transition
+            if await self._write_if_unchanged(
+                m, TxnTombstone(transactional_id), "transactional_id_expiry_failed"
+            ):
+                expired.append(transactional_id)
         if expired:
             log.info("transactional_ids_expired", count=len(expired), ids=expired[:10])
         return expired

@@ -16,6 +16,7 @@ from tests.integration.conftest import (
     Broker,
     consume_assigned,
     create_topic,
+    module_broker,
     producer_config,
     watermarks,
 )
@@ -28,18 +29,9 @@ WAIT_S = 30.0
 def txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """One broker for the tests that need no restart; timed-out transactions are looked
     for every 200 ms."""
-    root = tmp_path_factory.mktemp("transactions")
-    broker = Broker(
-        root / "data",
-        root / "broker.log",
-        {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"},
-    )
-    broker.start()
-    try:
+    settings = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"}
+    with module_broker(tmp_path_factory, "transactions", settings) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def txn_producer(broker: Broker, transactional_id: str, **overrides: Any) -> Producer:
@@ -48,6 +40,11 @@ def txn_producer(broker: Broker, transactional_id: str, **overrides: Any) -> Pro
     )
     producer.init_transactions(WAIT_S)
     return producer
+
+
+def topic_and_producer(broker: Broker, topic: str, transactional_id: str) -> Producer:
+    create_topic(broker, topic, PARTITIONS)
+    return txn_producer(broker, transactional_id)
 
 
 def send(producer: Producer, topic: str, values: list[bytes]) -> None:
@@ -79,8 +76,7 @@ def test_interleaved_commits_and_aborts_read_committed_sees_exactly_the_committe
     txn_broker: Broker,
 ) -> None:
     topic = "txn-interleaved"
-    create_topic(txn_broker, topic, PARTITIONS)
-    producer = txn_producer(txn_broker, "it-interleaved")
+    producer = topic_and_producer(txn_broker, topic, "it-interleaved")
     committed: list[bytes] = []
     everything: list[bytes] = []
     for n, commit in enumerate([True, False, True, False, True]):
@@ -109,8 +105,7 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     txn_broker: Broker,
 ) -> None:
     topic = "txn-zombie"
-    create_topic(txn_broker, topic, PARTITIONS)
-    zombie = txn_producer(txn_broker, "it-zombie")
+    zombie = topic_and_producer(txn_broker, topic, "it-zombie")
     zombie.begin_transaction()
     send(zombie, topic, batch("zombie"))
 
