@@ -1,29 +1,14 @@
-"""Helpers for the tests of the `spool` admin CLIs: one broker per test module, and
-the CLI run as an operator runs it (a subprocess), bounded."""
+"""Helpers for the tests of the `spool` admin CLIs: the CLI run as an operator runs it
+(a subprocess), bounded."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-
-import pytest
 
 from tests.integration.conftest import REPO_ROOT, Broker, free_port
 
 CLI_TIMEOUT_S = 60
-
-
-def module_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Broker]:
-    """Body of a module-scoped fixture: one default broker for every test of a module."""
-    root = tmp_path_factory.mktemp(name)
-    broker = Broker(root / "data", root / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def spool(broker: Broker | None, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,13 @@ import pytest
 from confluent_kafka import AcknowledgeType, Message, Producer
 
 from tests.integration import cli_helpers
-from tests.integration.cli_helpers import module_broker
-from tests.integration.conftest import Broker, create_topic, produce, producer_config
+from tests.integration.conftest import (
+    Broker,
+    create_topic,
+    module_broker,
+    produce,
+    producer_config,
+)
 from tests.integration.share_helpers import (
     PollLog,
     accept_all,
@@ -33,7 +38,8 @@ from tests.integration.share_helpers import (
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    yield from module_broker(tmp_path_factory, "cli-share-groups")
+    with module_broker(tmp_path_factory, "cli-share-groups") as broker:
+        yield broker
 
 
 def share_groups(broker: Broker, *argv: str) -> subprocess.CompletedProcess[str]:

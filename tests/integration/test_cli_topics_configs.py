@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cli_helpers import module_broker, ok, spool
-from tests.integration.conftest import Broker, wait_for_partitions
+from tests.integration.cli_helpers import ok, spool
+from tests.integration.conftest import Broker, module_broker, wait_for_partitions
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    yield from module_broker(tmp_path_factory, "cli-topics")
+    with module_broker(tmp_path_factory, "cli-topics") as broker:
+        yield broker
 
 
 def topic_list(broker: Broker) -> list[str]:
