@@ -12,7 +12,9 @@ import pytest
 from broker.cli import build_parser, main
 from broker.tools import configs, share_groups, topics
 from broker.tools.common import UsageError, read_properties, table
-from protocol.admin import parse_bootstrap
+from protocol import admin as admin_module
+from protocol.admin import AdminClient, AdminError, Node, parse_bootstrap
+from protocol.errors import ErrorCode
 
 B = ["--bootstrap-server", "127.0.0.1:1"]
 
@@ -298,3 +300,70 @@ def test_command_config_reads_java_properties(tmp_path: Path) -> None:
     path = tmp_path / "admin.properties"
     path.write_text("# comment\n! also a comment\nclient.id = ops\ndefault.api.timeout.ms:5000\n")
     assert read_properties(path) == {"client.id": "ops", "default.api.timeout.ms": "5000"}
+
+
+# --- the admin client's coordinator retry (no sockets: the lookup and call are stubbed) --
+
+
+def _admin_with_coordinator_errors(
+    monkeypatch: pytest.MonkeyPatch, errors: list[ErrorCode], timeout_s: float
+) -> tuple[AdminClient, list[str]]:
+    """An AdminClient whose coordinator lookup fails with `errors` in turn, then finds
+    node 1; `seen` records each lookup."""
+    monkeypatch.setattr(admin_module, "BACKOFF_MS", 0)
+    admin = AdminClient([("127.0.0.1", 1)], timeout_s, "test")
+    seen: list[str] = []
+    pending = list(errors)
+
+    async def find(group: str, deadline: float) -> Node:
+        seen.append(group)
+        if pending:
+            raise admin_module._Retry(pending.pop(0), "try again")
+        return Node(1, "h", 1)
+
+    monkeypatch.setattr(admin, "_find_coordinator", find)
+    return admin, seen
+
+
+async def test_coordinator_errors_look_the_coordinator_up_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    errors = [ErrorCode.coordinator_load_in_progress, ErrorCode.not_coordinator]
+    admin, seen = _admin_with_coordinator_errors(monkeypatch, errors, 30)
+
+    async def call(address: tuple[str, int], deadline: float) -> str:
+        return f"{address[0]}:{address[1]}"
+
+    result, node = await admin._with_coordinator("g", call)
+    assert (result, node.node_id) == ("h:1", 1)
+    assert seen == ["g", "g", "g"]
+
+
+async def test_a_coordinator_that_never_answers_is_an_admin_error_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin, seen = _admin_with_coordinator_errors(
+        monkeypatch, [ErrorCode.coordinator_not_available] * 1_000_000, 0.05
+    )
+
+    async def call(address: tuple[str, int], deadline: float) -> None:
+        raise AssertionError("no coordinator was ever found")
+
+    with pytest.raises(AdminError) as exc:
+        await admin._with_coordinator("g", call)
+    assert exc.value.error == "COORDINATOR_NOT_AVAILABLE"
+    assert len(seen) > 1
+
+
+async def test_an_error_from_the_coordinator_itself_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin, seen = _admin_with_coordinator_errors(monkeypatch, [], 30)
+
+    async def call(address: tuple[str, int], deadline: float) -> None:
+        admin._coordinator_check(ErrorCode.non_empty_group, "Group g is not empty", "g")
+
+    with pytest.raises(AdminError) as exc:
+        await admin._with_coordinator("g", call)
+    assert (exc.value.error, exc.value.message) == ("NON_EMPTY_GROUP", "Group g is not empty")
+    assert seen == ["g"]
