@@ -921,14 +921,18 @@ def register(subparsers: Any) -> None:
             "2: usage error. Run it on a copy or a stopped broker's data dir."
         ),
     )
-    add_arguments(parser)
+    add_arguments(parser, "local[*]")
     parser.set_defaults(run=audit_command)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -> None:
     parser.add_argument("--data-dir", type=Path, required=True, help="the broker's data dir")
     parser.add_argument("--out", type=Path, required=True, help="directory for the report")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--master",
+        default=default_master,
+        help="Spark master URL (default local[*]; under spark-submit, its --master)",
+    )
 
 
 def audit_command(args: argparse.Namespace) -> int:
@@ -947,7 +951,7 @@ def audit_command(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(f"spool audit: {message}", file=sys.stderr, flush=True)
 
-    say(f"starting Spark ({args.master})")
+    say(f"starting Spark ({args.master or 'master from spark-submit'})")
     spark = spark_session(args.master, "spool-audit")
     try:
         result = run_audit(spark, data_dir, args.out, say)
@@ -972,8 +976,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit entry: `spark-submit persister/spark/audit.py --data-dir D --out O`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="spool audit")
-    add_arguments(parser)
+    parser = argparse.ArgumentParser(prog="audit.py")
+    add_arguments(parser, None)
     return audit_command(parser.parse_args(argv))
 
 
