@@ -235,10 +235,12 @@ async def describe(admin: AdminClient, args: argparse.Namespace) -> int:
         else:
             print(f"{'All' if args.all else 'Dynamic'} configs for {singular} {name} are:")
         for e in entries:
-            synonyms = ", ".join(f"{s.source}:{s.name}={s.value}" for s in e.synonyms)
+            # A null value prints as `null`, as kafka-configs.sh prints it (broker.rack unset).
+            synonyms = ", ".join(f"{s.source}:{s.name}={_text(s.value)}" for s in e.synonyms)
             value = None if e.sensitive else e.value
             print(
-                f"  {e.name}={value} sensitive={str(e.sensitive).lower()} synonyms={{{synonyms}}}"
+                f"  {e.name}={_text(value)} sensitive={str(e.sensitive).lower()} "
+                f"synonyms={{{synonyms}}}"
             )
     return 0
 
@@ -265,3 +267,7 @@ async def alter(admin: AdminClient, args: argparse.Namespace) -> int:
     else:
         print(f"Completed updating default config for {args.entity_type} in the cluster.")
     return 0
+
+
+def _text(value: str | None) -> str:
+    return "null" if value is None else value

@@ -153,6 +153,12 @@ def test_describe_of_a_missing_topic_and_the_broker_defaults(broker: Broker) -> 
     brokers = ok(broker, "configs", "--describe", "--entity-type", "brokers").splitlines()
     assert "Dynamic configs for broker 1 are:" in brokers
     assert "Default configs for brokers in the cluster are:" in brokers
+    # An unset value reads `null`, as kafka-configs.sh prints it.
+    everything = ok(
+        broker, "configs", "--describe", "--all", "--entity-type", "brokers", "--entity-name", "1"
+    ).splitlines()
+    rack = [line for line in everything if line.strip().startswith("broker.rack=")]
+    assert rack and rack[0].strip().startswith("broker.rack=null "), rack
 
 
 def test_bad_arguments_are_usage_errors_and_an_absent_broker_is_an_error() -> None:
