@@ -209,9 +209,7 @@ def test_replay_from_the_newest_snapshot_equals_the_full_replay_of_a_sound_log()
 
 def test_compacted_output_that_replays_differently_is_flagged_at_its_record() -> None:
     original = rows(snap(0, 0), upd(5, StateBatch(5, 6, 2, 1)))
-    compacted = [
-        audit.log_record(audit.SOURCE_COMPACTED, "compacted-1/x.log", 0, 1, snap(0, 5))
-    ]
+    compacted = [audit.log_record(audit.SOURCE_COMPACTED, "compacted-1/x.log", 0, 1, snap(0, 5))]
     got = audit.check_replay_equivalent(original, compacted)
     assert [(v.rule, v.segment, v.offset) for v in got] == [
         (REPLAY_EQUIVALENT, "compacted-1/x.log", 1)
