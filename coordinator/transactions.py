@@ -309,11 +309,15 @@ def _unknown(transactional_id: str) -> KafkaError:
 
 def fence(m: TxnMetadata, now_ms: int) -> TxnMetadata:
     """Ongoing -> PrepareEpochFence -> PrepareAbort with the epoch bumped (Kafka's
-    prepareFenceProducerEpoch, then the abort it starts): the old producer is fenced."""
-    if m.producer_epoch == SHORT_MAX:
-        raise KafkaError(
-            ErrorCode.invalid_producer_epoch,
-            f"Cannot fence transactional id {m.transactional_id}: its epoch is at the maximum",
+    prepareFenceProducerEpoch, then the abort it starts): the old producer is fenced.
+
+    At Short.MaxValue there is no epoch left to bump to (Kafka's prepareFenceProducerEpoch
+    refuses to overflow): the transaction is aborted at its own epoch, and completing
+    the abort gives the transactional id a new producer id (`prepare_complete`), which
+    fences the old producer instead, as Kafka rotates an exhausted producer id."""
+    if m.producer_epoch >= SHORT_MAX:
+        return m.transit(
+            S.PREPARE_ABORT, last_producer_epoch=NO_PRODUCER_EPOCH, txn_last_update_ms=now_ms
         )
     fencing = m.transit(S.PREPARE_EPOCH_FENCE, producer_epoch=m.producer_epoch + 1)
     return fencing.transit(
@@ -472,9 +476,29 @@ def prepare_end(
     )
 
 
-def prepare_complete(m: TxnMetadata, now_ms: int) -> TxnMetadata:
-    """Prepare* -> Complete* once every marker is durable."""
+def needs_rotation(m: TxnMetadata) -> bool:
+    """An abort at Short.MaxValue (see `fence`) ends with a new producer id."""
+    return m.state == S.PREPARE_ABORT and m.producer_epoch >= SHORT_MAX
+
+
+def prepare_complete(
+    m: TxnMetadata, now_ms: int, new_producer_id: int | None = None
+) -> TxnMetadata:
+    """Prepare* -> Complete* once every marker is durable. An abort at the maximum epoch
+    moves the id to `new_producer_id` with no epoch yet (the next InitProducerId hands
+    out epoch 0), so the old producer gets INVALID_PRODUCER_ID_MAPPING from then on."""
     target = S.COMPLETE_COMMIT if m.state == S.PREPARE_COMMIT else S.COMPLETE_ABORT
+    if needs_rotation(m):
+        if new_producer_id is None:
+            raise NeedProducerId()
+        return m.transit(
+            target,
+            producer_id=new_producer_id,
+            producer_epoch=NO_PRODUCER_EPOCH,
+            last_producer_epoch=NO_PRODUCER_EPOCH,
+            partitions=frozenset(),
+            txn_last_update_ms=now_ms,
+        )
     return m.transit(target, partitions=frozenset(), txn_last_update_ms=now_ms)
 
 
@@ -820,12 +844,15 @@ class TransactionCoordinator:
             return
         commit = m.state == S.PREPARE_COMMIT
         await self.markers(m.producer_id, m.producer_epoch, commit, m.partitions)
+        # Allocated outside the key's lock, as for InitProducerId; a restart before the
+        # Complete record is durable allocates another (an unused id is harmless).
+        new_pid = await self._allocate() if needs_rotation(m) else None
 
         def op() -> tuple[list[TxnRecord], None]:
             current = self.transactions.get(transactional_id)
             if current != m:
                 return [], None  # completed meanwhile
-            return [prepare_complete(m, self.clock.now_ms())], None
+            return [prepare_complete(m, self.clock.now_ms(), new_pid)], None
 
         await self.runtime.run(transactional_id, op)
         log.info(
@@ -868,16 +895,21 @@ class TransactionCoordinator:
                 continue
             if m.state != S.ONGOING or m.txn_start_ms + m.txn_timeout_ms >= now:
                 continue
-
-            fenced = await self._write_if_unchanged(
-                m, fence(m, now), "transaction_timeout_abort_failed"
-            )
+            try:
+                abort = fence(m, now)
+                fenced = await self._write_if_unchanged(
+                    m, abort, "transaction_timeout_abort_failed"
+                )
+            except Exception:
+                # One transaction the sweep cannot abort must not keep it from the rest.
+                log.exception("transaction_timeout_abort_failed", transactional_id=transactional_id)
+                continue
             if fenced:
                 log.info(
                     "transaction_timed_out",
                     transactional_id=transactional_id,
                     producer_id=m.producer_id,
-                    producer_epoch=m.producer_epoch + 1,
+                    producer_epoch=abort.producer_epoch,
                     timeout_ms=m.txn_timeout_ms,
                 )
                 aborted.append(transactional_id)

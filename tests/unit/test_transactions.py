@@ -340,6 +340,55 @@ async def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced
         await coord.stop()
 
 
+async def test_a_timed_out_transaction_at_the_maximum_epoch_is_aborted_with_a_new_producer_id(
+    record_log: FailingLog, markers: Markers, clock: ManualClock
+) -> None:
+    """No epoch is left to fence with: the abort keeps the epoch, its completion rotates
+    the producer id, and the sweep still aborts the transactions after it."""
+    coord = make(record_log, markers, clock, abort_timed_out_interval_ms=1_000)
+    pid, _ = await coord.init_producer_id("exhausted", 5_000)
+    await coord.add_partitions("exhausted", pid, 0, [TP0])
+    m = coord.get("exhausted")
+    assert m is not None
+    # Reached only through ~32k fences; put in place as replay would load it.
+    at_max = TxnMetadata("exhausted", pid, tx.SHORT_MAX, 5_000, S.ONGOING, m.partitions, 0, 0)
+    record_log.write(tx.encode(at_max))
+    coord.transactions.clear()
+    coord.load()
+    assert coord.get("exhausted") == at_max
+    later_pid, later_epoch = await coord.init_producer_id("later", 5_000)
+    await coord.add_partitions("later", later_pid, later_epoch, [TP1])
+    coord.start()
+    try:
+        clock.advance(6_000)
+        await until(
+            lambda: all(
+                coord.get(t).state == S.COMPLETE_ABORT  # type: ignore[union-attr]
+                for t in ("exhausted", "later")
+            )
+        )
+        assert sorted(markers.written) == sorted(
+            [
+                (pid, tx.SHORT_MAX, False, frozenset({TP0})),
+                (later_pid, later_epoch + 1, False, frozenset({TP1})),
+            ]
+        )
+        rotated = coord.get("exhausted")
+        assert rotated is not None and rotated.producer_id != pid
+        assert rotated.producer_epoch == tx.NO_PRODUCER_EPOCH
+        # The old producer is fenced by its id; a new InitProducerId gets epoch 0.
+        assert await code_of(coord.end_txn("exhausted", pid, tx.SHORT_MAX, True)) == (
+            ErrorCode.invalid_producer_id_mapping
+        )
+        assert await coord.init_producer_id("exhausted", 5_000) == (rotated.producer_id, 0)
+        # The rotation is durable: replayed, the id keeps its new producer id.
+        replayed = make(record_log, markers, clock)
+        replayed.load()
+        assert replayed.get("exhausted") == coord.get("exhausted")
+    finally:
+        await coord.stop()
+
+
 async def test_idle_transactional_ids_expire_as_tombstones(
     record_log: FailingLog, markers: Markers, clock: ManualClock
 ) -> None:
