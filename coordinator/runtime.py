@@ -18,6 +18,10 @@ executes one operation:
 Nothing is applied before its fsync succeeded, so no request ever sees a change that a
 crash could take back.
 
+`run_many` runs the operations of one request on several keys (WriteShareGroupState
+naming 500 partitions, a ShareFetch acquiring on many) under all their locks and writes
+their records as one batch with one fsync; a failed write fails every one of them.
+
 Kafka's CoordinatorRuntime applies records before they are committed and keeps its
 state in timeline structures that it reverts to the last committed offset when a write
 fails; readers see only committed snapshots. Serializing operations per key gives the
@@ -48,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -140,12 +144,26 @@ class KeyLocks:
             else:
                 self._locks[key] = (lock, users - 1)
 
+    @contextlib.asynccontextmanager
+    async def hold_all(self, keys: Iterable[Hashable]) -> AsyncIterator[None]:
+        """Hold every key's lock. Taken in one global order (`lock_order`), so two
+        holders of overlapping sets cannot each wait for the other."""
+        async with contextlib.AsyncExitStack() as stack:
+            for key in sorted(set(keys), key=lock_order):
+                await stack.enter_async_context(self.hold(key))
+            yield
+
     def __len__(self) -> int:
         return len(self._locks)
 
     def __contains__(self, key: object) -> bool:
         """Whether anyone holds or waits for `key`'s lock."""
         return key in self._locks
+
+
+def lock_order(key: Hashable) -> tuple[str, str]:
+    """A total order over lock keys of any type (share-state keys, group ids, ...)."""
+    return type(key).__qualname__, repr(key)
 
 
 def _consume_result(task: asyncio.Task[object]) -> None:
@@ -217,15 +235,91 @@ class CoordinatorRuntime(Generic[R]):
 
     async def _run(self, key: Hashable, op: Operation[R, T]) -> T:
         async with self._locks.hold(key):
-            if self._closed:
-                # Shutting down: a late background operation is refused, not an alarm.
-                raise storage_error(f"the {self.name} log is closed")
-            if self.failed is not None:
-                raise storage_error(self.failed)
+            refused = self._refusal()
+            if refused is not None:
+                raise refused
             records, response = op()
             if records:
                 await self._commit(records)
             return response
+
+    async def run_many(
+        self, ops: Sequence[tuple[Hashable, Operation[R, T]]]
+    ) -> list[T | KafkaError]:
+        """Run several operations as one write: each op's response, or its KafkaError.
+
+        The keys' locks are all held, every op is computed from committed state, and
+        the records of those that succeeded go to the log as one append with one
+        fsync (a request naming 500 partitions costs one round, not 500). A failed
+        append or fsync fails every op that wrote, and none of them is replayed; an op
+        that raised KafkaError wrote nothing and fails alone. Ops on a key named twice
+        run in a later write, after the first one's records are replayed. Cancelling
+        the caller does not stop the write, as with `run`.
+        """
+        task = asyncio.ensure_future(self._run_many(ops))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_consume_result)
+            raise
+
+    async def _run_many(
+        self, ops: Sequence[tuple[Hashable, Operation[R, T]]]
+    ) -> list[T | KafkaError]:
+        results: dict[int, T | KafkaError] = {}
+        todo = list(enumerate(ops))
+        while todo:
+            wave: list[tuple[int, Operation[R, T]]] = []
+            later: list[tuple[int, tuple[Hashable, Operation[R, T]]]] = []
+            keys: set[Hashable] = set()
+            for index, (key, op) in todo:
+                if key in keys:
+                    later.append((index, (key, op)))
+                else:
+                    keys.add(key)
+                    wave.append((index, op))
+            async with self._locks.hold_all(keys):
+                await self._write_wave(wave, results)
+            todo = later
+        return [results[index] for index in range(len(ops))]
+
+    async def _write_wave(
+        self,
+        wave: Sequence[tuple[int, Operation[R, T]]],
+        results: dict[int, T | KafkaError],
+    ) -> None:
+        refused = self._refusal()
+        if refused is not None:
+            for index, _ in wave:
+                results[index] = refused
+            return
+        writers: list[int] = []
+        records: list[R] = []
+        for index, op in wave:
+            try:
+                written, response = op()
+            except KafkaError as exc:
+                results[index] = exc
+                continue
+            results[index] = response
+            if written:
+                writers.append(index)
+                records.extend(written)
+        if not records:
+            return
+        try:
+            await self._commit(records)
+        except KafkaError as exc:
+            for index in writers:
+                results[index] = exc
+
+    def _refusal(self) -> KafkaError | None:
+        if self._closed:
+            # Shutting down: a late background operation is refused, not an alarm.
+            return storage_error(f"the {self.name} log is closed")
+        if self.failed is not None:
+            return storage_error(self.failed)
+        return None
 
     async def _commit(self, records: Sequence[R]) -> None:
         encoded = [kv for record in records for kv in self._encode(record)]

@@ -15,7 +15,8 @@ same runtime over an in-memory log, for unit tests of its callers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -28,6 +29,7 @@ from coordinator.share_coordinator import (
 from coordinator.share_state import (
     UNKNOWN_DELIVERY_COMPLETE_COUNT,
     PersistedBatch,
+    Persister,
     ShareState,
     ShareStateKey,
 )
@@ -38,6 +40,7 @@ from persister.log import PartitionLog
 from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
 from persister.spark import adopt as spark_adopt
+from protocol.errors import KafkaError
 
 log = structlog.get_logger("spool.share_coordinator")
 
@@ -114,6 +117,25 @@ class _ShardPersister:
             ),
         )
 
+    async def write_states(self, writes: Sequence[StateWrite]) -> list[KafkaError | None]:
+        """Several write_state calls as one append and one fsync; per write its error
+        or None. A failed append or fsync fails them all and applies none."""
+        now = self.clock.now_ms()
+
+        def op(w: StateWrite) -> Callable[[], tuple[list[share_records.ShareRecord], None]]:
+            return lambda: self.shard.write_state(
+                w.key,
+                w.state_epoch,
+                w.leader_epoch,
+                w.start_offset,
+                w.batches,
+                now,
+                delivery_complete_count=w.delivery_complete_count,
+            )
+
+        results = await self.runtime.run_many([(w.key, op(w)) for w in writes])
+        return [r if isinstance(r, KafkaError) else None for r in results]
+
     async def delete_state(self, key: ShareStateKey) -> None:
         await self.runtime.run(key, lambda: self.shard.delete_state(key))
 
@@ -142,6 +164,48 @@ class _ShardPersister:
 
     def close(self) -> None:
         self.runtime.close()
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """The arguments of one `Persister.write_state` call, for `write_states`."""
+
+    key: ShareStateKey
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    batches: Sequence[PersistedBatch]
+    delivery_complete_count: int = UNKNOWN_DELIVERY_COMPLETE_COUNT
+
+
+async def write_states(
+    persister: Persister, writes: Sequence[StateWrite]
+) -> list[Exception | None]:
+    """Write several keys' share state: one append and one fsync when the persister is
+    the share coordinator (`_ShardPersister.write_states`), else one call per key (other
+    persisters, and subclasses that wrap write_state, e.g. to inject failures). Per
+    write, what it raised or None."""
+    if (
+        isinstance(persister, _ShardPersister)
+        and type(persister).write_state is _ShardPersister.write_state
+    ):
+        return list(await persister.write_states(writes))
+    results: list[Exception | None] = []
+    for w in writes:
+        try:
+            await persister.write_state(
+                w.key,
+                w.state_epoch,
+                w.leader_epoch,
+                w.start_offset,
+                w.batches,
+                delivery_complete_count=w.delivery_complete_count,
+            )
+        except Exception as exc:
+            results.append(exc)
+        else:
+            results.append(None)
+    return results
 
 
 class InMemoryPersister(_ShardPersister):

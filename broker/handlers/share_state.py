@@ -27,6 +27,7 @@ from broker.handlers.requests import (
 )
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
+from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import (
     UNKNOWN_DELIVERY_COMPLETE_COUNT,
     PersistedBatch,
@@ -130,12 +131,35 @@ async def write_share_group_state(
 ) -> dict[str, Any]:
     # A comprehension, not list(): mypy keeps the union of the versions' entries.
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
-    return await _per_partition(broker.share_persister, req.group_id, topics, _write)
+    # Every partition's write is checked first, then all go out as one append and one
+    # fsync (a request naming 500 partitions is one round, not 500).
+    writes: list[StateWrite] = []
+    slots: dict[int, int] = {}
+
+    async def collect(
+        persister: Persister, key: ShareStateKey, p: WriteStatePartition
+    ) -> dict[str, Any]:
+        slots[id(p)] = len(writes)
+        writes.append(_state_write(key, p))
+        return {}
+
+    response = await _per_partition(broker.share_persister, req.group_id, topics, collect)
+    if not writes:
+        return response
+    outcomes = await write_states(broker.share_persister, writes)
+    for (_, partitions), result in zip(topics, response["results"], strict=True):
+        for p, entry in zip(partitions, result["partitions"], strict=True):
+            slot = slots.get(id(p))
+            failure = None if slot is None else outcomes[slot]
+            if isinstance(failure, KafkaError):
+                exc = for_coordinator_rpc(failure)
+                entry.update(error_code=exc.code, error_message=exc.message)
+            elif failure is not None:
+                raise failure
+    return response
 
 
-async def _write(
-    persister: Persister, key: ShareStateKey, p: WriteStatePartition
-) -> dict[str, Any]:
+def _state_write(key: ShareStateKey, p: WriteStatePartition) -> StateWrite:
     batches = [
         PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
         for b in p.state_batches
@@ -149,15 +173,7 @@ async def _write(
             )
     # v1 (KIP-1226) carries the leader's DeliveryCompleteCount; v0 has none (-1, unknown).
     count = getattr(p, "delivery_complete_count", UNKNOWN_DELIVERY_COMPLETE_COUNT)
-    await persister.write_state(
-        key,
-        p.state_epoch,
-        p.leader_epoch,
-        p.start_offset,
-        batches,
-        delivery_complete_count=count,
-    )
-    return {}
+    return StateWrite(key, p.state_epoch, p.leader_epoch, p.start_offset, batches, count)
 
 
 async def delete_share_group_state(
