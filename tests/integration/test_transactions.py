@@ -10,16 +10,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from protocol.client import KafkaClient
+from protocol.errors import ErrorCode
+from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import (
     Broker,
     consume_assigned,
+    consumer_config,
     create_topic,
     module_broker,
     producer_config,
     watermarks,
 )
+from tests.integration.share_helpers import run_wire
 
 PARTITIONS = 3
 WAIT_S = 30.0
@@ -184,3 +189,267 @@ def test_kill9_mid_transaction_keeps_it_and_the_producer_can_finish_it(
     producer.commit_transaction(WAIT_S)
     expected = (values if commit else []) + [b"after"]
     assert sorted(read(broker, topic, len(expected), "read_committed")) == sorted(expected)
+
+
+# ------------------------------------------------------------------ raw requests
+
+INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
+PRODUCE = 0
+
+
+async def wire_init(client: KafkaClient, transactional_id: str) -> tuple[int, int]:
+    answer = await client.request(
+        INIT_PRODUCER_ID,
+        4,
+        {
+            "transactional_id": transactional_id,
+            "transaction_timeout": 60_000,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        },
+    )
+    assert answer.error_code == ErrorCode.none, answer
+    return answer.producer_id, answer.producer_epoch
+
+
+async def wire_add(
+    client: KafkaClient, transactional_id: str, pid: int, epoch: int, topic: str, partition: int
+) -> ErrorCode:
+    answer = await client.request(
+        ADD_PARTITIONS,
+        3,
+        {
+            "v3_and_below_transactional_id": transactional_id,
+            "v3_and_below_producer_id": pid,
+            "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [partition]}],
+        },
+    )
+    [topic_result] = answer.results_by_topic_v3_and_below
+    [partition_result] = topic_result.results_by_partition
+    return ErrorCode(partition_result.partition_error_code)
+
+
+async def wire_produce(
+    client: KafkaClient,
+    version: int,
+    transactional_id: str,
+    pid: int,
+    epoch: int,
+    topic: str,
+    partition: int,
+    values: list[bytes],
+    seq: int = 0,
+) -> Any:
+    """A transactional batch as a transactional producer sends it; its partition answer."""
+    records = build_batch(
+        [NewRecord(None, v) for v in values],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        is_transactional=True,
+    )
+    answer = await client.request(
+        PRODUCE,
+        version,
+        {
+            "transactional_id": transactional_id,
+            "acks": -1,
+            "timeout": 10_000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": records}]}
+            ],
+        },
+    )
+    [topic_answer] = answer.responses
+    [partition_answer] = topic_answer.partition_responses
+    return partition_answer
+
+
+async def wire_end(
+    client: KafkaClient, transactional_id: str, pid: int, epoch: int, commit: bool
+) -> ErrorCode:
+    answer = await client.request(
+        END_TXN,
+        3,
+        {
+            "transactional_id": transactional_id,
+            "producer_id": pid,
+            "producer_epoch": epoch,
+            "committed": commit,
+        },
+    )
+    return ErrorCode(answer.error_code)
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [(10, ErrorCode.invalid_txn_state), (11, ErrorCode.transaction_abortable)],
+)
+def test_produce_to_a_partition_not_in_the_transaction_is_refused_and_nothing_is_appended(
+    txn_broker: Broker, version: int, expected: ErrorCode
+) -> None:
+    topic = f"txn-guard-v{version}"
+    create_topic(txn_broker, topic, 2)
+    tid = f"it-guard-v{version}"
+
+    async def scenario(client: KafkaClient) -> None:
+        pid, epoch = await wire_init(client, tid)
+        assert await wire_add(client, tid, pid, epoch, topic, 0) == ErrorCode.none
+        outside = await wire_produce(client, version, tid, pid, epoch, topic, 1, [b"stray"])
+        assert (outside.error_code, outside.base_offset) == (expected, -1)
+        inside = await wire_produce(client, version, tid, pid, epoch, topic, 0, [b"kept"])
+        assert (inside.error_code, inside.base_offset) == (ErrorCode.none, 0)
+        assert await wire_end(client, tid, pid, epoch, True) == ErrorCode.none
+
+    run_wire(txn_broker, scenario, "it-guard")
+    assert watermarks(txn_broker, topic, 1) == (0, 0)
+    # The batch and its commit marker, nothing else.
+    assert watermarks(txn_broker, topic, 0) == (0, 2)
+    assert read(txn_broker, topic, 1, "read_committed", partitions=2) == [b"kept"]
+
+
+@pytest.mark.parametrize("version", [10, 11])
+def test_produce_from_a_fenced_epoch_is_invalid_producer_epoch_and_nothing_is_appended(
+    txn_broker: Broker, version: int
+) -> None:
+    topic = f"txn-guard-fenced-v{version}"
+    create_topic(txn_broker, topic, 1)
+    tid = f"it-guard-fenced-v{version}"
+
+    async def scenario(client: KafkaClient) -> None:
+        pid, old_epoch = await wire_init(client, tid)
+        assert await wire_add(client, tid, pid, old_epoch, topic, 0) == ErrorCode.none
+        # A new instance of the producer: the open transaction is aborted (the client
+        # is told to retry while it completes) and the epoch bumped twice.
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            answer = await client.request(
+                INIT_PRODUCER_ID,
+                4,
+                {"transactional_id": tid, "transaction_timeout": 60_000},
+            )
+            if answer.error_code != ErrorCode.concurrent_transactions:
+                break
+            assert time.monotonic() < deadline
+        assert answer.error_code == ErrorCode.none and answer.producer_epoch > old_epoch
+        stale = await wire_produce(client, version, tid, pid, old_epoch, topic, 0, [b"zombie"])
+        assert (stale.error_code, stale.base_offset) == (ErrorCode.invalid_producer_epoch, -1)
+
+    run_wire(txn_broker, scenario, "it-guard-fenced")
+    # Only the fencing abort's marker is in the log.
+    assert watermarks(txn_broker, topic, 0) == (0, 1)
+    assert read(txn_broker, topic, 0, "read_uncommitted", partitions=1) == []
+
+
+def test_add_offsets_to_txn_joins_the_transaction_txn_offset_commit_is_refused_as_unknown(
+    txn_broker: Broker,
+) -> None:
+    """AddOffsetsToTxn is accepted and the transaction still commits (its
+    __consumer_offsets marker is skipped); TxnOffsetCommit is answered as Kafka 4.2's
+    group coordinator answers for a group it does not know."""
+    topic = "txn-offsets-wire"
+    create_topic(txn_broker, topic, 1)
+    tid = "it-offsets-wire"
+
+    async def scenario(client: KafkaClient) -> None:
+        pid, epoch = await wire_init(client, tid)
+        assert await wire_add(client, tid, pid, epoch, topic, 0) == ErrorCode.none
+        produced = await wire_produce(client, 11, tid, pid, epoch, topic, 0, [b"a", b"b"])
+        assert produced.error_code == ErrorCode.none
+        for version in (0, 3, 4):
+            added = await client.request(
+                ADD_OFFSETS,
+                version,
+                {
+                    "transactional_id": tid,
+                    "producer_id": pid,
+                    "producer_epoch": epoch,
+                    "group_id": "it-offsets-group",
+                },
+            )
+            assert added.error_code == ErrorCode.none
+        fenced = await client.request(
+            ADD_OFFSETS,
+            1,
+            {
+                "transactional_id": tid,
+                "producer_id": pid,
+                "producer_epoch": epoch + 5,
+                "group_id": "it-offsets-group",
+            },
+        )
+        # PRODUCER_FENCED is INVALID_PRODUCER_EPOCH before v2.
+        assert fenced.error_code == ErrorCode.invalid_producer_epoch
+
+        def commit_body(generation: int, partition: int) -> dict[str, Any]:
+            return {
+                "transactional_id": tid,
+                "group_id": "it-offsets-group",
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "generation_id": generation,
+                "member_id": "" if generation < 0 else "member-1",
+                "topics": [
+                    {
+                        "name": topic,
+                        "partitions": [
+                            {"partition_index": partition, "committed_offset": 2},
+                        ],
+                    }
+                ],
+            }
+
+        for version, generation, partition, expected in [
+            (0, -1, 0, ErrorCode.group_id_not_found),
+            (3, -1, 0, ErrorCode.group_id_not_found),
+            (3, 4, 0, ErrorCode.illegal_generation),
+            (5, -1, 7, ErrorCode.unknown_topic_or_partition),
+        ]:
+            answer = await client.request(
+                TXN_OFFSET_COMMIT, version, commit_body(generation, partition)
+            )
+            [topic_answer] = answer.topics
+            [partition_answer] = topic_answer.partitions
+            assert (partition_answer.partition_index, partition_answer.error_code) == (
+                partition,
+                expected,
+            ), (version, generation)
+        assert await wire_end(client, tid, pid, epoch, True) == ErrorCode.none
+
+    run_wire(txn_broker, scenario, "it-offsets-wire")
+    assert sorted(read(txn_broker, topic, 2, "read_committed", partitions=1)) == [b"a", b"b"]
+
+
+def test_send_offsets_to_transaction_is_an_abortable_group_id_not_found(
+    txn_broker: Broker,
+) -> None:
+    """confluent-kafka's send_offsets_to_transaction (AddOffsetsToTxn, then
+    TxnOffsetCommit): spool stores no consumer offsets, so the client sees an abortable
+    GROUP_ID_NOT_FOUND, from send_offsets_to_transaction and again from
+    commit_transaction; it aborts, and the producer goes on with its next transaction."""
+    topic = "txn-send-offsets"
+    producer = topic_and_producer(txn_broker, topic, "it-send-offsets")
+    consumer = Consumer(consumer_config(txn_broker, **{"group.id": "it-send-offsets-group"}))
+    try:
+        producer.begin_transaction()
+        send(producer, topic, batch("with-offsets", 3))
+        offsets = [TopicPartition(topic, 0, 1)]
+        with pytest.raises(KafkaException) as sent:
+            producer.send_offsets_to_transaction(
+                offsets, consumer.consumer_group_metadata(), WAIT_S
+            )
+        error = sent.value.args[0]
+        assert error.code() == ErrorCode.group_id_not_found
+        assert error.txn_requires_abort() and not error.fatal()
+        with pytest.raises(KafkaException) as committed:
+            producer.commit_transaction(WAIT_S)
+        assert committed.value.args[0].txn_requires_abort()
+        producer.abort_transaction(WAIT_S)
+
+        producer.begin_transaction()
+        send(producer, topic, batch("after", 3))
+        producer.commit_transaction(WAIT_S)
+    finally:
+        consumer.close()
+    assert sorted(read(txn_broker, topic, 3, "read_committed")) == sorted(batch("after", 3))
