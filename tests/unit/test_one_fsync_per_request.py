@@ -21,18 +21,14 @@ from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from persister.record_log import KeyValue
 from protocol.errors import ErrorCode, KafkaError
-from tests.unit.test_runtime import (  # noqa: F401 (fixtures)
-    ERRNOS,
-    STAGES,
-    Disk,
-    Row,
-    TableStore,
-    clock,
-    commit,
-    disk,
-    open_table,
-    reopen,
-)
+from tests.unit import test_runtime
+from tests.unit.test_runtime import ERRNOS, STAGES, Disk, Row, TableStore, reopen
+
+# The disk, group commit, clock and table of test_runtime's tests.
+clock = test_runtime.clock
+commit = test_runtime.commit
+disk = test_runtime.disk
+open_table = test_runtime.open_table
 
 TOPIC = uuid.UUID(int=7)
 
@@ -81,16 +77,12 @@ async def test_a_failed_shared_write_fails_every_key_and_applies_none(
     disk.fail(stage, code)
     results = await store.runtime.run_many([setter(f"k{i}", "new") for i in range(10)])
     assert all(isinstance(r, KafkaError) for r in results)
-    assert {r.code for r in results if isinstance(r, KafkaError)} == {
-        ErrorCode.kafka_storage_error
-    }
+    assert {r.code for r in results if isinstance(r, KafkaError)} == {ErrorCode.kafka_storage_error}
     assert store.table.values == {"k0": "old"}
     assert store.log.end_offset == end
     assert store.runtime.keys_in_use == 0
     # The disk is back: the same request succeeds, and a restart replays exactly that.
-    assert await store.runtime.run_many([setter(f"k{i}", "new") for i in range(10)]) == [
-        None
-    ] * 10
+    assert await store.runtime.run_many([setter(f"k{i}", "new") for i in range(10)]) == [None] * 10
     assert reopen(store, open_table).table.values == {f"k{i}": "new" for i in range(10)}
 
 
