@@ -2,7 +2,8 @@
 
 Reads every closed segment of `DATA/share-state/` (never the active one) on Spark,
 keeps per key (group, topic id, partition) its last snapshot or tombstone and the
-updates after it (a DataFrame join), folds those into one ShareSnapshot on the executors
+updates after it (combiners drop older records before the shuffle), folds those into
+one ShareSnapshot on the executors
 with `persister.share_fold.fold` (the coordinator's own replay rules), drops keys whose
 state ends deleted, and writes the snapshots as new segments into a staging directory
 `share-state/compacted-<id>/`, plus `manifest.json`, written last.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import sys
 import time
@@ -39,10 +41,14 @@ from persister.share_fold import fold
 from persister.share_records import encode
 from persister.spark.segments import (
     DEFAULT_SPLIT_BYTES,
+    UPDATE,
     NotASpoolDataDir,
+    Row,
     SegmentFile,
     closed_segments,
+    plan_splits,
     record_of_row,
+    rows_rdd,
     share_state_dir,
 )
 from protocol.records import Record, build_batch, parse_header
@@ -57,7 +63,6 @@ DEFAULT_SEGMENT_BYTES = 104857600
 _BATCH_RECORDS = 256
 _BATCH_BYTES = 512 * 1024
 _CRC_CHUNK = 1 << 20
-_KEY_COLUMNS = ("group_id", "topic_id", "partition")
 
 # (offset, timestamp, key bytes, value bytes) of one output snapshot.
 Snapshot = tuple[int, int, bytes, bytes]
@@ -112,13 +117,34 @@ def fold_key(rows: Iterable[Sequence[Any]]) -> Snapshot | None:
     return (last[2], last[3], key, value)
 
 
-def _batches(snapshots: Sequence[Snapshot]) -> Iterable[bytes]:
+def _since_last_reset(rows: list[Row]) -> list[Row]:
+    resets = [row[2] for row in rows if row[4] != UPDATE]
+    if not resets:
+        return rows
+    last = max(resets)
+    return [row for row in rows if row[2] >= last]
+
+
+def _first_row(row: Row) -> list[Row]:
+    return [row]
+
+
+def _add_row(rows: list[Row], row: Row) -> list[Row]:
+    rows.append(row)
+    return _since_last_reset(rows) if row[4] != UPDATE else rows
+
+
+def _merge_rows(a: list[Row], b: list[Row]) -> list[Row]:
+    return _since_last_reset(a + b)
+
+
+def _batches(snapshots: Sequence[Snapshot], max_bytes: int) -> Iterable[bytes]:
     batch: list[Record] = []
     size = 0
     for offset, timestamp, key, value in snapshots:
         batch.append(Record(offset, timestamp, key, value))
         size += len(key) + len(value)
-        if len(batch) >= _BATCH_RECORDS or size >= _BATCH_BYTES:
+        if len(batch) >= _BATCH_RECORDS or size >= max_bytes:
             yield build_batch(batch, base_offset=batch[0].offset)
             batch, size = [], 0
     if batch:
@@ -132,7 +158,8 @@ def write_segments(
     the first is named `first` (the base offset of the run it replaces), each later one
     its first batch's base offset. At least one file, empty if there are no snapshots."""
     files: list[tuple[int, bytearray, int]] = [(first, bytearray(), 0)]
-    for data in _batches(snapshots):
+    # Batches of at most half a segment, so segments hold several and roll near the size.
+    for data in _batches(snapshots, min(_BATCH_BYTES, segment_bytes // 2)):
         header = parse_header(data)
         base, buf, count = files[-1]
         if buf and len(buf) + len(data) > segment_bytes:
@@ -195,9 +222,7 @@ def compact(
 ) -> CompactionOutput:
     """Compact the closed segments of `data_dir`'s share-state log with `spark`; see the
     module docstring. NotASpoolDataDir if `data_dir` is not a spool data dir."""
-    from pyspark.sql import functions as F
-
-    from persister.spark.segments import share_state_frame
+    from pyspark import StorageLevel
 
     log_dir = share_state_dir(data_dir)
     segments = closed_segments(log_dir)
@@ -214,32 +239,20 @@ def compact(
     inputs = describe_inputs(segments)
 
     _progress(progress, "stage 2/4: decoding segments on the executors")
-    frame = share_state_frame(spark, segments, split_bytes).persist()
+    rows = rows_rdd(spark, plan_splits(segments, split_bytes)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        by_type = {
-            r["record_type"]: r["count"] for r in frame.groupBy("record_type").count().collect()
-        }
+        by_type = dict(rows.map(lambda row: (row[4], 1)).reduceByKey(operator.add).collect())
         _progress(progress, f"stage 3/4: folding {sum(by_type.values())} records {by_type} per key")
-        keys = list(_KEY_COLUMNS)
-        resets = (
-            frame.where(F.col("record_type") != "update")
-            .groupBy(*keys)
-            .agg(F.max("offset").alias("_reset"))
-        )
-        kept = (
-            frame.join(resets, keys, "left")
-            .where(F.col("_reset").isNull() | (F.col("offset") >= F.col("_reset")))
-            .drop("_reset")
-            .select(*frame.columns)
-        )
+        # Per key only its last snapshot or tombstone and what follows matter: the
+        # combiners drop the rest before the shuffle (each split is in offset order).
         folded = (
-            kept.rdd.map(lambda row: ((row[5], row[6], row[7]), tuple(row)))
-            .groupByKey()
+            rows.map(lambda row: ((row[5], row[6], row[7]), row))
+            .combineByKey(_first_row, _add_row, _merge_rows)
             .map(lambda kv: fold_key(kv[1]))
             .collect()
         )
     finally:
-        frame.unpersist()
+        rows.unpersist()
     snapshots = sorted(s for s in folded if s is not None)
     dropped = len(folded) - len(snapshots)
 
