@@ -691,6 +691,13 @@ class SharePartition:
             if new_last >= new_first:
                 for piece_first, piece_last, in_gap in _split_by_gaps(new_first, new_last, gaps):
                     if in_gap:
+                        # Kafka 4.2's SharePartition acquires these first (count 1): aborted
+                        # batches are archived at once, control records when the client
+                        # acknowledges them as GAP. Archived straight away with count 0 the
+                        # client is never handed them and never has to gap-acknowledge; the
+                        # count of an ARCHIVED range is never read (the state is final, the
+                        # delivery limit applies to AVAILABLE ones), so only that number in
+                        # the share-state records differs from Kafka's.
                         self._add_range(InFlightRange(piece_first, piece_last, _ARCHIVED, 0))
                         continue
                     self._add_range(
