@@ -3,12 +3,15 @@
 Each benchmark is a function taking a `BenchContext` (a running broker plus the run's
 parameters) and returning `Result` rows; `bench.__main__` keeps them in a registry,
 runs the selected ones against one broker and prints a table. Figures are printed,
-never asserted: tests do not time things.
+never asserted: tests do not time things. A benchmark may also record named figures in
+`ctx.figures` (checked against `TARGETS` in the final table) and spool-vs-reference rows
+in `ctx.comparisons`; `progress()` prints a line per step on stderr while it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -47,7 +50,8 @@ class BrokerProcess:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> None:
+        """Launch the broker; unless `wait` is False, return once it accepts connections."""
         cmd = [sys.executable, "-m", "broker", "serve", "--listen", self.bootstrap]
         cmd += ["--data-dir", str(self.data_dir)]
         for key, value in self.settings.items():
@@ -61,6 +65,8 @@ class BrokerProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        if not wait:
+            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -103,6 +109,18 @@ class BenchContext:
     time_limit_s: float
     # Benchmarks may leave things for later ones (e.g. produced topics to fetch).
     produced: dict[str, int] = field(default_factory=dict)
+    # The long variants (10^7 records of backlog, ...): --long or SPOOL_BENCH_LONG=1.
+    long: bool = False
+    # Named figures for the target table (see TARGETS), and why a figure is missing.
+    figures: dict[str, float] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    # Another cluster to point the clients at (librdkafka's mock, bench.reference).
+    endpoint: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.endpoint or self.broker.bootstrap
 
 
 @dataclass
@@ -124,6 +142,14 @@ class Result:
         return self.payload_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
+_STARTED = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """One line per step on stderr, with the seconds since the run started."""
+    print(f"[bench {time.monotonic() - _STARTED:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
 def format_table(results: list[Result]) -> str:
     header = f"{'case':<34} {'records':>10} {'seconds':>8} {'records/s':>11} {'MB/s':>8}  notes"
     lines = [header, "-" * len(header)]
@@ -135,11 +161,95 @@ def format_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+# --- spool next to a reference, and the targets -------------------------------------
+
+
+@dataclass
+class Comparison:
+    """One workload on spool and on the reference (librdkafka's mock cluster); a side
+    without a figure says why in `reason`."""
+
+    case: str
+    unit: str
+    spool: float | None
+    reference: float | None
+    reason: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.spool is None or not self.reference:
+            return None
+        return self.spool / self.reference
+
+
+def format_comparisons(rows: list[Comparison]) -> str:
+    header = f"{'workload':<40} {'spool':>12} {'mock':>12} {'spool/mock':>10}  notes"
+    lines = [header, "-" * len(header)]
+    for c in rows:
+        spool = f"{c.spool:,.0f}" if c.spool is not None else "n/a"
+        ref = f"{c.reference:,.0f}" if c.reference is not None else "n/a"
+        ratio = f"{c.ratio:.2f}" if c.ratio is not None else "n/a"
+        lines.append(f"{c.case:<40} {spool:>12} {ref:>12} {ratio:>10}  {c.unit}; {c.reason}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Target:
+    """`figure` (a key of ctx.figures) must be <= (or >=) `limit`."""
+
+    name: str
+    figure: str
+    limit: float
+    unit: str
+    at_most: bool = True
+
+    def met(self, value: float) -> bool:
+        return value <= self.limit if self.at_most else value >= self.limit
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("broker path p50 (raw ShareFetch)", "latency.broker_p50_ms", 0.5, "ms"),
+    Target("broker path p99 (raw ShareFetch)", "latency.broker_p99_ms", 2.0, "ms"),
+    Target("ShareConsumer end to end p99", "latency.consumer_p99_ms", 5.0, "ms"),
+    Target("ShareConsumer end to end max", "latency.consumer_max_ms", 20.0, "ms"),
+    Target("restart after kill -9, 10^6 updates", "restart.share_fetch_s", 2.0, "s"),
+    Target("RSS, fragmenting acks at scale", "memory.fragmented_rss_mb", 300.0, "MB"),
+    Target("RSS growth, 1,000 idle connections", "memory.idle_growth_mb", 50.0, "MB"),
+    Target("share rate, largest backlog / 10^5", "backlog.flatness", 0.8, "x", at_most=False),
+)
+
+
+def evaluate_targets(
+    figures: dict[str, float], not_run: dict[str, str] | None = None
+) -> list[tuple[Target, float | None, str]]:
+    """(target, figure, "met" | "not met" | "not run: why") for every target."""
+    rows: list[tuple[Target, float | None, str]] = []
+    for target in TARGETS:
+        value = figures.get(target.figure)
+        if value is None or math.isnan(value):
+            why = (not_run or {}).get(target.figure, "no figure (benchmark not selected)")
+            rows.append((target, None, f"not run: {why}"))
+        else:
+            rows.append((target, value, "met" if target.met(value) else "not met"))
+    return rows
+
+
+def format_targets(rows: list[tuple[Target, float | None, str]]) -> str:
+    header = f"{'target':<40} {'limit':>12} {'figure':>12}  status"
+    lines = [header, "-" * len(header)]
+    for target, value, status in rows:
+        sign = "<=" if target.at_most else ">="
+        limit = f"{sign} {target.limit:g} {target.unit}"
+        shown = f"{value:.3g} {target.unit}" if value is not None else "-"
+        lines.append(f"{target.name:<40} {limit:>12} {shown:>12}  {status}")
+    return "\n".join(lines)
+
+
 # --- setup shared by the benchmarks ---------------------------------------------------
 
 
 def client_config(ctx: BenchContext) -> dict[str, object]:
-    return {"bootstrap.servers": ctx.broker.bootstrap, "broker.address.family": "v4"}
+    return {"bootstrap.servers": ctx.bootstrap, "broker.address.family": "v4"}
 
 
 def fill_topic(
@@ -150,14 +260,18 @@ def fill_topic(
     *,
     partitions: int = 1,
     producer_config: dict[str, object] | None = None,
+    create: bool = True,
+    time_limit_s: float = 60.0,
 ) -> int:
-    """Create `topic` and write `count` records of `size` random bytes round-robin over
-    its partitions (acks=all); returns how many were stored. Setup, not a measurement."""
+    """Create `topic` (unless `create` is False: the caller made it) and write `count`
+    records of `size` random bytes round-robin over its partitions (acks=all); returns
+    how many were stored. Setup, not a measurement."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient(client_config(ctx))
-    admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30)[topic].result(30)
+    if create:
+        admin = AdminClient(client_config(ctx))
+        admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30)[topic].result(30)
     producer = Producer(
         {
             **client_config(ctx),
@@ -175,7 +289,7 @@ def fill_topic(
         if err is None:
             delivered += 1
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + time_limit_s
     sent = 0
     while sent < count and time.monotonic() < deadline:
         try:
@@ -192,16 +306,16 @@ def fill_topic(
     return delivered
 
 
-def share_group_from_earliest(ctx: BenchContext, group: str) -> None:
-    """Set `share.auto.offset.reset=earliest` for a (possibly future) share group."""
+def share_group_from_earliest(ctx: BenchContext, *groups: str) -> None:
+    """Set `share.auto.offset.reset=earliest` for (possibly future) share groups."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = AdminClient(client_config(ctx))
     entry = ConfigEntry(
         "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
     )
-    resource = ConfigResource("GROUP", group, incremental_configs=[entry])
-    for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
+    resources = [ConfigResource("GROUP", g, incremental_configs=[entry]) for g in groups]
+    for future in admin.incremental_alter_configs(resources, request_timeout=30).values():
         future.result(timeout=30)
 
 

@@ -1,12 +1,17 @@
 """`python -m bench`: start a broker, run the benchmarks, print records/s and MB/s.
 
-    python -m bench                      # 500k records per case, each capped at 60 s
+    python -m bench                      # every benchmark, about 15 minutes on 2 cores
+    python -m bench --only share --only reference
     python -m bench --records 2000000    # or SPOOL_BENCH_RECORDS=2000000
     python -m bench --only produce_fetch --sizes 100,1024 --set log.flush.interval.messages=1
+    python -m bench --long               # or SPOOL_BENCH_LONG=1: the long variants too
+                                         # (10^7 records of share backlog, 10^7 Spark records)
 
-MB/s counts record value bytes (1 MB = 10^6 bytes). To add a benchmark (share
-consumption, acknowledgement latency, ...), write `def bench_x(ctx) -> list[Result]`
-and add it to `BENCHMARKS`.
+MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
+After the results: spool next to librdkafka's mock cluster (bench.reference), and the
+target table (bench.TARGETS), each target met / not met / not run with the reason.
+To add a benchmark, write `def bench_x(ctx) -> list[Result]` (recording figures for
+targets in `ctx.figures`) and add it to `BENCHMARKS`.
 """
 
 from __future__ import annotations
@@ -29,9 +34,26 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench import BenchContext, BrokerProcess, Result, client_config, drain, format_table
-from bench.share import bench_share
-from bench.share_durability import bench_share_ack_latency, bench_share_state_recovery
+from bench import (
+    BenchContext,
+    BrokerProcess,
+    Result,
+    client_config,
+    drain,
+    evaluate_targets,
+    format_comparisons,
+    format_table,
+    format_targets,
+    progress,
+)
+from bench.memory import bench_memory
+from bench.reference import bench_reference
+from bench.share import bench_share, bench_share_backlog
+from bench.share_durability import (
+    bench_restart,
+    bench_share_ack_latency,
+    bench_share_state_recovery,
+)
 from bench.spark_pipeline import bench_spark_pipeline
 from bench.transactions import bench_transactions
 
@@ -125,11 +147,44 @@ def bench_produce_fetch(ctx: BenchContext) -> list[Result]:
     return results
 
 
+LATENCY_FIGURES = (
+    "latency.broker_p50_ms",
+    "latency.broker_p99_ms",
+    "latency.consumer_p99_ms",
+    "latency.consumer_max_ms",
+)
+
+
+def bench_latency_hook(ctx: BenchContext) -> list[Result]:
+    """Latency percentiles (raw ShareFetch and ShareConsumer) from `bench.latency` once it
+    exists: its `bench_latency(ctx)` records LATENCY_FIGURES in `ctx.figures`. Until then
+    this prints "not run" and the latency targets say why."""
+    try:
+        from bench.latency import bench_latency  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name not in ("bench.latency", None):
+            raise
+        why = f"bench.latency not available ({exc})"
+        print(f"latency: not run: {why}", file=sys.stderr, flush=True)
+        for name in LATENCY_FIGURES:
+            ctx.not_run[name] = why
+        return []
+    results: list[Result] = bench_latency(ctx)
+    for name in LATENCY_FIGURES:
+        ctx.not_run.setdefault(name, "bench.latency recorded no such figure")
+    return results
+
+
 BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "produce_fetch": bench_produce_fetch,
     "share": bench_share,
+    "reference": bench_reference,
     "share_ack": bench_share_ack_latency,
+    "latency": bench_latency_hook,
     "share_recovery": bench_share_state_recovery,
+    "restart": bench_restart,
+    "memory": bench_memory,
+    "backlog": bench_share_backlog,
     "transactions": bench_transactions,
     "spark_pipeline": bench_spark_pipeline,
 }
@@ -152,7 +207,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds per case before it stops early"
     )
-    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS))
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(BENCHMARKS),
+        help="run only this benchmark (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        default=os.environ.get("SPOOL_BENCH_LONG", "") not in ("", "0"),
+        help="also the long variants, e.g. 10^7 records of share backlog (env SPOOL_BENCH_LONG=1)",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting"
     )
@@ -175,6 +241,7 @@ def main(argv: list[str]) -> int:
             sizes=tuple(int(s) for s in args.sizes.split(",")),
             partitions=args.partitions,
             time_limit_s=args.time_limit,
+            long=args.long,
         )
         print(
             f"spool bench: broker {broker.bootstrap}, {ctx.records} records per case, "
@@ -182,12 +249,20 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         results: list[Result] = []
+        selected = args.only or list(BENCHMARKS)
         try:
-            for name in args.only or list(BENCHMARKS):
+            for i, name in enumerate(selected, 1):
+                progress(f"{name} ({i}/{len(selected)})")
                 results += BENCHMARKS[name](ctx)
+                progress(f"{name} done")
         finally:
             code = broker.stop()
         print(format_table(results))
+        if ctx.comparisons:
+            print()
+            print(format_comparisons(ctx.comparisons))
+        print()
+        print(format_targets(evaluate_targets(ctx.figures, ctx.not_run)))
         if code != 0:
             print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
             return 1

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from confluent_kafka import Consumer, Message, ShareConsumer, TopicPartition
+from confluent_kafka import AcknowledgeType, Consumer, Message, ShareConsumer, TopicPartition
 
 from bench import BenchContext, Result, client_config, drain, fill_topic, share_group_from_earliest
 
@@ -86,29 +86,40 @@ class _Tally:
                 self.done.set()
 
 
-def _share_consume(
-    ctx: BenchContext, topic: str, partitions: int, consumers: int, expected: int, run: int
+def share_consume(
+    ctx: BenchContext,
+    topic: str,
+    group: str,
+    consumers: int,
+    expected: int,
+    *,
+    mode: str = "implicit",
+    time_limit_s: float | None = None,
 ) -> Result:
-    group = f"spool-bench-share-{partitions}p-{consumers}c-{run}"
-    share_group_from_earliest(ctx, group)
+    """`consumers` ShareConsumers (one thread each) in `group` read `topic` until
+    `expected` first deliveries. "implicit": the next poll accepts; "explicit": every
+    record is acknowledged ACCEPT and each poll's acknowledgements are sent with
+    commit_sync. The group must already start from the earliest offset."""
     tally = _Tally(expected)
     start = time.perf_counter()
-    deadline = start + _limit(ctx)
+    deadline = start + (time_limit_s or _limit(ctx))
     failures: list[BaseException] = []
 
     def worker() -> None:
         try:
             consumer = ShareConsumer(
-                {
-                    **client_config(ctx),
-                    "group.id": group,
-                    "share.acknowledgement.mode": "implicit",
-                }
+                {**client_config(ctx), "group.id": group, "share.acknowledgement.mode": mode}
             )
             consumer.subscribe([topic])
             try:
                 while not tally.done.is_set() and time.perf_counter() < deadline:
-                    tally.add(list(consumer.poll(0.5)))
+                    msgs = list(consumer.poll(0.5))
+                    if mode == "explicit" and msgs:
+                        for msg in msgs:
+                            if msg.error() is None:
+                                consumer.acknowledge(msg, AcknowledgeType.ACCEPT)
+                        consumer.commit_sync(30.0)
+                    tally.add(msgs)
                 # Accept the last poll's records (implicit mode accepts on the next poll).
                 consumer.poll(0.1)
             finally:
@@ -135,12 +146,24 @@ def _share_consume(
     if failures:
         notes.append(f"consumer failed: {failures[0]!r}")
     return Result(
-        f"share {partitions}p x{consumers} consumer{'s' if consumers > 1 else ''} implicit",
+        f"share {topic} x{consumers} {mode}",
         tally.first_deliveries,
         seconds,
         tally.payload,
         "; ".join(notes),
     )
+
+
+def _share_consume(
+    ctx: BenchContext, topic: str, partitions: int, consumers: int, expected: int, run: int
+) -> Result:
+    group = f"spool-bench-share-{partitions}p-{consumers}c-{run}"
+    share_group_from_earliest(ctx, group)
+    result = share_consume(ctx, topic, group, consumers, expected)
+    result.case = (
+        f"share {partitions}p x{consumers} consumer{'s' if consumers > 1 else ''} implicit"
+    )
+    return result
 
 
 def bench_share(ctx: BenchContext, records: int | None = None) -> list[Result]:
@@ -158,4 +181,43 @@ def bench_share(ctx: BenchContext, records: int | None = None) -> list[Result]:
         results.append(_plain_fetch(ctx, topic, partitions, stored))
         for run, consumers in enumerate(SHARE_CONSUMERS):
             results.append(_share_consume(ctx, topic, partitions, consumers, stored, run))
+    return results
+
+
+# --- share consumption against a growing backlog ---------------------------------------
+
+BACKLOGS = (100_000, 1_000_000)
+LONG_BACKLOGS = (10_000_000,)  # --long / SPOOL_BENCH_LONG=1: about 1.1 GB of log
+BACKLOG_WINDOW = int(os.environ.get("SPOOL_BENCH_BACKLOG_WINDOW", "50000"))
+
+
+def bench_share_backlog(ctx: BenchContext) -> list[Result]:
+    """One ShareConsumer reads the first BACKLOG_WINDOW records of a 1-partition topic
+    holding 10^5, 10^6 (and with --long 10^7) records: the rate must not depend on how
+    much lies behind (acquisition works from the start offset, not the log's length).
+    Records `backlog.flatness` = rate at the largest backlog / rate at 10^5."""
+    from bench import progress
+
+    size = ctx.sizes[0] if ctx.sizes else 100
+    backlogs = BACKLOGS + (LONG_BACKLOGS if ctx.long else ())
+    results: list[Result] = []
+    rates: dict[int, float] = {}
+    for backlog in backlogs:
+        topic = f"bench-backlog-{backlog}"
+        progress(f"backlog: producing {backlog} records to {topic}")
+        stored = fill_topic(ctx, topic, backlog, size, time_limit_s=max(60.0, backlog / 5_000))
+        window = min(BACKLOG_WINDOW, stored)
+        group = f"spool-bench-backlog-{backlog}"
+        share_group_from_earliest(ctx, group)
+        progress(f"backlog: share-consuming {window} of {stored} records")
+        result = share_consume(ctx, topic, group, 1, window)
+        result.case = f"share 1p x1, first {window} of {stored} backlog"
+        if result.records >= window and result.seconds > 0:
+            rates[backlog] = result.records_per_s
+        results.append(result)
+    smallest, largest = backlogs[0], backlogs[-1]
+    if smallest in rates and largest in rates:
+        ctx.figures["backlog.flatness"] = rates[largest] / rates[smallest]
+    else:
+        ctx.not_run["backlog.flatness"] = "a backlog case did not read its window in time"
     return results

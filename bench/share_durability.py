@@ -21,6 +21,7 @@ Figures are printed, never asserted.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import tempfile
@@ -34,7 +35,14 @@ from confluent_kafka import (
     ShareConsumer,
 )
 
-from bench import BenchContext, Result, client_config, fill_topic, share_group_from_earliest
+from bench import (
+    BenchContext,
+    BrokerProcess,
+    Result,
+    client_config,
+    fill_topic,
+    share_group_from_earliest,
+)
 
 ACK_RECORDS = int(os.environ.get("SPOOL_BENCH_ACK_RECORDS", "5000"))
 ACK_BATCH_RECORDS = 10  # producer batch size: acquisition is per log batch
@@ -246,4 +254,105 @@ def bench_share_state_recovery(ctx: BenchContext) -> list[Result]:
                         f"log built in {built_s:.1f}s",
                     )
                 )
+    return results
+
+
+# --- restart of a broker killed with -9 after a million share-state updates -------------
+
+RESTART_RECORDS = 1000
+RESTART_TIMEOUT_S = 120.0
+
+
+async def _serve_times(
+    broker: BrokerProcess, topic: str, group: str, t0: float
+) -> tuple[float, float, int]:
+    """Seconds from `t0` until the (re)starting broker answers ApiVersions, and until a
+    ShareFetch of a new member of `group` acquires records; and how many it acquired."""
+    from bench.memory import RawShareMember, api_versions
+    from protocol.client import KafkaClient
+
+    deadline = time.perf_counter() + RESTART_TIMEOUT_S
+    client = None
+    while client is None:
+        try:
+            client = await KafkaClient.connect(broker.host, broker.port, "spool-bench-restart")
+            await api_versions(client)
+        except (TimeoutError, OSError) as exc:
+            if client is not None:
+                await client.close()
+                client = None
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"no ApiVersions answer in {RESTART_TIMEOUT_S}s") from exc
+            await asyncio.sleep(0.01)
+    api_s = time.perf_counter() - t0
+    try:
+        from bench.memory import topic_id
+
+        tid = await topic_id(client, topic)
+        member = RawShareMember(client, group)
+        await member.join([topic])
+        acquired = 0
+        while not acquired and time.perf_counter() < deadline:
+            got = await member.fetch({(tid, 0): []}, RESTART_RECORDS, max_wait_ms=500)
+            acquired = sum(last - first + 1 for r in got.values() for first, last in r)
+        return api_s, time.perf_counter() - t0, acquired
+    finally:
+        await client.close()
+
+
+def bench_restart(ctx: BenchContext) -> list[Result]:
+    """A broker with a share group's state is killed with -9; RECOVERY_UPDATES share-state
+    updates are appended to its share-state log (as if written before the kill); the
+    restart is timed until ApiVersions is answered and until a ShareFetch acquires the
+    group's remaining records. Records `restart.api_versions_s` and
+    `restart.share_fetch_s` (target <= 2 s)."""
+    import dataclasses
+
+    import structlog.testing
+
+    from bench import progress
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="spool-bench-restart-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", ctx.broker.settings)
+        broker.start()
+        own = dataclasses.replace(ctx, broker=broker, endpoint=None, produced={})
+        topic, group = "bench-restart", "bench-restart"
+        try:
+            fill_topic(own, topic, RESTART_RECORDS, 100)
+            share_group_from_earliest(own, group)
+            # The group's share partition exists (and half its records are acquired).
+            asyncio.run(_serve_times(broker, topic, group, time.perf_counter()))
+            assert broker.process is not None
+            broker.process.kill()
+            broker.process.wait(timeout=30)
+            progress(f"restart: appending {RECOVERY_UPDATES} share-state updates to the log")
+            state_dir = broker.data_dir / "share-state"
+            with structlog.testing.capture_logs():
+                written = build_share_state_log(state_dir, RECOVERY_UPDATES)
+            # As after kill -9: no clean-shutdown marker, so every batch is CRC-checked.
+            (state_dir / ".kafka_cleanshutdown").unlink(missing_ok=True)
+            (state_dir / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+            log_bytes = _dir_bytes(state_dir)
+            progress("restart: starting the broker again")
+            t0 = time.perf_counter()
+            broker.start(wait=False)
+            api_s, fetch_s, acquired = asyncio.run(_serve_times(broker, topic, group, t0))
+        finally:
+            code = broker.stop()
+            if code != 0:
+                progress(f"restart: broker exited with {code}\n{broker.log_tail()}")
+        ctx.figures["restart.api_versions_s"] = api_s
+        ctx.figures["restart.share_fetch_s"] = fetch_s
+        results.append(
+            Result(
+                "restart after kill -9, 10^6 updates",
+                written,
+                fetch_s,
+                log_bytes,
+                f"ApiVersions after {api_s:.2f}s, ShareFetch acquired {acquired} after "
+                f"{fetch_s:.2f}s; {written} share records, {log_bytes / 1e6:.1f} MB of log; "
+                f"MB/s = log bytes replayed per second to the first ShareFetch",
+            )
+        )
     return results
