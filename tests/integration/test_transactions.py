@@ -230,6 +230,13 @@ async def wire_add(
     return ErrorCode(partition_result.partition_error_code)
 
 
+async def wire_begin(client: KafkaClient, transactional_id: str, topic: str) -> tuple[int, int]:
+    """InitProducerId, then partition 0 of `topic` added to a new transaction."""
+    pid, epoch = await wire_init(client, transactional_id)
+    assert await wire_add(client, transactional_id, pid, epoch, topic, 0) == ErrorCode.none
+    return pid, epoch
+
+
 async def wire_produce(
     client: KafkaClient,
     version: int,
@@ -289,13 +296,11 @@ async def wire_end(
 def test_produce_to_a_partition_not_in_the_transaction_is_refused_and_nothing_is_appended(
     txn_broker: Broker, version: int, expected: ErrorCode
 ) -> None:
-    topic = f"txn-guard-v{version}"
+    topic = tid = f"txn-guard-v{version}"
     create_topic(txn_broker, topic, 2)
-    tid = f"it-guard-v{version}"
 
     async def scenario(client: KafkaClient) -> None:
-        pid, epoch = await wire_init(client, tid)
-        assert await wire_add(client, tid, pid, epoch, topic, 0) == ErrorCode.none
+        pid, epoch = await wire_begin(client, tid, topic)
         outside = await wire_produce(client, version, tid, pid, epoch, topic, 1, [b"stray"])
         assert (outside.error_code, outside.base_offset) == (expected, -1)
         inside = await wire_produce(client, version, tid, pid, epoch, topic, 0, [b"kept"])
@@ -313,13 +318,11 @@ def test_produce_to_a_partition_not_in_the_transaction_is_refused_and_nothing_is
 def test_produce_from_a_fenced_epoch_is_invalid_producer_epoch_and_nothing_is_appended(
     txn_broker: Broker, version: int
 ) -> None:
-    topic = f"txn-guard-fenced-v{version}"
+    topic = tid = f"txn-guard-fenced-v{version}"
     create_topic(txn_broker, topic, 1)
-    tid = f"it-guard-fenced-v{version}"
 
     async def scenario(client: KafkaClient) -> None:
-        pid, old_epoch = await wire_init(client, tid)
-        assert await wire_add(client, tid, pid, old_epoch, topic, 0) == ErrorCode.none
+        pid, old_epoch = await wire_begin(client, tid, topic)
         # A new instance of the producer: the open transaction is aborted (the client
         # is told to retry while it completes) and the epoch bumped twice.
         deadline = time.monotonic() + WAIT_S
@@ -348,13 +351,11 @@ def test_add_offsets_to_txn_joins_the_transaction_txn_offset_commit_is_refused_a
     """AddOffsetsToTxn is accepted and the transaction still commits (its
     __consumer_offsets marker is skipped); TxnOffsetCommit is answered as Kafka 4.2's
     group coordinator answers for a group it does not know."""
-    topic = "txn-offsets-wire"
+    topic = tid = "txn-offsets-wire"
     create_topic(txn_broker, topic, 1)
-    tid = "it-offsets-wire"
 
     async def scenario(client: KafkaClient) -> None:
-        pid, epoch = await wire_init(client, tid)
-        assert await wire_add(client, tid, pid, epoch, topic, 0) == ErrorCode.none
+        pid, epoch = await wire_begin(client, tid, topic)
         produced = await wire_produce(client, 11, tid, pid, epoch, topic, 0, [b"a", b"b"])
         assert produced.error_code == ErrorCode.none
         for version in (0, 3, 4):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from coordinator.transactions import S, TopicPartition, TransactionCoordinator
 from persister.commit import GroupCommit
 from persister.record_log import RecordLog
 from protocol.records import NewRecord, build_batch, decode_records, iter_batches
+from tests.unit import test_commit
 
 TOPIC = "payments"
 PARTITIONS = 3
@@ -107,12 +107,8 @@ class Node:
         return values
 
 
-@pytest.fixture
-async def commit() -> AsyncIterator[GroupCommit]:
-    group = GroupCommit()
-    group.start()
-    yield group
-    await group.stop()
+# A started GroupCommit, stopped after the test.
+commit = test_commit.commit
 
 
 async def produce_in_txn(node: Node, pid: int, epoch: int) -> dict[int, list[bytes]]:
