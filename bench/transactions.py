@@ -5,6 +5,13 @@ for each record size, one producer writes `ctx.records` records plainly, then a
 transactional producer writes as many in transactions of 1,000 records each
 (begin, produce, commit_transaction: AddPartitionsToTxn, the records, EndTxn with its
 markers made durable on every partition). Figures are printed, never asserted.
+
+Where a transaction's time goes (librdkafka's debug trace shows no client-side waits, no
+CONCURRENT_TRANSACTIONS retries): about nine fsync rounds one after the other, on
+GroupCommit's single fsync thread: AddPartitionsToTxn (transaction log), the records on
+each partition, then EndTxn's PrepareCommit, one marker per partition and CompleteCommit.
+The per-partition rounds (records, markers) are separate files that could be fsynced at
+the same time; on ext4 parallel fsyncs of several files cost about one.
 """
 
 from __future__ import annotations
