@@ -28,6 +28,7 @@ from coordinator.share_state import ShareStateKey
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
+from persister.dirlock import DataDirLock
 from persister.record_log import RecordLog
 from protocol import api, guard
 from protocol.errors import ErrorCode
@@ -63,6 +64,7 @@ class Broker:
         # The one source of time for every shell the broker runs (Kafka's `Time`).
         self.clock = clock
         self.data_dir = data_dir
+        self._dir_lock = DataDirLock(data_dir)
         self.listen = listen
         self._advertise = advertise
         self.node_id: int = config.get("node.id")
@@ -101,6 +103,7 @@ class Broker:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock.acquire()  # before anything is opened: one broker per data dir
         self.commit.start()
         self.metadata = MetadataStore(self.data_dir / "meta", self.commit, clock=self.clock)
         self.cluster_id = await self.metadata.ensure_cluster_id()
@@ -244,6 +247,7 @@ class Broker:
         self.groups.close()
         self.transactions.close()
         await self.commit.stop()
+        self._dir_lock.release()
         self.metrics.state = STOPPED
         log.info("broker_stopped")
 

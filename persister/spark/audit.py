@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from persister import share_fold
+from persister.dirlock import in_use
 from persister.segment import LOG_SUFFIX
 from persister.share_records import (
     ShareRecord,
@@ -233,14 +234,20 @@ def _framing(
 
 
 def scan_segment(
-    data: bytes, segment: str, source: str = SOURCE_LOG
+    data: bytes, segment: str, source: str = SOURCE_LOG, *, writing: bool = False
 ) -> Iterator[LogRecord | Violation]:
     """Every share record of one segment file's bytes, and a `crc_and_framing` violation
-    for each batch or record that is not sound. Never raises on bad bytes."""
+    for each batch or record that is not sound. Never raises on bad bytes.
+
+    `writing`: a running broker is appending to this segment, so an incomplete batch at
+    its end is a write in progress, not damage (the broker's recovery would keep it if
+    it completes, or cut it if the broker dies first)."""
     pos, end = 0, len(data)
     next_offset: int | None = None
     while pos < end:
         if end - pos < HEADER_SIZE:
+            if writing:
+                return
             yield _framing(
                 segment,
                 pos,
@@ -254,6 +261,8 @@ def scan_segment(
             yield _framing(segment, pos, None, f"batch header unreadable: {exc}")
             return
         if pos + header.size > end:
+            if writing:
+                return
             yield _framing(
                 segment,
                 pos,
@@ -304,13 +313,15 @@ def scan_segment(
             yield log_record(source, segment, batch_pos, record.offset, share)
 
 
-def scan_file(path: str, segment: str, source: str) -> list[LogRecord | Violation]:
+def scan_file(
+    path: str, segment: str, source: str, writing: bool = False
+) -> list[LogRecord | Violation]:
     """`scan_segment` of a file (what each executor task runs)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         return [_framing(segment, 0, None, f"segment unreadable: {exc}")]
-    return list(scan_segment(data, segment, source))
+    return list(scan_segment(data, segment, source, writing=writing))
 
 
 # ------------------------------------------------------------------ replay
@@ -830,10 +841,17 @@ def run_audit(
     say(f"[1/5] reading topics, log bounds and group configs of {data_dir}")
     ctx = load_context(data_dir)
     staging = find_staging(share_dir)
-    tasks = [(str(p), p.name, SOURCE_LOG) for p in segment_files(share_dir)]
+    # With a broker running on the data dir, its newest segment is being appended to.
+    live = in_use(data_dir)
+    segments = segment_files(share_dir)
+    tasks = [
+        (str(p), p.name, SOURCE_LOG, live and i == len(segments) - 1)
+        for i, p in enumerate(segments)
+    ]
     if staging is not None:
         tasks += [
-            (str(p), str(p.relative_to(share_dir)), SOURCE_COMPACTED) for p in staging.outputs
+            (str(p), str(p.relative_to(share_dir)), SOURCE_COMPACTED, False)
+            for p in staging.outputs
         ]
     say(
         f"[2/5] scanning {len(tasks)} segment files in the executors"
@@ -874,6 +892,7 @@ def run_audit(
     ]
     summary = {
         "data_dir": str(data_dir),
+        "broker_running": live,
         "segments": sum(1 for t in tasks if t[2] == SOURCE_LOG),
         "compaction_staging": None if staging is None else staging.directory.name,
         "replay_comparison": (
