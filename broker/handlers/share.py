@@ -410,29 +410,30 @@ async def _fetch_round(
 ) -> bool:
     """One pass over the session's partitions; True if anything was acquired or failed."""
     max_records: int = req.max_records if req.max_records > 0 else 500
-    max_bytes: int = req.max_bytes
     got_any = False
     # Start at a different partition each time so none is starved by MaxRecords.
     start = broker.share_rotation % max(len(partitions), 1)
     broker.share_rotation += 1
+    keys = []
     for tid, p in partitions[start:] + partitions[:start]:
-        if max_records <= 0 or max_bytes <= 0:
-            break
-        tp = (tid, p)
         if not _topic_known(broker, tid):
-            _partition_entry(broker.node_id, entries, tp).update(
+            _partition_entry(broker.node_id, entries, (tid, p)).update(
                 error_code=ErrorCode.unknown_topic_id,
                 error_message=f"Topic id {tid} does not exist",
             )
             got_any = True
             continue
-        fetched = await broker.share.acquire(
-            ShareStateKey(group_id, tid, p),
-            member_id,
-            max_records=max_records,
-            batch_size=max(req.batch_size, 1),
-            max_bytes=max_bytes,
-        )
+        keys.append(ShareStateKey(group_id, tid, p))
+    # Every partition's acquisitions are made durable by one share-state write.
+    fetched_all = await broker.share.acquire_many(
+        keys,
+        member_id,
+        max_records=max_records,
+        batch_size=max(req.batch_size, 1),
+        max_bytes=req.max_bytes,
+    )
+    for key, fetched in fetched_all.items():
+        tp = (key.topic_id, key.partition)
         if fetched.error_code != ErrorCode.none:
             _partition_entry(broker.node_id, entries, tp).update(
                 error_code=fetched.error_code, error_message=fetched.error_message
@@ -452,8 +453,6 @@ async def _fetch_round(
             for r in fetched.acquired
         ]
         got_any = True
-        max_records -= sum(r.last_offset - r.first_offset + 1 for r in fetched.acquired)
-        max_bytes -= len(fetched.records)
     return got_any
 
 

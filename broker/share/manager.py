@@ -17,9 +17,10 @@ Time comes from an injected `Clock`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -28,6 +29,7 @@ import structlog
 from broker.metrics import ShareMetrics
 from broker.share.partition import (
     AcquiredRange,
+    AcquireResult,
     PendingChange,
     SharePartition,
     SharePartitionConfig,
@@ -35,6 +37,7 @@ from broker.share.partition import (
 from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
 from coordinator.runtime import KeyLocks
+from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import Persister, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.txn_index import AbortedTxn, aborted_batch_ranges
@@ -255,6 +258,54 @@ class SharePartitionManager:
             _reraise_as(self._failed(key, sp, operation, exc, context), exc)
         change.commit()
 
+    async def _write_many(self, writes: list[_Write]) -> list[KafkaError | None]:
+        """Persist several partitions' changes as one share-state write (one append, one
+        fsync) and commit each; on failure roll each back. Per change, the KafkaError the
+        client gets or None. The caller holds every partition's lock."""
+        todo = [w for w in writes if w.change.state_update is not None]
+        for w in writes:
+            if w.change.state_update is None:
+                w.change.commit()
+        if not todo:
+            return [None] * len(writes)
+        if len(todo) == 1:
+            # One partition: the plain path (and any persister double's write_state).
+            w = todo[0]
+            try:
+                await self._write(w.key, w.sp, w.change, w.operation, **w.context)
+            except KafkaError as exc:
+                return [exc if x is w else None for x in writes]
+            return [None] * len(writes)
+        state_writes = []
+        for w in todo:
+            update = w.change.state_update
+            assert update is not None
+            state_writes.append(
+                StateWrite(
+                    w.key,
+                    w.sp.state_epoch,
+                    LEADER_EPOCH,
+                    update.start_offset,
+                    update.state_batches,
+                    update.delivery_complete_count,
+                )
+            )
+        try:
+            outcomes = await write_states(self.persister, state_writes)
+        except BaseException:
+            # Memory must not run ahead of the share coordinator (a cancelled caller too).
+            for w in todo:
+                w.change.rollback()
+            raise
+        errors: dict[int, KafkaError] = {}
+        for w, outcome in zip(todo, outcomes, strict=True):
+            if outcome is None:
+                w.change.commit()
+                continue
+            w.change.rollback()
+            errors[id(w)] = self._failed(w.key, w.sp, w.operation, outcome, w.context)
+        return [errors.get(id(w)) for w in writes]
+
     def _failed(
         self,
         key: ShareStateKey,
@@ -387,35 +438,97 @@ class SharePartitionManager:
         Nothing is delivered unless the acquisition is durable: when the write fails the
         records stay as they were and the partition carries the error.
         """
-        async with self._locks.hold(key):
-            try:
-                sp = await self._get(key)
-                log_part = self.log_partition(key.topic_id, key.partition)
-                if log_part is None:
-                    return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
-                # Retention or DeleteRecords moved the log start: SPSO follows first.
-                await self._write(
-                    key,
-                    sp,
-                    sp.update_log_start_offset(log_part.log_start_offset),
-                    "log_start_offset",
-                )
-                return await self._acquire(
-                    key, sp, log_part, member_id, max_records, batch_size, max_bytes
-                )
-            except KafkaError as exc:
-                return FetchedPartition(error_code=exc.code, error_message=exc.message)
+        fetched = await self.acquire_many(
+            [key], member_id, max_records=max_records, batch_size=batch_size, max_bytes=max_bytes
+        )
+        return fetched.get(key, FetchedPartition())
 
-    async def _acquire(
+    async def acquire_many(
+        self,
+        keys: Sequence[ShareStateKey],
+        member_id: str,
+        *,
+        max_records: int,
+        batch_size: int,
+        max_bytes: int,
+    ) -> dict[ShareStateKey, FetchedPartition]:
+        """`acquire` over several partitions, in order, sharing MaxRecords and MaxBytes,
+        with all the acquisitions persisted as one share-state write (one fsync).
+
+        Each partition's lock is held from its acquisition until the shared write is
+        committed or rolled back. Before waiting for a lock someone else holds, what is
+        held is written first and let go, so two fetches never wait for each other.
+        Partitions left out once MaxRecords or MaxBytes is used up are not in the result.
+        """
+        results: dict[ShareStateKey, FetchedPartition] = {}
+        held: list[_Acquired] = []
+        stack = contextlib.AsyncExitStack()
+        try:
+            for key in keys:
+                if max_records <= 0 or max_bytes <= 0:
+                    break
+                if held and key in self._locks:
+                    await self._finish_acquired(held, results, stack)
+                    held = []
+                    stack = contextlib.AsyncExitStack()
+                await stack.enter_async_context(self._locks.hold(key))
+                try:
+                    prepared = await self._prepare_acquire(
+                        key, member_id, max_records, batch_size, max_bytes
+                    )
+                except KafkaError as exc:
+                    results[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
+                    continue
+                if isinstance(prepared, FetchedPartition):
+                    results[key] = prepared
+                    continue
+                held.append(prepared)
+                max_records -= prepared.result.record_count
+                max_bytes -= len(prepared.records)
+            await self._finish_acquired(held, results, stack)
+            held = []
+        finally:
+            # Interrupted (cancelled) before the write: memory goes back as it was.
+            for a in held:
+                if a.write.change.pending:
+                    a.write.change.rollback()
+            await stack.aclose()
+        return results
+
+    async def _finish_acquired(
+        self,
+        held: list[_Acquired],
+        results: dict[ShareStateKey, FetchedPartition],
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        """Write the held partitions' acquisitions (one write), then let their locks go."""
+        async with stack:
+            outcomes = await self._write_many([a.write for a in held])
+            for a, error in zip(held, outcomes, strict=True):
+                if error is not None:
+                    results[a.write.key] = FetchedPartition(
+                        error_code=error.code, error_message=error.message
+                    )
+                else:
+                    results[a.write.key] = self._acquired(a.write.key, a.write.sp, a)
+
+    async def _prepare_acquire(
         self,
         key: ShareStateKey,
-        sp: SharePartition,
-        log_part: LogPartition,
         member_id: str,
         max_records: int,
         batch_size: int,
         max_bytes: int,
-    ) -> FetchedPartition:
+    ) -> _Acquired | FetchedPartition:
+        """Acquire in memory (not yet durable), holding the partition's lock."""
+        sp = await self._get(key)
+        log_part = self.log_partition(key.topic_id, key.partition)
+        if log_part is None:
+            return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+        # Retention or DeleteRecords moved the log start: SPSO follows first.
+        await self._write(
+            key, sp, sp.update_log_start_offset(log_part.log_start_offset), "log_start_offset"
+        )
         if not sp.can_acquire():
             return FetchedPartition()
         committed_only = sp.config.isolation_level == "read_committed"
@@ -446,19 +559,23 @@ class SharePartitionManager:
             now_ms=self.clock.now_ms(),
             gaps=gaps,
         )
-        await self._write(key, sp, result.change, "acquire", member=member_id)
-        if not result.acquired:
-            return FetchedPartition()
-        self.metrics.acquired(key, result.acquired)
-        self._arm(key, sp)
         chunks = []
-        ranges = result.acquired
         for pos, h in headers:
             if any(
-                r.first_offset <= h.last_offset and r.last_offset >= h.base_offset for r in ranges
+                r.first_offset <= h.last_offset and r.last_offset >= h.base_offset
+                for r in result.acquired
             ):
                 chunks.append(data[pos : pos + h.size])
-        return FetchedPartition(records=b"".join(chunks), acquired=list(ranges))
+        write = _Write(key, sp, result.change, "acquire", {"member": member_id})
+        return _Acquired(write, result, b"".join(chunks))
+
+    def _acquired(self, key: ShareStateKey, sp: SharePartition, a: _Acquired) -> FetchedPartition:
+        """An acquisition now durable: count it, arm its lock timer, hand it out."""
+        if not a.result.acquired:
+            return FetchedPartition()
+        self.metrics.acquired(key, a.result.acquired)
+        self._arm(key, sp)
+        return FetchedPartition(records=a.records, acquired=list(a.result.acquired))
 
     # -- acknowledge --------------------------------------------------------------
 
@@ -710,6 +827,26 @@ class SharePartitionManager:
     def _notify(self, key: ShareStateKey) -> None:
         for listener in list(self._listeners.get(key, ())):
             listener()
+
+
+@dataclass(slots=True, eq=False)
+class _Write:
+    """A share partition's pending change, to persist with others (`_write_many`)."""
+
+    key: ShareStateKey
+    sp: SharePartition
+    change: PendingChange
+    operation: str
+    context: dict[str, object]
+
+
+@dataclass(slots=True, eq=False)
+class _Acquired:
+    """An acquisition applied in memory, its change not yet durable, and its batches."""
+
+    write: _Write
+    result: AcquireResult
+    records: bytes
 
 
 def _count(ranges: Iterable[tuple[int, int]]) -> int:

@@ -1,0 +1,133 @@
+"""A share fetch over many partitions persists its acquisitions with one share-state
+write: one append and one fsync round of the share coordinator's log, whatever the
+number of partitions; a failed write fails every partition and leaves each as it was.
+
+The share coordinator is the durable one (`DurablePersister` on a tmp dir, a real
+`GroupCommit`), and its disk fails on demand (test_runtime's `Disk`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.share.manager import FetchedPartition, SharePartitionManager
+from coordinator.share_persister import DurablePersister
+from coordinator.share_state import ShareStateKey
+from persister.clock import ManualClock
+from persister.commit import GroupCommit
+from protocol.errors import ErrorCode
+from tests.unit import test_runtime
+from tests.unit.test_runtime import STAGES, Disk
+from tests.unit.test_share_manager import FakeGroups, FakeLog
+
+commit = test_runtime.commit
+disk = test_runtime.disk
+
+TOPIC = uuid.UUID(int=3)
+PARTITIONS = 8
+KEYS = [ShareStateKey("g", TOPIC, p) for p in range(PARTITIONS)]
+
+
+@dataclass
+class Setup:
+    mgr: SharePartitionManager
+    persister: DurablePersister
+    log: FakeLog
+    commit: GroupCommit
+    appends: list[int]
+
+
+@pytest.fixture
+async def setup(tmp_path: Path, commit: GroupCommit, disk: Disk) -> AsyncIterator[Setup]:
+    clock = ManualClock()
+    persister = DurablePersister(tmp_path / "share-state", commit, clock=clock)
+    disk.attach(persister.records)
+    persister.load()
+    appends: list[int] = []
+    write = persister.records.write
+
+    def counted(records: list[tuple[bytes | None, bytes | None]]) -> int:
+        appends.append(len(records))
+        return write(records)
+
+    persister.records.write = counted  # type: ignore[method-assign,assignment]
+    # Every partition's log: nothing yet (the first fetch only loads the share state).
+    log = FakeLog(high_watermark=0, last_stable_offset=0)
+    mgr = SharePartitionManager(
+        persister,
+        FakeGroups(persister, delivery_count_limit=5),  # type: ignore[arg-type]
+        lambda t, p: log,
+        lambda part, ts: None,
+        clock=clock,
+    )
+    assert await fetch(mgr) == {}
+    log.high_watermark = log.last_stable_offset = 10
+    appends.clear()
+    yield Setup(mgr, persister, log, commit, appends)
+    mgr.stop()
+    persister.close()
+
+
+async def fetch(
+    mgr: SharePartitionManager, keys: list[ShareStateKey] = KEYS, member: str = "m"
+) -> dict[ShareStateKey, tuple[int, int, int] | ErrorCode]:
+    """Per partition that got something: its one acquired range, or its error."""
+    got = await mgr.acquire_many(keys, member, max_records=1000, batch_size=1000, max_bytes=1 << 20)
+    return {key: _summary(f) for key, f in got.items() if f.acquired or f.error_code}
+
+
+def _summary(f: FetchedPartition) -> tuple[int, int, int] | ErrorCode:
+    if f.error_code != ErrorCode.none:
+        return f.error_code
+    (r,) = f.acquired
+    return r.first_offset, r.last_offset, r.delivery_count
+
+
+async def test_acquisitions_on_every_partition_are_one_append_and_one_fsync(
+    setup: Setup,
+) -> None:
+    rounds = setup.commit.rounds
+    assert await fetch(setup.mgr) == {key: (0, 9, 1) for key in KEYS}
+    assert setup.commit.rounds - rounds == 1
+    assert setup.appends == [PARTITIONS]
+    for key in KEYS:
+        state = setup.persister.shard.state(key)
+        assert state is not None and [tuple(b) for b in state.batches] == [(0, 9, 0, 1)]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_failed_shared_write_fails_every_partition_and_rolls_each_back(
+    setup: Setup, disk: Disk, stage: str
+) -> None:
+    stored = {key: setup.persister.shard.state(key) for key in KEYS}
+    disk.fail(stage, errno.EIO)
+    assert await fetch(setup.mgr) == {key: ErrorCode.kafka_storage_error for key in KEYS}
+    for key in KEYS:
+        sp = setup.mgr.partitions[key]
+        assert (sp.acquired_count, sp.next_fetch_offset(), sp.change_pending) == (0, 0, False)
+    assert {key: setup.persister.shard.state(key) for key in KEYS} == stored
+    # The disk is back: the same records are acquired, for the first time.
+    assert await fetch(setup.mgr) == {key: (0, 9, 1) for key in KEYS}
+
+
+async def test_two_fetches_over_the_same_partitions_in_opposite_orders_split_the_records(
+    setup: Setup,
+) -> None:
+    first, second = await asyncio.wait_for(
+        asyncio.gather(
+            fetch(setup.mgr, KEYS, "m1"),
+            fetch(setup.mgr, KEYS[::-1], "m2"),
+        ),
+        timeout=10,
+    )
+    # Each partition's records went to exactly one of them, once.
+    assert set(first) | set(second) == set(KEYS)
+    assert not set(first) & set(second)
+    assert all(v == (0, 9, 1) for v in [*first.values(), *second.values()])
