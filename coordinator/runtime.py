@@ -45,6 +45,18 @@ background after a segment roll, off the event loop, swapping the result in on t
 only segments whose records are all committed are touched, and a plan made while a
 failed write was being undone is thrown away. `KeyCompaction` keeps per key the newest
 record and drops deleted keys; the share-state log has its own (`share_persister`).
+
+Checkpoints (`persister.checkpoint`): a runtime given `Checkpoints` writes its state
+machine's state down, with the log offset it covers, once `interval_records` records
+(or as many as the state has entries, whichever is more, so the cost stays proportional
+to what was written) were replayed since the last one, and at a clean close; `load`
+restores the newest usable checkpoint and replays only the log after it, or the whole
+log when there is none (missing, corrupt, too new, or outside the log: logged). A
+checkpoint covers only records that are fsynced and replayed (`_applied_end`), so a
+failed write's truncation never cuts below it. Before a compaction swaps segments that
+reach past it, it is removed: a compaction may drop a tombstone after the checkpoint
+together with the key's older records, and replaying from the checkpoint would then
+miss the deletion.
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
+from persister.checkpoint import CheckpointFile, records_from
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.log import PartitionLog
 from persister.record_log import CompactionKeys, KeyValue, compact_by_key
@@ -94,6 +107,34 @@ class CoordinatorLog(Protocol):
     def close(self) -> None: ...
 
 
+class Checkpointable(Protocol):
+    """A state machine whose state can be written down and loaded back."""
+
+    def checkpoint_size(self) -> int:
+        """Entries a checkpoint holds (how costly one is)."""
+
+    def checkpoint_capture(self) -> Callable[[], bytes]:
+        """Capture the state now (on the event loop, cheaply); the returned function
+        encodes it and may run in a worker thread while the state moves on."""
+
+    def checkpoint_restore(self, payload: bytes) -> None:
+        """Replace the state with the encoded one: all of it or, raising, none of it."""
+
+
+# Records replayed between checkpoints, at least: the restart replays at most about this
+# many (10,000 share-state records replay in well under a second).
+DEFAULT_CHECKPOINT_INTERVAL_RECORDS = 10_000
+
+
+@dataclass(slots=True)
+class Checkpoints:
+    """Where and how often a runtime checkpoints its state machine."""
+
+    file: CheckpointFile
+    state: Checkpointable
+    interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS
+
+
 class Compaction(Protocol):
     async def __call__(
         self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
@@ -119,6 +160,8 @@ class _Write:
     """Records written and not yet replayed or undone."""
 
     start: int
+    # Where its records end (set once appended).
+    end: int = -1
     # Why it failed, once a failed write's undo cut it (each waiter raises its own error).
     error: str | None = None
 
@@ -185,6 +228,7 @@ class CoordinatorRuntime(Generic[R]):
         replay: Callable[[R], None],
         clock: Clock = SYSTEM_CLOCK,
         compaction: Compaction | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self.name = name
         self.record_log = record_log
@@ -203,18 +247,67 @@ class CoordinatorRuntime(Generic[R]):
         self._compaction_lock = asyncio.Lock()
         self._compaction_task: asyncio.Task[int] | None = None
         self._compacted: tuple[int, ...] = ()
+        self._checkpoints = checkpoints if record_log.partition_log is not None else None
+        # The log offset below which every record is fsynced and replayed, in order (None
+        # while writes are replayed out of order, until they all are).
+        self._applied_end: int | None = None
+        self._since_checkpoint = 0
+        # The offset the newest written checkpoint covers, and the write under way.
+        self.checkpoint_offset: int | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ startup
 
     def load(self) -> int:
-        """Replay the whole log into the state machine (startup); return records replayed."""
+        """Rebuild the state machine (startup): from the checkpoint and the log after it,
+        or by replaying the whole log; return the log records replayed."""
+        start = self._restore_checkpoint()
+        plog = self.record_log.partition_log
+        records = (
+            self.record_log.replay() if start is None or plog is None else records_from(plog, start)
+        )
         count = 0
-        for key, value in self.record_log.replay():
+        for key, value in records:
             record = self._decode(key, value)
             if record is not None:
                 self._replay(record)
                 count += 1
+        self._applied_end = self.record_log.end_offset
+        self._since_checkpoint = count
         return count
+
+    def _restore_checkpoint(self) -> int | None:
+        """Load the checkpoint into the state machine; the offset to replay from, or
+        None for a full replay (no usable checkpoint: logged)."""
+        cp = self._checkpoints
+        plog = self.record_log.partition_log
+        if cp is None or plog is None:
+            return None
+        found = cp.file.read()
+        if found is None:
+            return None
+        if not plog.log_start_offset <= found.offset <= plog.log_end_offset:
+            log.warning(
+                "checkpoint_outside_log",
+                runtime=self.name,
+                offset=found.offset,
+                log_start_offset=plog.log_start_offset,
+                log_end_offset=plog.log_end_offset,
+            )
+            return None
+        try:
+            cp.state.checkpoint_restore(found.payload)
+        except Exception as exc:
+            log.warning("checkpoint_undecodable", runtime=self.name, error=repr(exc))
+            return None
+        self.checkpoint_offset = found.offset
+        log.info(
+            "checkpoint_loaded",
+            runtime=self.name,
+            offset=found.offset,
+            log_end_offset=plog.log_end_offset,
+        )
+        return found.offset
 
     # --------------------------------------------------------------- operations
 
@@ -328,6 +421,7 @@ class CoordinatorRuntime(Generic[R]):
         try:
             try:
                 write.start = self.record_log.write(encoded)
+                write.end = self.record_log.end_offset
             except Exception as exc:
                 self._undo(write.start, exc, "append")
                 if _is_storage_failure(exc):
@@ -345,9 +439,13 @@ class CoordinatorRuntime(Generic[R]):
                 raise storage_error(write.error)
             for record in records:
                 self._replay(record)
+            self._applied(write)
         finally:
             self._inflight.remove(write)
+            if not self._inflight and self.failed is None:
+                self._applied_end = self.record_log.end_offset
         self._maybe_compact()
+        self._maybe_checkpoint()
 
     def _write_error(self, exc: BaseException, stage: str) -> KafkaError:
         return storage_error(
@@ -387,6 +485,11 @@ class CoordinatorRuntime(Generic[R]):
                 write_error=repr(exc),
             )
 
+    def _applied(self, write: _Write) -> None:
+        self._since_checkpoint += write.end - write.start
+        # Replayed right after what was replayed before: memory is the log up to its end.
+        self._applied_end = write.end if self._applied_end == write.start else None
+
     @property
     def committed_offset(self) -> int:
         """Below this offset every record is durable and replayed (or being replayed)."""
@@ -401,6 +504,85 @@ class CoordinatorRuntime(Generic[R]):
     def keys_in_use(self) -> int:
         """Keys with an operation running or waiting (for tests and metrics)."""
         return len(self._locks)
+
+    # -------------------------------------------------------------- checkpoints
+
+    def _checkpoint_due(self) -> bool:
+        cp = self._checkpoints
+        return (
+            cp is not None
+            and self._checkpoint_task is None
+            and self._since_checkpoint >= max(cp.interval_records, cp.state.checkpoint_size())
+        )
+
+    def _capture(self) -> tuple[int, Callable[[], bytes], int] | None:
+        """(offset, encoder, generation) of the state now, if memory is exactly the
+        durable log up to a known offset; else None."""
+        cp = self._checkpoints
+        if cp is None or self._closed or self.failed is not None or self._applied_end is None:
+            return None
+        self._since_checkpoint = 0
+        return self._applied_end, cp.state.checkpoint_capture(), cp.file.generation
+
+    def _maybe_checkpoint(self) -> None:
+        if not self._checkpoint_due():
+            return
+        captured = self._capture()
+        if captured is None:
+            return
+        task = asyncio.ensure_future(asyncio.to_thread(self._write_checkpoint, *captured))
+        self._checkpoint_task = task
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._checkpoint_task = None
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error(
+                    "checkpoint_write_failed",
+                    runtime=self.name,
+                    error=repr(finished.exception()),
+                )
+
+        task.add_done_callback(done)
+
+    def _write_checkpoint(self, offset: int, encode: Callable[[], bytes], generation: int) -> None:
+        cp = self._checkpoints
+        assert cp is not None
+        if cp.file.write(offset, encode(), generation):
+            # Assigned from the worker: a plain attribute store, read only on the loop.
+            self.checkpoint_offset = offset
+            log.info("checkpoint_written", runtime=self.name, offset=offset)
+
+    async def checkpoint(self) -> bool:
+        """Write a checkpoint now (tests, tools); whether one was written."""
+        if self._checkpoint_task is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint_task
+        captured = self._capture()
+        if captured is None:
+            return False
+        await asyncio.to_thread(self._write_checkpoint, *captured)
+        return self.checkpoint_offset == captured[0]
+
+    def before_rewrite(self, limit: int) -> None:
+        """A compaction is about to swap segments holding records below `limit`: a
+        checkpoint that does not cover them all goes (see the module docstring)."""
+        cp = self._checkpoints
+        if cp is None:
+            return
+        pending = self._checkpoint_task is not None
+        if self.checkpoint_offset is not None and self.checkpoint_offset >= limit and not pending:
+            return
+        cp.file.remove()
+        if self.checkpoint_offset is not None or pending:
+            log.info(
+                "checkpoint_removed_for_compaction",
+                runtime=self.name,
+                offset=self.checkpoint_offset,
+                limit=limit,
+            )
+        self.checkpoint_offset = None
+        # Write a fresh one soon.
+        self._since_checkpoint = max(self._since_checkpoint, cp.interval_records)
 
     # --------------------------------------------------------------- compaction
 
@@ -441,9 +623,13 @@ class CoordinatorRuntime(Generic[R]):
             truncations = self.truncations
 
             def still_valid(read: Sequence[int]) -> bool:
-                return self.truncations == truncations and set(read) <= set(
-                    self._committed_closed_segments(plog)
-                )
+                closed = self._committed_closed_segments(plog)
+                if self.truncations != truncations or not set(read) <= set(closed):
+                    return False
+                # The swap follows on this same step of the loop.
+                segments = plog.segment_base_offsets
+                self.before_rewrite(segments[segments.index(max(read)) + 1])
+                return True
 
             rewritten = await self._compaction(plog, bases, still_valid)
             self._compacted = tuple(
@@ -454,14 +640,27 @@ class CoordinatorRuntime(Generic[R]):
     # ---------------------------------------------------------------- lifecycle
 
     async def stop(self) -> None:
-        """Stop a background compaction (the log stays as it was or fully swapped)."""
+        """Stop a background compaction (the log stays as it was or fully swapped) and
+        let a checkpoint under way finish."""
         task = self._compaction_task
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._checkpoint_task is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint_task
 
     def close(self) -> None:
+        """Close the log; a clean close first checkpoints what was replayed since the
+        last checkpoint (blocking: shutdown only)."""
+        if not self._closed and self._since_checkpoint and self._checkpoint_task is None:
+            captured = self._capture()
+            if captured is not None:
+                try:
+                    self._write_checkpoint(*captured)
+                except OSError as exc:
+                    log.error("checkpoint_write_failed", runtime=self.name, error=repr(exc))
         self._closed = True
         if self._compaction_task is not None:
             self._compaction_task.cancel()

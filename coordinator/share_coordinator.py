@@ -40,11 +40,17 @@ counts one more update; a tombstone forgets the key. The state epoch changes onl
 through a snapshot from initialize (an admin reset); ShareUpdate has no state-epoch field.
 Because a snapshot or a tombstone determines a key's state on its own, compaction may
 drop everything of a key before its last one (persister.share_compaction).
+
+Checkpoint (`coordinator.runtime.Checkpoints`): per key its state as the ShareSnapshot
+that stands for it, in the log's own record encoding, plus its count of updates since
+the last snapshot, so a restored key is equal field by field to the replayed one and
+writes its next snapshot at the same update.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from coordinator.share_state import (
@@ -62,6 +68,8 @@ from persister.share_records import (
     ShareTombstone,
     ShareUpdate,
     StateBatch,
+    decode,
+    encode,
     merge_batches,
 )
 from protocol.errors import ErrorCode, KafkaError
@@ -77,6 +85,9 @@ DEFAULT_LEADER_EPOCH = 0
 INITIAL_LEADER_EPOCH = 0
 _DELIVERY_STATES = frozenset({0, 2, 4})  # Available, Acknowledged, Archived
 _INT16_MAX = 2**15 - 1
+# A checkpoint entry: updates since snapshot, key length, value length.
+_CHECKPOINT_ENTRY = struct.Struct(">iii")
+_CHECKPOINT_COUNT = struct.Struct(">i")
 
 Records = list[ShareRecord]
 
@@ -307,6 +318,44 @@ class ShareCoordinatorShard:
         if key not in self._entries:
             return [], None
         return [ShareTombstone(_share_key(key))], None
+
+    # ----------------------------------------------------------- checkpoint
+
+    def checkpoint_size(self) -> int:
+        return len(self._entries)
+
+    def checkpoint_capture(self) -> Callable[[], bytes]:
+        # Entries are immutable: a copy of the mapping is a consistent snapshot.
+        entries = list(self._entries.items())
+
+        def encode_all() -> bytes:
+            out = bytearray(_CHECKPOINT_COUNT.pack(len(entries)))
+            for key, entry in entries:
+                k, v = encode(entry.snapshot(_share_key(key)))
+                assert v is not None
+                out += _CHECKPOINT_ENTRY.pack(entry.updates_since_snapshot, len(k), len(v))
+                out += k
+                out += v
+            return bytes(out)
+
+        return encode_all
+
+    def checkpoint_restore(self, payload: bytes) -> None:
+        entries: dict[ShareStateKey, _Entry] = {}
+        (count,) = _CHECKPOINT_COUNT.unpack_from(payload)
+        pos = _CHECKPOINT_COUNT.size
+        for _ in range(count):
+            updates, klen, vlen = _CHECKPOINT_ENTRY.unpack_from(payload, pos)
+            pos += _CHECKPOINT_ENTRY.size
+            key, value = payload[pos : pos + klen], payload[pos + klen : pos + klen + vlen]
+            pos += klen + vlen
+            record = decode(key, value)
+            if not isinstance(record, ShareSnapshot) or len(value) != vlen:
+                raise ValueError(f"checkpoint entry at byte {pos} is not a share snapshot")
+            entries[_state_key(record.key)] = _Entry.of(record, updates_since_snapshot=updates)
+        if pos != len(payload):
+            raise ValueError(f"checkpoint has {len(payload) - pos} bytes after its entries")
+        self._entries = entries
 
     # --------------------------------------------------------------- replay
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.runtime import CoordinatorLog, CoordinatorRuntime, StillValid
+from coordinator.runtime import Checkpoints, CoordinatorLog, CoordinatorRuntime, StillValid
 from coordinator.share_coordinator import (
     DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
     ShareCoordinatorShard,
@@ -34,6 +34,7 @@ from coordinator.share_state import (
     ShareStateKey,
 )
 from persister import share_records
+from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
 from persister.log import PartitionLog
@@ -66,10 +67,12 @@ class _ShardPersister:
         record_log: CoordinatorLog,
         snapshot_update_records_per_snapshot: int,
         clock: Clock,
+        checkpoint_file: CheckpointFile | None = None,
     ) -> None:
         self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
         self.clock = clock
         self.compaction = _ShareCompaction(clock)
+        checkpoints = None if checkpoint_file is None else Checkpoints(checkpoint_file, self.shard)
         self.runtime: CoordinatorRuntime[share_records.ShareRecord] = CoordinatorRuntime(
             "share-state",
             record_log,
@@ -78,6 +81,7 @@ class _ShardPersister:
             replay=self.shard.replay,
             clock=clock,
             compaction=self.compaction if record_log.partition_log is not None else None,
+            checkpoints=checkpoints,
         )
 
     async def initialize_state(
@@ -236,11 +240,22 @@ class DurablePersister(_ShardPersister):
         snapshot_update_records_per_snapshot: int = DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         clock: Clock = SYSTEM_CLOCK,
+        checkpoints: bool = True,
     ) -> None:
+        """`checkpoints=False` replays the whole log and writes no checkpoint (to check
+        a checkpointed restart against a full replay)."""
+        checkpoint_file = CheckpointFile(directory, "share-state") if checkpoints else None
+        if (
+            checkpoint_file is not None
+            and directory.is_dir()
+            and spark_adopt.staging_dirs(directory)
+        ):
+            # An adoption may drop tombstones past the checkpoint (persister.checkpoint).
+            checkpoint_file.remove()
         # A `spool compact` output left for a stopped broker goes in before the replay.
         spark_adopt.adopt_at_start(directory)
         self.records = RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock)
-        super().__init__(self.records, snapshot_update_records_per_snapshot, clock)
+        super().__init__(self.records, snapshot_update_records_per_snapshot, clock, checkpoint_file)
 
     async def compact(self) -> int:
         """Adopt a finished `spool compact` output, then compact what is left to do."""
@@ -260,6 +275,8 @@ class DurablePersister(_ShardPersister):
                     spark_adopt.discard(staging, result)
                     continue
                 committed = self.runtime.committed_offset
+                if result.limit <= committed:
+                    self.runtime.before_rewrite(result.limit)
                 return spark_adopt.adopt_live(plog, result, committed, self.clock.now_ms())
         return False
 
