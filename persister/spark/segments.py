@@ -308,15 +308,19 @@ def spark_session(master: str | None = "local[*]", app_name: str = "spool") -> S
     # Executors run the same interpreter (and so find spool's packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+    if is_local_master(master):
+        # A local job talks only to itself: loopback, whatever the host's name resolves
+        # to. Against a cluster the executors must reach the driver, so Spark's own
+        # choice (or SPARK_LOCAL_IP / spark.driver.host from the caller) stands.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true")
         .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -334,3 +338,11 @@ def share_state_frame(
 ) -> DataFrame:
     """A DataFrame (`row_schema()`) of every record of `segments`."""
     return spark.createDataFrame(rows_rdd(spark, plan_splits(segments, split_bytes)), row_schema())
+
+
+def is_local_master(master: str | None) -> bool:
+    """Whether `master` runs the job in this process (`local`, `local[N]`, ...). None is
+    what spark-submit set: its settings (driver host included) are left as they are."""
+    if master is None:
+        return False
+    return master == "local" or master.startswith("local[")

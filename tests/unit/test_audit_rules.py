@@ -272,3 +272,11 @@ def test_the_delivery_count_limit_is_the_groups_then_the_brokers_then_kafkas_def
     assert ctx.delivery_count_limit("g1") == (3, "group config")
     assert ctx.delivery_count_limit("g2") == (7, "broker config group.share.delivery.count.limit")
     assert DataDirContext().delivery_count_limit("g2") == (5, "Kafka default")
+
+
+def test_only_a_local_master_pins_the_spark_driver_to_loopback() -> None:
+    from persister.spark.segments import is_local_master
+
+    assert is_local_master("local[*]") and is_local_master("local") and is_local_master("local[2]")
+    assert not is_local_master("spark://spark-master:7077")
+    assert not is_local_master(None)  # spark-submit's own --master and driver settings
