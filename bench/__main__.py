@@ -1,11 +1,15 @@
 """`python -m bench`: start a broker, run the benchmarks, print records/s and MB/s.
 
-    python -m bench                      # every benchmark, about 15 minutes on 2 cores
+    python -m bench                      # every benchmark (aimed at about 15 min on 2 cores)
     python -m bench --only share --only reference
     python -m bench --records 2000000    # or SPOOL_BENCH_RECORDS=2000000
     python -m bench --only produce_fetch --sizes 100,1024 --set log.flush.interval.messages=1
-    python -m bench --long               # or SPOOL_BENCH_LONG=1: the long variants too
-                                         # (10^7 records of share backlog, 10^7 Spark records)
+
+The long variants, off by default to keep `make bench` near 15 minutes on 2 cores:
+    python -m bench --only memory --long # or SPOOL_BENCH_LONG=1: fragmenting acks in all
+                                         # 100 groups (else SPOOL_BENCH_MEMORY_BUDGET_S, 180 s)
+    SPOOL_BENCH_SPARK_RECORDS=100000,1000000,10000000 python -m bench --only spark_pipeline
+Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the
@@ -217,7 +221,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--long",
         action="store_true",
         default=os.environ.get("SPOOL_BENCH_LONG", "") not in ("", "0"),
-        help="also the long variants, e.g. 10^7 records of share backlog (env SPOOL_BENCH_LONG=1)",
+        help="the long variants: fragmenting acks in all 100 groups (env SPOOL_BENCH_LONG=1)",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting"

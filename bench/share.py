@@ -19,7 +19,15 @@ import time
 
 from confluent_kafka import AcknowledgeType, Consumer, Message, ShareConsumer, TopicPartition
 
-from bench import BenchContext, Result, client_config, drain, fill_topic, share_group_from_earliest
+from bench import (
+    BenchContext,
+    Result,
+    client_config,
+    drain,
+    fill_topic,
+    progress,
+    share_group_from_earliest,
+)
 
 # Share consumption is much slower than plain Fetch: cap the per-case record count so
 # the whole benchmark (2 topics x 3 readers) stays around a minute.
@@ -186,27 +194,29 @@ def bench_share(ctx: BenchContext, records: int | None = None) -> list[Result]:
 
 # --- share consumption against a growing backlog ---------------------------------------
 
-BACKLOGS = (100_000, 1_000_000)
-LONG_BACKLOGS = (10_000_000,)  # --long / SPOOL_BENCH_LONG=1: about 1.1 GB of log
-BACKLOG_WINDOW = int(os.environ.get("SPOOL_BENCH_BACKLOG_WINDOW", "50000"))
+# 10^7 records (about 1.1 GB of log) take under a minute to produce, so they run by
+# default; SPOOL_BENCH_BACKLOGS=100000,1000000 skips them.
+BACKLOGS = tuple(
+    int(n) for n in os.environ.get("SPOOL_BENCH_BACKLOGS", "100000,1000000,10000000").split(",")
+)
+# Every backlog is read for the same number of records: the smallest backlog's.
+BACKLOG_WINDOW = int(os.environ.get("SPOOL_BENCH_BACKLOG_WINDOW", "100000"))
 
 
 def bench_share_backlog(ctx: BenchContext) -> list[Result]:
     """One ShareConsumer reads the first BACKLOG_WINDOW records of a 1-partition topic
-    holding 10^5, 10^6 (and with --long 10^7) records: the rate must not depend on how
-    much lies behind (acquisition works from the start offset, not the log's length).
-    Records `backlog.flatness` = rate at the largest backlog / rate at 10^5."""
-    from bench import progress
-
+    holding 10^5, 10^6 and 10^7 records: the rate must not depend on how much lies
+    behind (acquisition works from the start offset, not the log's length). Records
+    `backlog.flatness` = rate at the largest backlog / rate at the smallest."""
     size = ctx.sizes[0] if ctx.sizes else 100
-    backlogs = BACKLOGS + (LONG_BACKLOGS if ctx.long else ())
+    backlogs = sorted(BACKLOGS)
     results: list[Result] = []
     rates: dict[int, float] = {}
     for backlog in backlogs:
         topic = f"bench-backlog-{backlog}"
         progress(f"backlog: producing {backlog} records to {topic}")
         stored = fill_topic(ctx, topic, backlog, size, time_limit_s=max(60.0, backlog / 5_000))
-        window = min(BACKLOG_WINDOW, stored)
+        window = min(BACKLOG_WINDOW, backlogs[0], stored)
         group = f"spool-bench-backlog-{backlog}"
         share_group_from_earliest(ctx, group)
         progress(f"backlog: share-consuming {window} of {stored} records")

@@ -41,6 +41,7 @@ from bench import (
     Result,
     client_config,
     fill_topic,
+    progress,
     share_group_from_earliest,
 )
 
@@ -268,7 +269,7 @@ async def _serve_times(
 ) -> tuple[float, float, int]:
     """Seconds from `t0` until the (re)starting broker answers ApiVersions, and until a
     ShareFetch of a new member of `group` acquires records; and how many it acquired."""
-    from bench.memory import RawShareMember, api_versions
+    from bench.memory import RawShareMember, api_versions, topic_id
     from protocol.client import KafkaClient
 
     deadline = time.perf_counter() + RESTART_TIMEOUT_S
@@ -286,8 +287,6 @@ async def _serve_times(
             await asyncio.sleep(0.01)
     api_s = time.perf_counter() - t0
     try:
-        from bench.memory import topic_id
-
         tid = await topic_id(client, topic)
         member = RawShareMember(client, group)
         await member.join([topic])
@@ -309,8 +308,6 @@ def bench_restart(ctx: BenchContext) -> list[Result]:
     import dataclasses
 
     import structlog.testing
-
-    from bench import progress
 
     results = []
     with tempfile.TemporaryDirectory(prefix="spool-bench-restart-") as tmp:
