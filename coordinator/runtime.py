@@ -252,9 +252,9 @@ class CoordinatorRuntime(Generic[R]):
         # while writes are replayed out of order, until they all are).
         self._applied_end: int | None = None
         self._since_checkpoint = 0
-        # The offset the newest written checkpoint covers, and the write under way.
-        self.checkpoint_offset: int | None = None
+        # The checkpoint write under way, and the offset it covers.
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._pending_checkpoint: int | None = None
 
     # ------------------------------------------------------------------ startup
 
@@ -300,7 +300,6 @@ class CoordinatorRuntime(Generic[R]):
         except Exception as exc:
             log.warning("checkpoint_undecodable", runtime=self.name, error=repr(exc))
             return None
-        self.checkpoint_offset = found.offset
         log.info(
             "checkpoint_loaded",
             runtime=self.name,
@@ -507,6 +506,11 @@ class CoordinatorRuntime(Generic[R]):
 
     # -------------------------------------------------------------- checkpoints
 
+    @property
+    def checkpoint_offset(self) -> int | None:
+        """The offset the checkpoint on disk covers (None: none known)."""
+        return None if self._checkpoints is None else self._checkpoints.file.offset
+
     def _checkpoint_due(self) -> bool:
         cp = self._checkpoints
         return (
@@ -528,13 +532,19 @@ class CoordinatorRuntime(Generic[R]):
         if not self._checkpoint_due():
             return
         captured = self._capture()
-        if captured is None:
-            return
+        if captured is not None:
+            self._start_checkpoint(captured)
+
+    def _start_checkpoint(
+        self, captured: tuple[int, Callable[[], bytes], int]
+    ) -> asyncio.Task[None]:
         task = asyncio.ensure_future(asyncio.to_thread(self._write_checkpoint, *captured))
         self._checkpoint_task = task
+        self._pending_checkpoint = captured[0]
 
         def done(finished: asyncio.Task[None]) -> None:
             self._checkpoint_task = None
+            self._pending_checkpoint = None
             if not finished.cancelled() and finished.exception() is not None:
                 log.error(
                     "checkpoint_write_failed",
@@ -543,13 +553,12 @@ class CoordinatorRuntime(Generic[R]):
                 )
 
         task.add_done_callback(done)
+        return task
 
     def _write_checkpoint(self, offset: int, encode: Callable[[], bytes], generation: int) -> None:
         cp = self._checkpoints
         assert cp is not None
         if cp.file.write(offset, encode(), generation):
-            # Assigned from the worker: a plain attribute store, read only on the loop.
-            self.checkpoint_offset = offset
             log.info("checkpoint_written", runtime=self.name, offset=offset)
 
     async def checkpoint(self) -> bool:
@@ -560,7 +569,8 @@ class CoordinatorRuntime(Generic[R]):
         captured = self._capture()
         if captured is None:
             return False
-        await asyncio.to_thread(self._write_checkpoint, *captured)
+        with contextlib.suppress(Exception):
+            await self._start_checkpoint(captured)
         return self.checkpoint_offset == captured[0]
 
     def before_rewrite(self, limit: int) -> None:
@@ -569,20 +579,22 @@ class CoordinatorRuntime(Generic[R]):
         cp = self._checkpoints
         if cp is None:
             return
-        pending = self._checkpoint_task is not None
-        if self.checkpoint_offset is not None and self.checkpoint_offset >= limit and not pending:
+        pending = self._pending_checkpoint
+        void = pending is not None and pending < limit
+        written = cp.file.offset
+        if not void and written is not None and written >= limit:
             return
-        cp.file.remove()
-        if self.checkpoint_offset is not None or pending:
+        cp.file.remove(void_writes=void)
+        if written is not None or void:
             log.info(
                 "checkpoint_removed_for_compaction",
                 runtime=self.name,
-                offset=self.checkpoint_offset,
+                offset=written,
+                pending_offset=pending,
                 limit=limit,
             )
-        self.checkpoint_offset = None
-        # Write a fresh one soon.
-        self._since_checkpoint = max(self._since_checkpoint, cp.interval_records)
+            # Write a fresh one soon.
+            self._since_checkpoint = max(self._since_checkpoint, cp.interval_records)
 
     # --------------------------------------------------------------- compaction
 

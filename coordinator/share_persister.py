@@ -21,7 +21,13 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.runtime import Checkpoints, CoordinatorLog, CoordinatorRuntime, StillValid
+from coordinator.runtime import (
+    DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
+    Checkpoints,
+    CoordinatorLog,
+    CoordinatorRuntime,
+    StillValid,
+)
 from coordinator.share_coordinator import (
     DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT,
     ShareCoordinatorShard,
@@ -68,11 +74,16 @@ class _ShardPersister:
         snapshot_update_records_per_snapshot: int,
         clock: Clock,
         checkpoint_file: CheckpointFile | None = None,
+        checkpoint_interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
     ) -> None:
         self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
         self.clock = clock
         self.compaction = _ShareCompaction(clock)
-        checkpoints = None if checkpoint_file is None else Checkpoints(checkpoint_file, self.shard)
+        checkpoints = (
+            None
+            if checkpoint_file is None
+            else Checkpoints(checkpoint_file, self.shard, checkpoint_interval_records)
+        )
         self.runtime: CoordinatorRuntime[share_records.ShareRecord] = CoordinatorRuntime(
             "share-state",
             record_log,
@@ -241,6 +252,7 @@ class DurablePersister(_ShardPersister):
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         clock: Clock = SYSTEM_CLOCK,
         checkpoints: bool = True,
+        checkpoint_interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
     ) -> None:
         """`checkpoints=False` replays the whole log and writes no checkpoint (to check
         a checkpointed restart against a full replay)."""
@@ -255,7 +267,13 @@ class DurablePersister(_ShardPersister):
         # A `spool compact` output left for a stopped broker goes in before the replay.
         spark_adopt.adopt_at_start(directory)
         self.records = RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock)
-        super().__init__(self.records, snapshot_update_records_per_snapshot, clock, checkpoint_file)
+        super().__init__(
+            self.records,
+            snapshot_update_records_per_snapshot,
+            clock,
+            checkpoint_file,
+            checkpoint_interval_records,
+        )
 
     async def compact(self) -> int:
         """Adopt a finished `spool compact` output, then compact what is left to do."""

@@ -111,6 +111,8 @@ class CheckpointFile:
         self.path = Path(directory) / CHECKPOINT_FILE
         self.kind = kind
         self.generation = 0
+        # The offset the file on disk covers, as far as this process knows.
+        self.offset: int | None = None
         self._lock = threading.Lock()
 
     def read(self) -> Checkpoint | None:
@@ -129,6 +131,7 @@ class CheckpointFile:
         if isinstance(result, str):
             log.warning("checkpoint_ignored", kind=self.kind, path=str(self.path), reason=result)
             return None
+        self.offset = result.offset
         return result
 
     def write(self, offset: int, payload: bytes, generation: int) -> bool:
@@ -149,15 +152,19 @@ class CheckpointFile:
                 if generation != self.generation:
                     return False
                 os.replace(tmp, self.path)
+                self.offset = offset
                 _fsync_directory(self.path.parent)
             return True
         finally:
             tmp.unlink(missing_ok=True)
 
-    def remove(self) -> None:
-        """Delete the checkpoint durably and void writes already under way."""
+    def remove(self, *, void_writes: bool = True) -> None:
+        """Delete the checkpoint durably and (unless told not to) void writes already
+        under way."""
         with self._lock:
-            self.generation += 1
+            if void_writes:
+                self.generation += 1
+            self.offset = None
             try:
                 self.path.unlink()
             except FileNotFoundError:
