@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,3 +332,18 @@ def drain(consumer: Any, expected: int, deadline: float, batch: int = 1000) -> t
             received += 1
             payload += len(msg.value() or b"")
     return received, payload, errors
+
+
+async def topic_id(client: Any, topic: str) -> uuid.UUID:
+    """`topic`'s id from Metadata v12, over a `protocol.client.KafkaClient` (ShareFetch
+    and ShareAcknowledge name topics by id)."""
+    md = await client.request(
+        3,
+        12,
+        {
+            "topics": [{"name": topic}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    return uuid.UUID(str(md.topics[0].topic_id))

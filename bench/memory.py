@@ -43,6 +43,7 @@ from bench import (
     fill_topic,
     progress,
     share_group_from_earliest,
+    topic_id,
 )
 
 GROUPS = 100
@@ -55,7 +56,7 @@ LOCK_MS = 600_000
 FRAGMENT_BUDGET_S = float(os.environ.get("SPOOL_BENCH_MEMORY_BUDGET_S", "180"))
 FRAGMENTED_TARGET_MB = next(t.limit for t in TARGETS if t.figure == "memory.fragmented_rss_mb")
 ACCEPT, RELEASE = 1, 2
-HEARTBEAT, SHARE_FETCH, SHARE_ACK, METADATA, API_VERSIONS = 76, 78, 79, 3, 18
+HEARTBEAT, SHARE_FETCH, SHARE_ACK, API_VERSIONS = 76, 78, 79, 18
 BROKER_SETTINGS = {
     "group.share.max.record.lock.duration.ms": str(LOCK_MS),
     "group.share.record.lock.duration.ms": str(LOCK_MS),
@@ -175,19 +176,6 @@ class RawShareMember:
         ] + ([response.error_code] if response.error_code else [])
         if errors:
             raise RuntimeError(f"ShareAcknowledge errors {errors}")
-
-
-async def topic_id(client: Any, topic: str) -> uuid.UUID:
-    md = await client.request(
-        METADATA,
-        12,
-        {
-            "topics": [{"name": topic}],
-            "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        },
-    )
-    return uuid.UUID(str(md.topics[0].topic_id))
 
 
 async def api_versions(client: Any) -> None:

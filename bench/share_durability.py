@@ -43,6 +43,7 @@ from bench import (
     fill_topic,
     progress,
     share_group_from_earliest,
+    topic_id,
 )
 
 ACK_RECORDS = int(os.environ.get("SPOOL_BENCH_ACK_RECORDS", "5000"))
@@ -269,7 +270,7 @@ async def _serve_times(
 ) -> tuple[float, float, int]:
     """Seconds from `t0` until the (re)starting broker answers ApiVersions, and until a
     ShareFetch of a new member of `group` acquires records; and how many it acquired."""
-    from bench.memory import RawShareMember, api_versions, topic_id
+    from bench.memory import RawShareMember, api_versions
     from protocol.client import KafkaClient
 
     deadline = time.perf_counter() + RESTART_TIMEOUT_S
