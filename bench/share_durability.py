@@ -344,7 +344,7 @@ def bench_restart(ctx: BenchContext) -> list[Result]:
         ctx.figures["restart.share_fetch_s"] = fetch_s
         results.append(
             Result(
-                "restart after kill -9, 10^6 updates",
+                f"restart after kill -9, {RECOVERY_UPDATES:,} updates",
                 written,
                 fetch_s,
                 log_bytes,
