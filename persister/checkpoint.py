@@ -27,6 +27,11 @@ because a compaction may drop a tombstone at or after its offset along with ever
 that key had, and a replay from the checkpoint would not see the deletion. A
 `generation` makes a write that was started before such a removal give up instead of
 bringing the stale state back.
+
+Producer-state snapshots of topic partitions (`<offset>.snapshot`, as Kafka names them;
+the encoding is `persister.producer_state`) are files of the same kind: written at a
+segment roll and at a clean close, replaced atomically, the newest few kept; the log
+loads the newest usable one (`persister.log.PartitionLog.load_producer_state`).
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import crc32c
 import structlog
 
-from persister.log import PartitionLog
 from protocol.records import decode_records, iter_batches
+
+if TYPE_CHECKING:
+    from persister.log import PartitionLog
 
 log = structlog.get_logger("spool.checkpoint")
 
@@ -186,3 +194,50 @@ def records_from(plog: PartitionLog, offset: int) -> Iterator[tuple[bytes | None
                     if record.offset >= offset:
                         yield record.key, record.value
             position = header.next_offset
+
+
+# ------------------------------------------------------- producer-state snapshots
+
+PRODUCER_SNAPSHOT_SUFFIX = ".snapshot"
+# The newest ones kept: an older one is a fallback when the newest is torn.
+PRODUCER_SNAPSHOTS_KEPT = 2
+
+
+def producer_snapshot_offsets(directory: Path) -> list[int]:
+    """Offsets of the `<offset>.snapshot` files, ascending."""
+    found = []
+    for name in os.listdir(directory):
+        stem, _, suffix = name.partition(".")
+        if f".{suffix}" == PRODUCER_SNAPSHOT_SUFFIX and len(stem) == 20 and stem.isdigit():
+            found.append(int(stem))
+    return sorted(found)
+
+
+def producer_snapshot_path(directory: Path, offset: int) -> Path:
+    return directory / f"{offset:020d}{PRODUCER_SNAPSHOT_SUFFIX}"
+
+
+def write_producer_snapshot(directory: Path, offset: int, data: bytes) -> None:
+    """Write `<offset>.snapshot` atomically (temp file, fsync, rename; the directory
+    entry is made durable by the log's next flush or its clean close) and delete all
+    but the newest PRODUCER_SNAPSHOTS_KEPT. OSError passes through."""
+    path = producer_snapshot_path(directory, offset)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    for old in producer_snapshot_offsets(directory)[:-PRODUCER_SNAPSHOTS_KEPT]:
+        producer_snapshot_path(directory, old).unlink(missing_ok=True)
+
+
+def delete_producer_snapshots_after(directory: Path, offset: int) -> None:
+    """Delete the snapshots above `offset` (the log was truncated to it)."""
+    for found in producer_snapshot_offsets(directory):
+        if found > offset:
+            producer_snapshot_path(directory, found).unlink(missing_ok=True)

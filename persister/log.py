@@ -20,6 +20,10 @@ Files besides the segments, all per partition directory:
   fully fsynced; segments below it are trusted on an unclean start.
 - `.kafka_cleanshutdown`: written by a clean close, removed on open; without it the
   segments from the recovery point on are recovered.
+- `<offset>.snapshot`: producer state as of that offset (Kafka's producer snapshots),
+  written at each roll and at a clean close once `load_producer_state` attached a
+  `ProducerStateManager`; opening loads the newest one not above the first recovered
+  segment nor the log end, and scans only the batches after it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ from pathlib import Path
 
 import structlog
 
+from persister.checkpoint import (
+    delete_producer_snapshots_after,
+    producer_snapshot_offsets,
+    producer_snapshot_path,
+    write_producer_snapshot,
+)
 from persister.index import INT32_MAX
 from persister.producer_state import ProducerStateManager
 from persister.segment import (
@@ -209,6 +219,8 @@ class PartitionLog:
         # Segments recovered at open: their transaction index is rebuilt by
         # `load_producer_state`, which replays the transactions they end.
         self._txn_index_rebuild: set[int] = set()
+        # Snapshotted at each roll and clean close once attached (load_producer_state).
+        self._producers: ProducerStateManager | None = None
 
     # ----------------------------------------------------------------- opening
 
@@ -510,6 +522,9 @@ class PartitionLog:
             previous_base_offset=old.base_offset,
             previous_size=old.size,
         )
+        # Kafka's roll takes a producer snapshot at the new base: every batch below it
+        # has been applied to the producer state by now.
+        self._snapshot_producers(new_base)
 
     # -------------------------------------------------------------------- read
 
@@ -545,13 +560,15 @@ class PartitionLog:
             yield from segment.batches(start)
 
     def load_producer_state(self, producers: ProducerStateManager) -> None:
-        """Replay every batch from the log start into `producers` (Kafka loads producer
-        snapshots first; spool scans the log) and refill the transaction index of each
+        """Load the newest usable producer snapshot into `producers` and replay every
+        batch after it (or from the log start) and refill the transaction index of each
         segment recovered at open with the aborts it holds. Everything on disk counts as
-        durable, so no ended transaction is left waiting for the high watermark."""
+        durable, so no ended transaction is left waiting for the high watermark. From
+        now on `producers` is snapshotted at each roll and at a clean close."""
         self._check_open()
         producers.clear()
-        start = self._log_start_offset
+        self._producers = producers
+        start = self._load_producer_snapshot(producers)
         first = max(bisect.bisect_right(self._base_offsets, start) - 1, 0)
         for segment in list(self._segments[first:]):
             rebuild = segment.base_offset in self._txn_index_rebuild
@@ -570,6 +587,36 @@ class PartitionLog:
                     )
         self._txn_index_rebuild.clear()
         producers.on_high_watermark(self.log_end_offset)
+
+    def _load_producer_snapshot(self, producers: ProducerStateManager) -> int:
+        """Load the newest snapshot usable for this log into `producers`; return where
+        the scan starts. A snapshot must lie within [log start, log end] and not above a
+        segment recovered at open (whose transaction index the scan refills); a torn
+        or damaged one is skipped for an older one, or the log start."""
+        limit = min(self._txn_index_rebuild, default=self.log_end_offset)
+        for offset in reversed(producer_snapshot_offsets(self._directory)):
+            if offset > limit or offset < self._log_start_offset:
+                continue
+            path = producer_snapshot_path(self._directory, offset)
+            try:
+                producers.load_snapshot(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("producer_snapshot_ignored", path=str(path), reason=str(exc))
+                continue
+            if self._log_start_offset > 0:
+                producers.truncate_below(self._log_start_offset)
+            log.info("producer_snapshot_loaded", directory=str(self._directory), offset=offset)
+            return offset
+        return self._log_start_offset
+
+    def _snapshot_producers(self, offset: int) -> None:
+        """Write the producer state as of `offset`; a failure only costs a longer scan."""
+        if self._producers is None:
+            return
+        try:
+            write_producer_snapshot(self._directory, offset, self._producers.snapshot_bytes())
+        except OSError as exc:
+            log.warning("producer_snapshot_failed", directory=str(self._directory), error=repr(exc))
 
     def append_aborted_txn(self, entry: AbortedTxn) -> None:
         """Index an aborted transaction in the segment holding its marker (no fsync: the
@@ -734,6 +781,7 @@ class PartitionLog:
         )
 
     def _truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+        delete_producer_snapshots_after(self._directory, -1)
         for segment in self._segments:
             segment.unlink()
             segment.close()
@@ -756,6 +804,8 @@ class PartitionLog:
             raise _offset_out_of_range(
                 offset, self._log_start_offset, self.log_end_offset, self._directory
             )
+        # A snapshot above the cut describes batches that are gone.
+        delete_producer_snapshots_after(self._directory, offset)
         with self._flush_lock:
             removed: list[LogSegment] = []
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
@@ -1018,6 +1068,7 @@ class PartitionLog:
         if self._closed:
             return
         if clean:
+            self._snapshot_producers(self.log_end_offset)
             self._active.on_become_inactive()
             self.flush()
         with self._flush_lock:
