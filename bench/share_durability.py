@@ -354,3 +354,41 @@ def bench_restart(ctx: BenchContext) -> list[Result]:
             )
         )
     return results
+
+
+def bench_share_state_recovery_checkpointed(ctx: BenchContext) -> list[Result]:
+    """Open + load after kill -9 of a share coordinator that checkpointed as the broker
+    does: a log of RECOVERY_UPDATES updates whose last periodic checkpoint lies one
+    checkpoint interval (coordinator.runtime.DEFAULT_CHECKPOINT_INTERVAL_RECORDS) of
+    records before the end, the most a restart can find behind it. No broker."""
+    import structlog.testing
+
+    from coordinator.runtime import DEFAULT_CHECKPOINT_INTERVAL_RECORDS
+    from coordinator.share_persister import DurablePersister
+    from persister.commit import GroupCommit
+
+    tail = DEFAULT_CHECKPOINT_INTERVAL_RECORDS
+    with tempfile.TemporaryDirectory(prefix="spool-bench-share-ckpt-") as tmp:
+        directory = Path(tmp) / "share-state"
+        with structlog.testing.capture_logs():
+            written = build_share_state_log(directory, RECOVERY_UPDATES - tail)
+            persister = DurablePersister(directory, GroupCommit())
+            persister.load()
+            assert asyncio.run(persister.runtime.checkpoint())
+            persister.records.log.close(clean=False)  # kill -9: no checkpoint at close
+            written += build_share_state_log(directory, tail)
+            (directory / ".kafka_cleanshutdown").unlink(missing_ok=True)
+            (directory / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+            open_s, load_s, replayed, keys = _timed_load(directory)
+        log_bytes = _dir_bytes(directory)
+    return [
+        Result(
+            "share-state recovery after kill -9, checkpointed",
+            replayed,
+            open_s + load_s,
+            log_bytes,
+            f"{RECOVERY_UPDATES} updates, {written} records, {keys} keys; checkpoint "
+            f"{tail} records behind the end; open {open_s:.2f}s + checkpoint and tail "
+            f"replay {load_s:.2f}s",
+        )
+    ]
