@@ -455,10 +455,17 @@ def test_torn_share_state_tail_is_cut_at_the_last_good_batch_and_the_broker_keep
     assert not phase2 & confirmed_before
     assert final == [total], f"start offset {final}, expected {total}{recent_log(broker)}"
 
-    # The repaired log stays sound: a clean restart replays it, state intact.
+    # The repaired log stays sound: a clean restart loads it, state intact. A clean stop
+    # checkpoints the whole log, so the restart loads that and replays nothing after it.
+    loads_before = len(log_lines(broker, "checkpoint_loaded", "share-state"))
     broker.restart()
     assert start_offsets(broker, group, tid, 1) == [total]
-    assert share_state_loaded(broker)[-1] > good_records
+    loads = log_lines(broker, "checkpoint_loaded", "share-state")
+    assert len(loads) == loads_before + 1, f"no checkpoint loaded{recent_log(broker)}"
+    offset = re.search(r" offset=(\d+)", loads[-1])
+    end = re.search(r"log_end_offset=(\d+)", loads[-1])
+    assert offset and end and offset.group(1) == end.group(1), loads[-1]
+    assert int(end.group(1)) > good_end
 
 
 # --- replay equals live ---------------------------------------------------------------
