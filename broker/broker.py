@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from broker import trace
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
 from broker.logs import LogManager, Partition
@@ -72,6 +73,8 @@ class Broker:
         # Counters for the metrics endpoint (broker.metrics); one set per broker.
         self.metrics = BrokerMetrics()
         self.commit.on_flush = self.metrics.flushed
+        if trace.ENABLED:
+            trace.attach(self.commit)
         self.metadata: MetadataStore
         self.logs: LogManager
         self.server: Server | None = None
@@ -314,6 +317,8 @@ class Broker:
             connection=ctx.connection_id,
         )
         result = await entry.handler(ctx, request)
+        if trace.ENABLED:
+            trace.event("handled")
         self.metrics.payload(h.api_key, request, result)
         if result is None:
             return None

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from broker import trace
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
@@ -128,6 +129,8 @@ class Partition:
 
     def _advance_hw(self, offset: int) -> None:
         if offset > self.high_watermark:
+            if trace.ENABLED:
+                trace.event("hw", topic=self.topic, partition=self.index, offset=offset)
             self.high_watermark = offset
             # Markers now durable make their transactions stable: the LSO moves too.
             self.producers.on_high_watermark(offset)
@@ -175,6 +178,14 @@ class Partition:
             for pos, header in batches:
                 set_log_append_time(data, pos, header, ts)
         result = self._write(data, ts)
+        if trace.ENABLED:
+            trace.event(
+                "append",
+                topic=self.topic,
+                partition=self.index,
+                first=result.first_offset,
+                last=result.last_offset,
+            )
         records = 0
         for pos, _ in batches:
             assigned = parse_header(data, pos)

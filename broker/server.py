@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
+from broker import trace
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from protocol import api
 from protocol.errors import ErrorCode, KafkaError
@@ -638,7 +639,8 @@ class Connection:
                 return False
             header, body_offset = parsed
             server.idle.request_received(self.id)
-            task = asyncio.create_task(self._handle(header, frame, body_offset))
+            received_ns = trace.now_ns() if trace.ENABLED else 0
+            task = asyncio.create_task(self._handle(header, frame, body_offset, received_ns))
             task.add_done_callback(lambda _: server.release(size))
             handed_off = True
             self._responses.put_nowait(task)
@@ -692,10 +694,15 @@ class Connection:
             return None
 
     async def _handle(
-        self, header: api.RequestHeader, frame: bytes, body_offset: int
+        self, header: api.RequestHeader, frame: bytes, body_offset: int, received_ns: int = 0
     ) -> bytes | None:
         ctx = RequestContext(header, self.client_host, self.id)
         try:
+            if trace.ENABLED:
+                trace.request_started(self.id, header.correlation_id, header.api_key, received_ns)
+                response = await self.server.dispatch(ctx, frame, body_offset)
+                trace.event("encoded")
+                return response
             return await self.server.dispatch(ctx, frame, body_offset)
         except api.MalformedRequest as exc:
             self._close_unparseable(exc.api_key, exc.api_version, exc.reason)
@@ -739,6 +746,9 @@ class Connection:
                 return
             if frame is not None and not self.writer.is_closing():
                 self.writer.write(frame)
+                if trace.ENABLED:
+                    (correlation_id,) = struct.unpack_from(">i", frame, 4)
+                    trace.event("written", request=(self.id, correlation_id, -1))
                 if self.writer.transport.get_write_buffer_size() > 1 << 20:
                     await self.writer.drain()
             idle.request_done(self.id)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from broker import trace
 from broker.cluster import MetadataStore
 from broker.handlers.requests import (
     ListGroupsRequest,
@@ -397,6 +398,8 @@ async def share_fetch(
         if got_any or remaining <= 0 or not partitions:
             break
         await _wait_for_work(broker, group_id, partitions, remaining)
+        if trace.ENABLED:
+            trace.event("share_fetch_woken")
     return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
 
@@ -432,6 +435,15 @@ async def _fetch_round(
         batch_size=max(req.batch_size, 1),
         max_bytes=req.max_bytes,
     )
+    if trace.ENABLED:
+        trace.event(
+            "acquired",
+            ranges=[
+                [str(k.topic_id), k.partition, r.first_offset, r.last_offset]
+                for k, f in fetched_all.items()
+                for r in f.acquired
+            ],
+        )
     for key, fetched in fetched_all.items():
         tp = (key.topic_id, key.partition)
         if fetched.error_code != ErrorCode.none:

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, Protocol
 
 import structlog
 
+from broker import trace
 from broker.metrics import ShareMetrics
 from broker.share.partition import (
     AcquiredRange,
@@ -240,6 +241,8 @@ class SharePartitionManager:
         if update is None:
             change.commit()
             return
+        if trace.ENABLED:
+            trace.event("state_write", partitions=1, operation=operation)
         try:
             await self.persister.write_state(
                 key,
@@ -290,6 +293,8 @@ class SharePartitionManager:
                     update.delivery_complete_count,
                 )
             )
+        if trace.ENABLED:
+            trace.event("state_write", partitions=len(state_writes))
         try:
             outcomes = await write_states(self.persister, state_writes)
         except BaseException:
@@ -504,6 +509,8 @@ class SharePartitionManager:
         """Write the held partitions' acquisitions (one write), then let their locks go."""
         async with stack:
             outcomes = await self._write_many([a.write for a in held])
+            if trace.ENABLED:
+                trace.event("state_durable")
             for a, error in zip(held, outcomes, strict=True):
                 if error is not None:
                     results[a.write.key] = FetchedPartition(

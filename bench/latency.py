@@ -1,0 +1,503 @@
+"""Latency of the share path and the throughput of batched share-state writes.
+
+    python -m bench.latency write-state [--partitions 500 --requests 20]
+    python -m bench.latency broker      [--records 2000 --interval-ms 2 --runs 3]
+    python -m bench.latency e2e         [--records 2000 --interval-ms 2 --consumers 2]
+
+- write-state: WriteShareGroupState naming N partitions of one group, one request at a
+  time over one connection; prints partition updates/s. One request is one append and
+  one fsync of the share-state log (coordinator.runtime `run_many`).
+- broker: a producer (linger.ms=0, acks=all) writes a record every `interval` ms; a raw
+  client long-polls ShareFetch (MaxWait 500 ms, MinBytes 1) and acknowledges each
+  delivery in the next ShareFetch. Latency is the record's produce timestamp (set by
+  the producing thread just before `produce`) to the moment the raw ShareFetch
+  response carrying it is decoded. With `--trace` the broker runs with SPOOL_TRACE set
+  (broker.trace) and the per-step gaps of the records' paths are printed.
+- e2e: the same producer, `--consumers` confluent-kafka ShareConsumers (explicit
+  acknowledgement, commit_async), latency from produce timestamp to poll return.
+
+Records are durable before they are delivered and acknowledgements durable before they
+are answered (the broker's defaults). The machine is shared: run several times and
+compare medians. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench import BrokerProcess
+
+INITIALIZE, WRITE = 83, 85
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(values_ms: list[float]) -> str:
+    if not values_ms:
+        return "no samples"
+    return (
+        f"n={len(values_ms)} p50={percentile(values_ms, 0.5):.2f} ms "
+        f"p99={percentile(values_ms, 0.99):.2f} ms max={max(values_ms):.2f} ms"
+    )
+
+
+# ------------------------------------------------------------------ write-state
+
+
+async def _write_state(broker: BrokerProcess, partitions: int, requests: int) -> float:
+    from protocol.client import KafkaClient
+
+    client = await KafkaClient.connect(broker.host, broker.port, "spool-bench-latency")
+    try:
+        topic_id = uuid.uuid4()
+        group = "bench-write-state"
+        init = {
+            "group_id": group,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [
+                        {"partition": p, "state_epoch": 0, "start_offset": 0}
+                        for p in range(partitions)
+                    ],
+                }
+            ],
+        }
+        await client.request(INITIALIZE, 0, init, timeout_s=120)
+        started = time.perf_counter()
+        for n in range(requests):
+            body = {
+                "group_id": group,
+                "topics": [
+                    {
+                        "topic_id": topic_id,
+                        "partitions": [
+                            {
+                                "partition": p,
+                                "state_epoch": 0,
+                                "leader_epoch": 0,
+                                "start_offset": n,
+                                "state_batches": [
+                                    {
+                                        "first_offset": n,
+                                        "last_offset": n,
+                                        "delivery_state": 2,
+                                        "delivery_count": 1,
+                                    }
+                                ],
+                            }
+                            for p in range(partitions)
+                        ],
+                    }
+                ],
+            }
+            response = await client.request(WRITE, 0, body, timeout_s=120)
+            errors = [p.error_code for r in response.results for p in r.partitions if p.error_code]
+            if errors:
+                raise RuntimeError(f"WriteShareGroupState failed: {errors[:3]}")
+        return partitions * requests / (time.perf_counter() - started)
+    finally:
+        await client.close()
+
+
+def bench_write_state(args: argparse.Namespace) -> None:
+    figures = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
+            broker = BrokerProcess(Path(tmp) / "data")
+            broker.start()
+            try:
+                rate = asyncio.run(_write_state(broker, args.partitions, args.requests))
+            finally:
+                broker.stop()
+        figures.append(rate)
+        print(f"run {run + 1}: {rate:,.0f} partition updates/s", flush=True)
+    print(
+        f"WriteShareGroupState x {args.partitions} partitions: median "
+        f"{statistics.median(figures):,.0f} partition updates/s over {len(figures)} runs"
+    )
+
+
+# ------------------------------------------------------------------ the share path
+
+HEARTBEAT, SHARE_FETCH, METADATA = 76, 78, 3
+ACCEPT = 1
+STAMP = struct.Struct(">q")  # the record value: perf_counter_ns when it was produced
+
+
+def _create_topic(broker: BrokerProcess, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "broker.address.family": "v4"})
+    admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=30)[topic].result(30)
+
+
+class Producing(threading.Thread):
+    """Produces `count` records, one every `interval_s`, linger.ms=0 and acks=all; each
+    record's value is its send time (perf_counter_ns, the clock the broker traces with)."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, count: int, interval_s: float):
+        super().__init__(daemon=True)
+        self.broker, self.topic, self.count, self.interval_s = broker, topic, count, interval_s
+        self.failed = 0
+
+    def run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer(
+            {
+                "bootstrap.servers": self.broker.bootstrap,
+                "broker.address.family": "v4",
+                "linger.ms": 0,
+                "acks": "all",
+            }
+        )
+
+        def delivered(err: object, _msg: object) -> None:
+            if err is not None:
+                self.failed += 1
+
+        next_at = time.perf_counter()
+        for _ in range(self.count):
+            next_at += self.interval_s
+            pause = next_at - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            producer.produce(self.topic, STAMP.pack(time.perf_counter_ns()), on_delivery=delivered)
+            producer.poll(0)
+        producer.flush(30)
+
+
+async def _raw_share_consumer(
+    broker: BrokerProcess, topic: str, group: str, count: int, started: threading.Event
+) -> list[tuple[int, float]]:
+    """Long-poll ShareFetch with a raw client; acknowledge each delivery in the next
+    fetch. Returns (offset, produce-to-receive ms) per record."""
+    from protocol.client import KafkaClient
+    from protocol.records import decode_records, iter_batches
+
+    client = await KafkaClient.connect(broker.host, broker.port, "spool-bench-latency")
+    member = str(uuid.uuid4())
+    md = await client.request(
+        METADATA,
+        12,
+        {
+            "topics": [{"name": topic}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    topic_id = md.topics[0].topic_id
+    epoch = 0
+    for _ in range(100):
+        hb = await client.request(
+            HEARTBEAT,
+            1,
+            {
+                "group_id": group,
+                "member_id": member,
+                "member_epoch": epoch,
+                "rack_id": None,
+                "subscribed_topic_names": [topic],
+            },
+        )
+        epoch = hb.member_epoch
+        if hb.assignment is not None and hb.assignment.topic_partitions:
+            break
+        await asyncio.sleep(0.1)
+
+    async def keep_alive() -> None:
+        while True:
+            await asyncio.sleep(2)
+            await client.request(
+                HEARTBEAT,
+                1,
+                {
+                    "group_id": group,
+                    "member_id": member,
+                    "member_epoch": epoch,
+                    "rack_id": None,
+                    "subscribed_topic_names": None,
+                },
+            )
+
+    beating = asyncio.create_task(keep_alive())
+    samples: list[tuple[int, float]] = []
+    session_epoch = 0
+    acks: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 120
+    try:
+        while len(samples) < count and time.monotonic() < deadline:
+            body = {
+                "group_id": group,
+                "member_id": member,
+                "share_session_epoch": session_epoch,
+                "max_wait": 500,
+                "min_bytes": 1,
+                "max_bytes": 1 << 20,
+                "max_records": 500,
+                "batch_size": 500,
+                "forgotten_topics_data": [],
+                "topics": [
+                    {
+                        "topic_id": topic_id,
+                        "partitions": [{"partition_index": 0, "acknowledgement_batches": acks}],
+                    }
+                ],
+            }
+            response = await client.request(SHARE_FETCH, 1, body)
+            received_ns = time.perf_counter_ns()
+            started.set()
+            session_epoch += 1
+            acks = []
+            for t in response.responses:
+                for p in t.partitions:
+                    data = bytes(p.records or b"")
+                    for pos, header in iter_batches(data, validate=False):
+                        for record in decode_records(data, pos, header):
+                            sent_ns = STAMP.unpack(record.value)[0]
+                            samples.append((record.offset, (received_ns - sent_ns) / 1e6))
+                    acks += [
+                        {
+                            "first_offset": r.first_offset,
+                            "last_offset": r.last_offset,
+                            "acknowledge_types": [ACCEPT],
+                        }
+                        for r in p.acquired_records
+                    ]
+    finally:
+        beating.cancel()
+        await client.close()
+    return samples
+
+
+def _trace_env(path: Path | None) -> None:
+    if path is None:
+        os.environ.pop("SPOOL_TRACE", None)
+    else:
+        os.environ["SPOOL_TRACE"] = str(path)
+
+
+async def _broker_path_run(
+    broker: BrokerProcess, records: int, interval_ms: float
+) -> list[tuple[int, float]]:
+    topic = "latency"
+    _create_topic(broker, topic)
+    started = threading.Event()
+    producing = Producing(broker, topic, records, interval_ms / 1000)
+    task = asyncio.create_task(
+        _raw_share_consumer(broker, topic, "bench-latency", records, started)
+    )
+    while not started.is_set() and not task.done():
+        await asyncio.sleep(0.05)
+    # The share partition starts at the log end: produce once it exists.
+    producing.start()
+    samples = await task
+    await asyncio.to_thread(producing.join, 60)
+    return samples
+
+
+def bench_broker_path(args: argparse.Namespace) -> None:
+    """Produce (linger 0, acks=all) to a raw ShareFetch long poll, `--runs` times."""
+    p50s, p99s, maxes = [], [], []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
+            trace_path = Path(tmp) / "trace.jsonl" if args.trace else None
+            _trace_env(trace_path)
+            broker = BrokerProcess(Path(tmp) / "data")
+            try:
+                broker.start()
+            finally:
+                _trace_env(None)
+            try:
+                samples = asyncio.run(_broker_path_run(broker, args.records, args.interval_ms))
+            finally:
+                broker.stop()
+            latencies = [ms for _, ms in samples]
+            p50s.append(percentile(latencies, 0.5))
+            p99s.append(percentile(latencies, 0.99))
+            maxes.append(max(latencies, default=float("nan")))
+            print(f"run {run + 1}: broker path {summary(latencies)}", flush=True)
+            if trace_path is not None and trace_path.exists():
+                print(format_breakdown(breakdown(trace_path, dict(samples))), flush=True)
+    print(
+        f"broker path (produce linger 0 acks=all -> raw ShareFetch long poll), medians over "
+        f"{args.runs} runs: p50 {statistics.median(p50s):.2f} ms, p99 "
+        f"{statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
+    )
+
+
+# ------------------------------------------------------------------ trace breakdown
+
+# The steps of a record's path, in order, as (name, event) of broker.trace; each gap is
+# from the previous step's time to this one's.
+PRODUCE_STEPS = (
+    ("produce received", "request_received"),
+    ("appended", "append"),
+    ("fsync round started", "fsync.started"),
+    ("fsync done (fsync thread)", "fsync.flushed"),
+    ("fsync seen on loop (thread hand-off)", "fsync.finished"),
+    ("produce task resumed", "fsync"),
+    ("high watermark advanced", "hw"),
+)
+FETCH_STEPS = (
+    ("ShareFetch woken / received", ""),
+    ("acquired in memory, state write", ""),
+    ("state fsync round started", ""),
+    ("state fsync done (fsync thread)", ""),
+    ("state fsync seen on loop (hand-off)", ""),
+    ("state write durable", ""),
+    ("handler returned", ""),
+    ("response encoded", ""),
+    ("written to socket", ""),
+)
+
+
+def breakdown(path: Path, offsets: Iterable[int]) -> dict[str, list[float]]:
+    """Per step, the gaps (ms) from the step before, over the records of the trace."""
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    by_request: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in events:
+        if e["r"] is not None:
+            by_request.setdefault((e["r"][0], e["r"][1]), []).append(e)
+    appends = [e for e in events if e["e"] == "append"]
+    acquired = [e for e in events if e["e"] == "acquired"]
+    gaps: dict[str, list[float]] = {}
+    for offset in offsets:
+        produce = next((e for e in appends if e["first"] <= offset <= e["last"]), None)
+        fetch = next(
+            (
+                e
+                for e in acquired
+                if any(first <= offset <= last for _, _, first, last in e["ranges"])
+            ),
+            None,
+        )
+        if produce is None or fetch is None:
+            continue
+        produce_events = by_request[(produce["r"][0], produce["r"][1])]
+        times = _produce_times(produce_events, offset)
+        times += _fetch_times(by_request[(fetch["r"][0], fetch["r"][1])], fetch)
+        previous: int | None = None
+        for (name, _), at in zip(PRODUCE_STEPS + FETCH_STEPS, times, strict=True):
+            if at is None:
+                continue
+            if previous is not None:
+                gaps.setdefault(name, []).append((at - previous) / 1e6)
+            previous = at
+    return gaps
+
+
+def _first(events: list[dict[str, Any]], name: str, **match: Any) -> dict[str, Any] | None:
+    return next(
+        (e for e in events if e["e"] == name and all(e.get(k) == v for k, v in match.items())),
+        None,
+    )
+
+
+def _last_before(events: list[dict[str, Any]], name: str, at: int) -> dict[str, Any] | None:
+    found = [e for e in events if e["e"] == name and e["t"] <= at]
+    return found[-1] if found else None
+
+
+def _produce_times(events: list[dict[str, Any]], offset: int) -> list[int | None]:
+    received = _first(events, "request_received")
+    append = _first(events, "append")
+    fsync = next((e for e in events if e["e"] == "fsync" and e["log"] != "share-state"), None)
+    hw = next((e for e in events if e["e"] == "hw" and e["offset"] > offset), None)
+    steps: list[dict[str, Any] | None] = [received, append]
+    times = [None if e is None else e["t"] for e in steps]
+    if fsync is None:
+        times += [None] * 4
+    else:
+        times += [fsync["started"], fsync["flushed"], fsync["finished"], fsync["t"]]
+    return [*times, None if hw is None else hw["t"]]
+
+
+def _fetch_times(events: list[dict[str, Any]], acquired: dict[str, Any]) -> list[int | None]:
+    """Anchored on the acquisition: its durable write, that write's fsync round and
+    start, and the wake-up (or arrival) before it; then the response's way out."""
+    durable = _last_before(events, "state_durable", acquired["t"])
+    if durable is None:
+        return [None] * len(FETCH_STEPS)
+    write = _last_before(events, "state_write", durable["t"])
+    rounds = [
+        e
+        for e in events
+        if e["e"] == "fsync" and e["log"] == "share-state" and e["t"] <= durable["t"]
+    ]
+    fsync = rounds[-1] if rounds else None
+    start = None if write is None else write["t"]
+    woken = _last_before(events, "share_fetch_woken", start or durable["t"])
+    if woken is None:
+        # Not parked: the fetch arrived after the records were there.
+        woken = _first(events, "request_received")
+    after = [e for e in events if e["t"] >= acquired["t"]]
+    handled, encoded, written = (_first(after, n) for n in ("handled", "encoded", "written"))
+    return [
+        None if woken is None else woken["t"],
+        start,
+        *(
+            (None,) * 3
+            if fsync is None
+            else (fsync["started"], fsync["flushed"], fsync["finished"])
+        ),
+        durable["t"],
+        *(None if e is None else e["t"] for e in (handled, encoded, written)),
+    ]
+
+
+def format_breakdown(gaps: dict[str, list[float]]) -> str:
+    lines = [f"  {'step (gap from the one before)':<42} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}"]
+    for name, _ in PRODUCE_STEPS[1:] + FETCH_STEPS:
+        values = gaps.get(name, [])
+        if values:
+            lines.append(
+                f"  {name:<42} {percentile(values, 0.5):>8.3f} "
+                f"{percentile(values, 0.99):>8.3f} {len(values):>6}"
+            )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    ws = sub.add_parser("write-state", help="WriteShareGroupState over many partitions")
+    ws.add_argument("--partitions", type=int, default=500)
+    ws.add_argument("--requests", type=int, default=20)
+    ws.add_argument("--runs", type=int, default=3)
+    ws.set_defaults(run=bench_write_state)
+    bp = sub.add_parser("broker", help="produce -> raw ShareFetch long poll latency")
+    bp.add_argument("--records", type=int, default=2000)
+    bp.add_argument("--interval-ms", type=float, default=2.0)
+    bp.add_argument("--runs", type=int, default=3)
+    bp.add_argument("--trace", action="store_true", help="run the broker with SPOOL_TRACE")
+    bp.set_defaults(run=bench_broker_path)
+    args = parser.parse_args(argv)
+    args.run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
