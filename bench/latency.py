@@ -345,6 +345,107 @@ def bench_broker_path(args: argparse.Namespace) -> None:
     )
 
 
+# ------------------------------------------------------------------ end to end
+
+
+class ShareConsuming(threading.Thread):
+    """A confluent-kafka ShareConsumer (explicit acknowledgement, commit_async after each
+    poll) noting each record's produce-to-poll latency; warm-up records (stamp 0) are
+    only acknowledged."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, group: str, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.broker, self.topic, self.group, self.stop_at = broker, topic, group, stop
+        self.latencies_ms: list[float] = []
+        self.warm = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import AcknowledgeType, ShareConsumer
+
+        consumer = ShareConsumer(
+            {
+                "bootstrap.servers": self.broker.bootstrap,
+                "broker.address.family": "v4",
+                "group.id": self.group,
+                "share.acknowledgement.mode": "explicit",
+            }
+        )
+        consumer.subscribe([self.topic])
+        try:
+            while not self.stop_at.is_set():
+                messages = [m for m in consumer.poll(0.1) if m.error() is None]
+                polled_ns = time.perf_counter_ns()
+                for m in messages:
+                    sent_ns = STAMP.unpack(m.value())[0]
+                    if sent_ns:
+                        self.latencies_ms.append((polled_ns - sent_ns) / 1e6)
+                    else:
+                        self.warm.set()
+                    consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+                if messages:
+                    consumer.commit_async()
+        finally:
+            consumer.close()
+
+
+def bench_end_to_end(args: argparse.Namespace) -> None:
+    """Produce (linger 0, acks=all) to `--consumers` ShareConsumers, `--runs` times."""
+    from confluent_kafka import Producer
+
+    p50s, p99s, maxes = [], [], []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
+            trace_path = Path(tmp) / "trace.jsonl" if args.trace else None
+            _trace_env(trace_path)
+            broker = BrokerProcess(Path(tmp) / "data")
+            try:
+                broker.start()
+            finally:
+                _trace_env(None)
+            stop = threading.Event()
+            consumers = [
+                ShareConsuming(broker, "latency", "bench-e2e", stop) for _ in range(args.consumers)
+            ]
+            try:
+                _create_topic(broker, "latency")
+                for c in consumers:
+                    c.start()
+                # Warm-up records until every consumer has had some: sessions are open.
+                warm = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+                deadline = time.monotonic() + 60
+                while not all(c.warm.is_set() for c in consumers) and time.monotonic() < deadline:
+                    for _ in range(10):
+                        warm.produce("latency", STAMP.pack(0))
+                    warm.flush(10)
+                    time.sleep(0.2)
+                producing = Producing(broker, "latency", args.records, args.interval_ms / 1000)
+                producing.start()
+                producing.join(120)
+                deadline = time.monotonic() + 30
+                while (
+                    sum(len(c.latencies_ms) for c in consumers) < args.records
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.1)
+            finally:
+                stop.set()
+                for c in consumers:
+                    c.join(30)
+                broker.stop()
+            latencies = [ms for c in consumers for ms in c.latencies_ms]
+            p50s.append(percentile(latencies, 0.5))
+            p99s.append(percentile(latencies, 0.99))
+            maxes.append(max(latencies, default=float("nan")))
+            print(f"run {run + 1}: end to end {summary(latencies)}", flush=True)
+            if trace_path is not None and trace_path.exists():
+                print(format_breakdown(breakdown(trace_path)), flush=True)
+    print(
+        f"end to end ({args.consumers} ShareConsumers, produce linger 0 acks=all), medians "
+        f"over {args.runs} runs: p50 {statistics.median(p50s):.2f} ms, p99 "
+        f"{statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
+    )
+
+
 # ------------------------------------------------------------------ trace breakdown
 
 # The steps of a record's path, in order, as (name, event) of broker.trace; each gap is
@@ -371,9 +472,14 @@ FETCH_STEPS = (
 )
 
 
-def breakdown(path: Path, offsets: Iterable[int]) -> dict[str, list[float]]:
-    """Per step, the gaps (ms) from the step before, over the records of the trace."""
+def breakdown(path: Path, offsets: Iterable[int] | None = None) -> dict[str, list[float]]:
+    """Per step, the gaps (ms) from the step before, over the records of the trace
+    (`offsets`, or every record appended)."""
     events = [json.loads(line) for line in path.read_text().splitlines()]
+    if offsets is None:
+        offsets = [
+            o for e in events if e["e"] == "append" for o in range(e["first"], e["last"] + 1)
+        ]
     by_request: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for e in events:
         if e["r"] is not None:
@@ -494,6 +600,13 @@ def main(argv: list[str] | None = None) -> int:
     bp.add_argument("--runs", type=int, default=3)
     bp.add_argument("--trace", action="store_true", help="run the broker with SPOOL_TRACE")
     bp.set_defaults(run=bench_broker_path)
+    e2e = sub.add_parser("e2e", help="produce -> confluent-kafka ShareConsumers latency")
+    e2e.add_argument("--records", type=int, default=2000)
+    e2e.add_argument("--interval-ms", type=float, default=2.0)
+    e2e.add_argument("--consumers", type=int, default=2)
+    e2e.add_argument("--runs", type=int, default=3)
+    e2e.add_argument("--trace", action="store_true", help="run the broker with SPOOL_TRACE")
+    e2e.set_defaults(run=bench_end_to_end)
     args = parser.parse_args(argv)
     args.run(args)
     return 0
