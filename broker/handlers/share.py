@@ -266,8 +266,10 @@ async def _apply_acknowledgements(
     req: ShareFetchRequest | ShareAcknowledgeRequest,
     version: int,
 ) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
-    """Apply every partition's acknowledgements; each gets its own result."""
+    """Apply every partition's acknowledgements, made durable by one share-state write;
+    each partition gets its own result."""
     results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
+    valid: dict[ShareStateKey, AckBatches] = {}
     is_renew_ack: bool = getattr(req, "is_renew_ack", False)  # v2+
     for t in req.topics:
         topic_id = _topic_id(t.topic_id)
@@ -291,9 +293,11 @@ async def _apply_acknowledgements(
             if invalid is not None:
                 results[tp] = (ErrorCode.invalid_request, invalid)
                 continue
-            results[tp] = await broker.share.acknowledge(
-                ShareStateKey(group_id, topic_id, p.partition_index), member_id, batches
-            )
+            valid[ShareStateKey(group_id, topic_id, p.partition_index)] = batches
+    if valid:
+        acked = await broker.share.acknowledge_many(valid, member_id)
+        for key, result in acked.items():
+            results[(key.topic_id, key.partition)] = result
     return results
 
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import heapq
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -466,58 +466,84 @@ class SharePartitionManager:
         Partitions left out once MaxRecords or MaxBytes is used up are not in the result.
         """
         results: dict[ShareStateKey, FetchedPartition] = {}
-        held: list[_Acquired] = []
+        acquisitions: dict[int, _Acquired] = {}
+        budget = [max_records, max_bytes]
+
+        async def prepare(key: ShareStateKey) -> _Write | None:
+            try:
+                prepared = await self._prepare_acquire(
+                    key, member_id, budget[0], batch_size, budget[1]
+                )
+            except KafkaError as exc:
+                results[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
+                return None
+            if isinstance(prepared, FetchedPartition):
+                results[key] = prepared
+                return None
+            budget[0] -= prepared.result.record_count
+            budget[1] -= len(prepared.records)
+            acquisitions[id(prepared.write)] = prepared
+            return prepared.write
+
+        def written(w: _Write, error: KafkaError | None) -> None:
+            if error is not None:
+                results[w.key] = FetchedPartition(
+                    error_code=error.code, error_message=error.message
+                )
+            else:
+                results[w.key] = self._acquired(w.key, w.sp, acquisitions[id(w)])
+
+        await self._batched(keys, prepare, written, lambda: budget[0] <= 0 or budget[1] <= 0)
+        return results
+
+    async def _batched(
+        self,
+        keys: Sequence[ShareStateKey],
+        prepare: Callable[[ShareStateKey], Awaitable[_Write | None]],
+        written: Callable[[_Write, KafkaError | None], None],
+        done: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Under each key's lock, in order, `prepare` a change (None: nothing to write);
+        persist the changes as one share-state write (`_write_many`, one fsync) and tell
+        `written` of each, then let the locks go. Before waiting for a lock someone else
+        holds, what is held is written first and let go, so two requests never wait for
+        each other. Stops early once `done()`."""
+        held: list[_Write] = []
         stack = contextlib.AsyncExitStack()
         try:
             for key in keys:
-                if max_records <= 0 or max_bytes <= 0:
+                if done():
                     break
                 if held and key in self._locks:
-                    await self._finish_acquired(held, results, stack)
+                    await self._write_held(held, written, stack)
                     held = []
                     stack = contextlib.AsyncExitStack()
                 await stack.enter_async_context(self._locks.hold(key))
-                try:
-                    prepared = await self._prepare_acquire(
-                        key, member_id, max_records, batch_size, max_bytes
-                    )
-                except KafkaError as exc:
-                    results[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
-                    continue
-                if isinstance(prepared, FetchedPartition):
-                    results[key] = prepared
-                    continue
-                held.append(prepared)
-                max_records -= prepared.result.record_count
-                max_bytes -= len(prepared.records)
-            await self._finish_acquired(held, results, stack)
+                prepared = await prepare(key)
+                if prepared is not None:
+                    held.append(prepared)
+            await self._write_held(held, written, stack)
             held = []
         finally:
             # Interrupted (cancelled) before the write: memory goes back as it was.
-            for a in held:
-                if a.write.change.pending:
-                    a.write.change.rollback()
+            for w in held:
+                if w.change.pending:
+                    w.change.rollback()
             await stack.aclose()
-        return results
 
-    async def _finish_acquired(
+    async def _write_held(
         self,
-        held: list[_Acquired],
-        results: dict[ShareStateKey, FetchedPartition],
+        held: list[_Write],
+        written: Callable[[_Write, KafkaError | None], None],
         stack: contextlib.AsyncExitStack,
     ) -> None:
-        """Write the held partitions' acquisitions (one write), then let their locks go."""
+        """Write the held partitions' changes (one write), then let their locks go."""
         async with stack:
-            outcomes = await self._write_many([a.write for a in held])
+            outcomes = await self._write_many(held)
             if trace.ENABLED:
                 trace.event("state_durable")
-            for a, error in zip(held, outcomes, strict=True):
-                if error is not None:
-                    results[a.write.key] = FetchedPartition(
-                        error_code=error.code, error_message=error.message
-                    )
-                else:
-                    results[a.write.key] = self._acquired(a.write.key, a.write.sp, a)
+            for w, error in zip(held, outcomes, strict=True):
+                written(w, error)
 
     async def _prepare_acquire(
         self,
@@ -598,11 +624,27 @@ class SharePartitionManager:
         the same acknowledgement succeeds once retried (or the lock expires and they are
         delivered again).
         """
-        async with self._locks.hold(key):
+        return (await self.acknowledge_many({key: batches}, member_id))[key]
+
+    async def acknowledge_many(
+        self,
+        acks: Mapping[ShareStateKey, list[tuple[int, int, tuple[int, ...]]]],
+        member_id: str,
+    ) -> dict[ShareStateKey, tuple[ErrorCode, str | None]]:
+        """`acknowledge` over several partitions of one request, persisted as one
+        share-state write (one fsync); per partition its error code and message. A failed
+        write fails every partition in it and leaves each as it was."""
+        results: dict[ShareStateKey, tuple[ErrorCode, str | None]] = {}
+        released: list[ShareStateKey] = []
+        counts: dict[int, int] = {}
+
+        async def prepare(key: ShareStateKey) -> _Write | None:
+            batches = acks[key]
             try:
                 sp = await self._get(key)
             except KafkaError as exc:
-                return exc.code, exc.message
+                results[key] = (exc.code, exc.message)
+                return None
             result = sp.acknowledge(member_id, batches, self.clock.now_ms())
             log.debug(
                 "acknowledge",
@@ -623,16 +665,27 @@ class SharePartitionManager:
                     error=result.error_code.name,
                     reason=result.error_message,
                 )
-                return result.error_code, result.error_message
-            try:
-                await self._write(key, sp, result.change, "acknowledge", member=member_id)
-            except KafkaError as exc:
-                return exc.code, exc.message
-            self.metrics.acknowledged(key, batches, result.released)
-            self._arm(key, sp)
-        if result.released:
+                results[key] = (result.error_code, result.error_message)
+                return None
+            write = _Write(key, sp, result.change, "acknowledge", {"member": member_id})
+            counts[id(write)] = result.released
+            return write
+
+        def written(w: _Write, error: KafkaError | None) -> None:
+            if error is not None:
+                results[w.key] = (error.code, error.message)
+                return
+            results[w.key] = (ErrorCode.none, None)
+            self.metrics.acknowledged(w.key, acks[w.key], counts[id(w)])
+            self._arm(w.key, w.sp)
+            if counts[id(w)]:
+                released.append(w.key)
+
+        await self._batched(list(acks), prepare, written)
+        # Once the locks are let go: fetches parked on these partitions may take them.
+        for key in released:
             self._notify(key)
-        return ErrorCode.none, None
+        return results
 
     async def release_member(
         self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None

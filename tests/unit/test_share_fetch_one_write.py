@@ -1,6 +1,7 @@
-"""A share fetch over many partitions persists its acquisitions with one share-state
-write: one append and one fsync round of the share coordinator's log, whatever the
-number of partitions; a failed write fails every partition and leaves each as it was.
+"""A share fetch over many partitions persists its acquisitions, and a request's
+acknowledgements over many partitions persist theirs, with one share-state write: one
+append and one fsync round of the share coordinator's log, whatever the number of
+partitions; a failed write fails every partition and leaves each as it was.
 
 The share coordinator is the durable one (`DurablePersister` on a tmp dir, a real
 `GroupCommit`), and its disk fails on demand (test_runtime's `Disk`).
@@ -33,6 +34,7 @@ disk = test_runtime.disk
 TOPIC = uuid.UUID(int=3)
 PARTITIONS = 8
 KEYS = [ShareStateKey("g", TOPIC, p) for p in range(PARTITIONS)]
+ACCEPT = 1
 
 
 @dataclass
@@ -131,3 +133,37 @@ async def test_two_fetches_over_the_same_partitions_in_opposite_orders_split_the
     assert set(first) | set(second) == set(KEYS)
     assert not set(first) & set(second)
     assert all(v == (0, 9, 1) for v in [*first.values(), *second.values()])
+
+
+async def test_acknowledgements_of_every_partition_are_one_append_and_one_fsync(
+    setup: Setup,
+) -> None:
+    await fetch(setup.mgr)
+    setup.appends.clear()
+    rounds = setup.commit.rounds
+    results = await setup.mgr.acknowledge_many({key: [(0, 9, (ACCEPT,))] for key in KEYS}, "m")
+    assert results == {key: (ErrorCode.none, None) for key in KEYS}
+    assert setup.commit.rounds - rounds == 1
+    assert setup.appends == [PARTITIONS]
+    for key in KEYS:
+        state = setup.persister.shard.state(key)
+        assert state is not None and state.start_offset == 10
+        assert setup.mgr.partitions[key].spso == 10
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_failed_shared_acknowledgement_write_keeps_every_partition_acquired(
+    setup: Setup, disk: Disk, stage: str
+) -> None:
+    await fetch(setup.mgr)
+    stored = {key: setup.persister.shard.state(key) for key in KEYS}
+    disk.fail(stage, errno.ENOSPC)
+    results = await setup.mgr.acknowledge_many({key: [(0, 9, (ACCEPT,))] for key in KEYS}, "m")
+    assert {code for code, _ in results.values()} == {ErrorCode.kafka_storage_error}
+    for key in KEYS:
+        sp = setup.mgr.partitions[key]
+        assert (sp.spso, sp.acquired_count, sp.change_pending) == (0, 10, False)
+    assert {key: setup.persister.shard.state(key) for key in KEYS} == stored
+    # Retried once the disk is back, the same acknowledgements are accepted.
+    results = await setup.mgr.acknowledge_many({key: [(0, 9, (ACCEPT,))] for key in KEYS}, "m")
+    assert set(results.values()) == {(ErrorCode.none, None)}
