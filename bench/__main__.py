@@ -57,6 +57,7 @@ from bench.share_durability import (
     bench_restart,
     bench_share_ack_latency,
     bench_share_state_recovery,
+    bench_share_state_recovery_checkpointed,
 )
 from bench.spark_pipeline import bench_spark_pipeline
 from bench.transactions import bench_transactions
@@ -186,6 +187,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "share_ack": bench_share_ack_latency,
     "latency": bench_latency_hook,
     "share_recovery": bench_share_state_recovery,
+    "share_recovery_checkpointed": bench_share_state_recovery_checkpointed,
     "restart": bench_restart,
     "memory": bench_memory,
     "backlog": bench_share_backlog,

@@ -300,9 +300,33 @@ async def _serve_times(
         await client.close()
 
 
+def write_as_killed_broker(directory: Path, updates: int) -> int:
+    """Append `updates` share-state updates to the log in `directory` as a live broker
+    would have written them before a kill -9: its share coordinator checkpoints every
+    DEFAULT_CHECKPOINT_INTERVAL_RECORDS replayed records, so the last checkpoint lies at
+    most one interval behind the end (here exactly one: the worst case). No clean-shutdown
+    marker or recovery point is left, so a restart CRC-checks every batch. Returns the
+    records written."""
+    from coordinator.runtime import DEFAULT_CHECKPOINT_INTERVAL_RECORDS
+    from coordinator.share_persister import DurablePersister
+    from persister.commit import GroupCommit
+
+    tail = min(DEFAULT_CHECKPOINT_INTERVAL_RECORDS, updates)
+    written = build_share_state_log(directory, updates - tail)
+    persister = DurablePersister(directory, GroupCommit())
+    persister.load()
+    assert asyncio.run(persister.runtime.checkpoint())
+    persister.records.log.close(clean=False)  # kill -9: no checkpoint at close
+    written += build_share_state_log(directory, tail)
+    (directory / ".kafka_cleanshutdown").unlink(missing_ok=True)
+    (directory / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+    return written
+
+
 def bench_restart(ctx: BenchContext) -> list[Result]:
     """A broker with a share group's state is killed with -9; RECOVERY_UPDATES share-state
-    updates are appended to its share-state log (as if written before the kill); the
+    updates are appended to its share-state log as the broker would have written them
+    before the kill (`write_as_killed_broker`: checkpointed up to one interval back); the
     restart is timed until ApiVersions is answered and until a ShareFetch acquires the
     group's remaining records. Records `restart.api_versions_s` and
     `restart.share_fetch_s` (target <= 2 s)."""
@@ -327,10 +351,7 @@ def bench_restart(ctx: BenchContext) -> list[Result]:
             progress(f"restart: appending {RECOVERY_UPDATES} share-state updates to the log")
             state_dir = broker.data_dir / "share-state"
             with structlog.testing.capture_logs():
-                written = build_share_state_log(state_dir, RECOVERY_UPDATES)
-            # As after kill -9: no clean-shutdown marker, so every batch is CRC-checked.
-            (state_dir / ".kafka_cleanshutdown").unlink(missing_ok=True)
-            (state_dir / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+                written = write_as_killed_broker(state_dir, RECOVERY_UPDATES)
             log_bytes = _dir_bytes(state_dir)
             progress("restart: starting the broker again")
             t0 = time.perf_counter()
@@ -364,21 +385,12 @@ def bench_share_state_recovery_checkpointed(ctx: BenchContext) -> list[Result]:
     import structlog.testing
 
     from coordinator.runtime import DEFAULT_CHECKPOINT_INTERVAL_RECORDS
-    from coordinator.share_persister import DurablePersister
-    from persister.commit import GroupCommit
 
     tail = DEFAULT_CHECKPOINT_INTERVAL_RECORDS
     with tempfile.TemporaryDirectory(prefix="spool-bench-share-ckpt-") as tmp:
         directory = Path(tmp) / "share-state"
         with structlog.testing.capture_logs():
-            written = build_share_state_log(directory, RECOVERY_UPDATES - tail)
-            persister = DurablePersister(directory, GroupCommit())
-            persister.load()
-            assert asyncio.run(persister.runtime.checkpoint())
-            persister.records.log.close(clean=False)  # kill -9: no checkpoint at close
-            written += build_share_state_log(directory, tail)
-            (directory / ".kafka_cleanshutdown").unlink(missing_ok=True)
-            (directory / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+            written = write_as_killed_broker(directory, RECOVERY_UPDATES)
             open_s, load_s, replayed, keys = _timed_load(directory)
         log_bytes = _dir_bytes(directory)
     return [
