@@ -662,8 +662,15 @@ KAFKA_4_2_VERSIONS = {
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 5),  # InitProducerId
+    24: (0, 5),  # AddPartitionsToTxn
+    25: (0, 4),  # AddOffsetsToTxn
+    # Kafka serves EndTxn v5, which is transaction version 2 (KIP-890 part 2); spool has
+    # transaction version 1 only, so it stops at v4 and clients use that.
+    26: (0, 4),  # EndTxn
+    28: (0, 5),  # TxnOffsetCommit
     32: (1, 4),  # DescribeConfigs
     37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 2),  # DescribeCluster
     76: (1, 1),  # ShareGroupHeartbeat
@@ -675,6 +682,9 @@ KAFKA_4_2_VERSIONS = {
     85: (0, 1),  # WriteShareGroupState
     86: (0, 0),  # DeleteShareGroupState
     87: (0, 1),  # ReadShareGroupStateSummary
+    90: (0, 1),  # DescribeShareGroupOffsets
+    91: (0, 0),  # AlterShareGroupOffsets
+    92: (0, 0),  # DeleteShareGroupOffsets
 }
 
 
