@@ -34,11 +34,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import BrokerProcess
+from bench import BenchContext, BrokerProcess, Result
 
 INITIALIZE, WRITE = 83, 85
 
@@ -273,7 +273,7 @@ async def _raw_share_consumer(
                     data = bytes(p.records or b"")
                     for pos, header in iter_batches(data, validate=False):
                         for record in decode_records(data, pos, header):
-                            sent_ns = STAMP.unpack(record.value)[0]
+                            sent_ns = STAMP.unpack(record.value or bytes(8))[0]
                             samples.append((record.offset, (received_ns - sent_ns) / 1e6))
                     acks += [
                         {
@@ -297,14 +297,13 @@ def _trace_env(path: Path | None) -> None:
 
 
 async def _broker_path_run(
-    broker: BrokerProcess, records: int, interval_ms: float
+    broker: BrokerProcess, records: int, interval_ms: float, topic: str = "latency"
 ) -> list[tuple[int, float]]:
-    topic = "latency"
     _create_topic(broker, topic)
     started = threading.Event()
     producing = Producing(broker, topic, records, interval_ms / 1000)
     task = asyncio.create_task(
-        _raw_share_consumer(broker, topic, "bench-latency", records, started)
+        _raw_share_consumer(broker, topic, f"group-{topic}", records, started)
     )
     while not started.is_set() and not task.done():
         await asyncio.sleep(0.05)
@@ -317,6 +316,21 @@ async def _broker_path_run(
 
 def bench_broker_path(args: argparse.Namespace) -> None:
     """Produce (linger 0, acks=all) to a raw ShareFetch long poll, `--runs` times."""
+
+    def once(broker: BrokerProcess) -> tuple[list[float], list[int]]:
+        samples = asyncio.run(_broker_path_run(broker, args.records, args.interval_ms))
+        return [ms for _, ms in samples], [offset for offset, _ in samples]
+
+    _measure(args, "broker path (produce linger 0 acks=all -> raw ShareFetch long poll)", once)
+
+
+def _measure(
+    args: argparse.Namespace,
+    what: str,
+    once: Callable[[BrokerProcess], tuple[list[float], list[int] | None]],
+) -> None:
+    """`once` against a fresh broker (traced with --trace), `--runs` times; prints each
+    run, its per-step breakdown when traced, and the medians of the runs."""
     p50s, p99s, maxes = [], [], []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
@@ -328,20 +342,18 @@ def bench_broker_path(args: argparse.Namespace) -> None:
             finally:
                 _trace_env(None)
             try:
-                samples = asyncio.run(_broker_path_run(broker, args.records, args.interval_ms))
+                latencies, offsets = once(broker)
             finally:
                 broker.stop()
-            latencies = [ms for _, ms in samples]
             p50s.append(percentile(latencies, 0.5))
             p99s.append(percentile(latencies, 0.99))
             maxes.append(max(latencies, default=float("nan")))
-            print(f"run {run + 1}: broker path {summary(latencies)}", flush=True)
+            print(f"run {run + 1}: {summary(latencies)}", flush=True)
             if trace_path is not None and trace_path.exists():
-                print(format_breakdown(breakdown(trace_path, dict(samples))), flush=True)
+                print(format_breakdown(breakdown(trace_path, offsets)), flush=True)
     print(
-        f"broker path (produce linger 0 acks=all -> raw ShareFetch long poll), medians over "
-        f"{args.runs} runs: p50 {statistics.median(p50s):.2f} ms, p99 "
-        f"{statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
+        f"{what}, medians over {args.runs} runs: p50 {statistics.median(p50s):.2f} ms, "
+        f"p99 {statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
     )
 
 
@@ -376,7 +388,7 @@ class ShareConsuming(threading.Thread):
                 messages = [m for m in consumer.poll(0.1) if m.error() is None]
                 polled_ns = time.perf_counter_ns()
                 for m in messages:
-                    sent_ns = STAMP.unpack(m.value())[0]
+                    sent_ns = STAMP.unpack(m.value() or bytes(8))[0]
                     if sent_ns:
                         self.latencies_ms.append((polled_ns - sent_ns) / 1e6)
                     else:
@@ -388,62 +400,85 @@ class ShareConsuming(threading.Thread):
             consumer.close()
 
 
-def bench_end_to_end(args: argparse.Namespace) -> None:
-    """Produce (linger 0, acks=all) to `--consumers` ShareConsumers, `--runs` times."""
+def _end_to_end_run(
+    broker: BrokerProcess, records: int, interval_ms: float, consumers: int
+) -> list[float]:
+    """One measurement against a running broker (a fresh topic and group)."""
     from confluent_kafka import Producer
 
-    p50s, p99s, maxes = [], [], []
-    for run in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
-            trace_path = Path(tmp) / "trace.jsonl" if args.trace else None
-            _trace_env(trace_path)
-            broker = BrokerProcess(Path(tmp) / "data")
-            try:
-                broker.start()
-            finally:
-                _trace_env(None)
-            stop = threading.Event()
-            consumers = [
-                ShareConsuming(broker, "latency", "bench-e2e", stop) for _ in range(args.consumers)
-            ]
-            try:
-                _create_topic(broker, "latency")
-                for c in consumers:
-                    c.start()
-                # Warm-up records until every consumer has had some: sessions are open.
-                warm = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
-                deadline = time.monotonic() + 60
-                while not all(c.warm.is_set() for c in consumers) and time.monotonic() < deadline:
-                    for _ in range(10):
-                        warm.produce("latency", STAMP.pack(0))
-                    warm.flush(10)
-                    time.sleep(0.2)
-                producing = Producing(broker, "latency", args.records, args.interval_ms / 1000)
-                producing.start()
-                producing.join(120)
-                deadline = time.monotonic() + 30
-                while (
-                    sum(len(c.latencies_ms) for c in consumers) < args.records
-                    and time.monotonic() < deadline
-                ):
-                    time.sleep(0.1)
-            finally:
-                stop.set()
-                for c in consumers:
-                    c.join(30)
-                broker.stop()
-            latencies = [ms for c in consumers for ms in c.latencies_ms]
-            p50s.append(percentile(latencies, 0.5))
-            p99s.append(percentile(latencies, 0.99))
-            maxes.append(max(latencies, default=float("nan")))
-            print(f"run {run + 1}: end to end {summary(latencies)}", flush=True)
-            if trace_path is not None and trace_path.exists():
-                print(format_breakdown(breakdown(trace_path)), flush=True)
-    print(
-        f"end to end ({args.consumers} ShareConsumers, produce linger 0 acks=all), medians "
-        f"over {args.runs} runs: p50 {statistics.median(p50s):.2f} ms, p99 "
-        f"{statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
-    )
+    topic, group = f"latency-{uuid.uuid4().hex[:8]}", f"bench-e2e-{uuid.uuid4().hex[:8]}"
+    stop = threading.Event()
+    threads = [ShareConsuming(broker, topic, group, stop) for _ in range(consumers)]
+    try:
+        _create_topic(broker, topic)
+        for c in threads:
+            c.start()
+        # Warm-up records until every consumer has had some: sessions are open.
+        warm = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        deadline = time.monotonic() + 60
+        while not all(c.warm.is_set() for c in threads) and time.monotonic() < deadline:
+            for _ in range(10):
+                warm.produce(topic, STAMP.pack(0))
+            warm.flush(10)
+            time.sleep(0.2)
+        producing = Producing(broker, topic, records, interval_ms / 1000)
+        producing.start()
+        producing.join(120)
+        deadline = time.monotonic() + 30
+        while sum(len(c.latencies_ms) for c in threads) < records and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for c in threads:
+            c.join(30)
+    return [ms for c in threads for ms in c.latencies_ms]
+
+
+def bench_end_to_end(args: argparse.Namespace) -> None:
+    """Produce (linger 0, acks=all) to `--consumers` ShareConsumers, `--runs` times."""
+
+    def once(broker: BrokerProcess) -> tuple[list[float], None]:
+        return _end_to_end_run(broker, args.records, args.interval_ms, args.consumers), None
+
+    _measure(args, f"end to end ({args.consumers} ShareConsumers, produce linger 0 acks=all)", once)
+
+
+def bench_latency(ctx: BenchContext) -> list[Result]:
+    """For `python -m bench --only latency`: one broker-path and one end-to-end (two
+    ShareConsumers) measurement against the harness's broker, as LATENCY_FIGURES."""
+    records = min(ctx.records, 2000)
+    started = time.perf_counter()
+    broker_path = [
+        ms
+        for _, ms in asyncio.run(
+            _broker_path_run(ctx.broker, records, 2.0, f"bench-{uuid.uuid4().hex[:8]}")
+        )
+    ]
+    middle = time.perf_counter()
+    e2e = _end_to_end_run(ctx.broker, records, 2.0, 2)
+    ended = time.perf_counter()
+    updates_per_s = asyncio.run(_write_state(ctx.broker, 500, 20))
+    ctx.figures["latency.broker_p50_ms"] = percentile(broker_path, 0.5)
+    ctx.figures["latency.broker_p99_ms"] = percentile(broker_path, 0.99)
+    ctx.figures["latency.consumer_p99_ms"] = percentile(e2e, 0.99)
+    ctx.figures["latency.consumer_max_ms"] = max(e2e, default=float("nan"))
+    return [
+        Result(
+            "latency broker path (raw ShareFetch)",
+            len(broker_path),
+            middle - started,
+            0,
+            summary(broker_path),
+        ),
+        Result("latency end to end (2 ShareConsumers)", len(e2e), ended - middle, 0, summary(e2e)),
+        Result(
+            "WriteShareGroupState x500 partitions",
+            10_000,
+            10_000 / updates_per_s,
+            0,
+            f"{updates_per_s:,.0f} partition updates/s (one fsync per request)",
+        ),
+    ]
 
 
 # ------------------------------------------------------------------ trace breakdown

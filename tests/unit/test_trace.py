@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from broker import trace
 from persister.commit import GroupCommit
+from tests.unit import test_commit
 from tests.unit.test_commit import GatedTarget, until
 
-
-@pytest.fixture
-async def commit() -> AsyncIterator[GroupCommit]:
-    group = GroupCommit()
-    group.start()
-    yield group
-    await group.stop()
+commit = test_commit.commit  # a started GroupCommit
 
 
 async def test_a_round_of_one_log_does_not_wait_for_a_running_round_of_another(
