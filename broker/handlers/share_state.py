@@ -139,8 +139,9 @@ async def write_share_group_state(
     async def collect(
         persister: Persister, key: ShareStateKey, p: WriteStatePartition
     ) -> dict[str, Any]:
+        write = _state_write(key, p)  # may refuse the partition (INVALID_REQUEST) first
         slots[id(p)] = len(writes)
-        writes.append(_state_write(key, p))
+        writes.append(write)
         return {}
 
     response = await _per_partition(broker.share_persister, req.group_id, topics, collect)

@@ -422,6 +422,38 @@ def test_malformed_state_batch_is_invalid_request_and_changes_nothing(
     assert batches_of(got) == good, "a rejected write must not apply any of its batches"
 
 
+@pytest.mark.parametrize("bad_first", [False, True])
+def test_a_malformed_partition_fails_alone_beside_a_good_one_in_the_same_write(
+    broker: Broker, bad_first: bool
+) -> None:
+    # The good partitions of a request share one append; a refused one is not part of it.
+    g, tid = "g-invalid-beside", uuid.uuid4()
+    for p in (0, 1):
+        assert_ok(initialize(broker, g, tid, p, state_epoch=0, start=0), f"initialize {p}")
+
+    def part(p: int, state: int) -> dict[str, Any]:
+        batch = {"first_offset": 0, "last_offset": 1, "delivery_state": state, "delivery_count": 1}
+        return {
+            "partition": p,
+            "state_epoch": 0,
+            "leader_epoch": 0,
+            "start_offset": -1,
+            "delivery_complete_count": -1,
+            "state_batches": [batch],
+        }
+
+    parts = [part(0, 2), part(1, 3)]
+    if bad_first:
+        parts.reverse()
+    body = {"group_id": g, "topics": [{"topic_id": tid, "partitions": parts}]}
+    (result,) = call(broker, WRITE, 1, body).results
+    good, bad = sorted(result.partitions, key=lambda r: r.partition)
+    assert_error(bad, ErrorCode.invalid_request, "delivery state 3")
+    assert_ok(good, "the good partition beside it")
+    assert batches_of(read(broker, g, tid, 0, leader_epoch=0)) == [(0, 1, ACKNOWLEDGED, 1)]
+    assert batches_of(read(broker, g, tid, 1, leader_epoch=0)) == []
+
+
 @pytest.mark.parametrize("api", ["initialize", "read", "write", "delete", "summary"])
 def test_empty_group_id_gets_an_empty_response(broker: Broker, api: str) -> None:
     # Kafka's ShareCoordinatorService answers an empty group id with no results at all.
