@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from persister import share_fold
 from persister.dirlock import in_use
@@ -104,7 +104,6 @@ SNAPSHOT, UPDATE, TOMBSTONE = "snapshot", "update", "tombstone"
 # Where a record was read: the live log, or a compaction's output.
 SOURCE_LOG, SOURCE_COMPACTED = "log", "compacted"
 
-_T = TypeVar("_T")
 ShareKeyTuple = tuple[str, str, int]  # group id, topic id (text), partition
 
 
@@ -196,7 +195,7 @@ def log_record(
         state_epoch,
         leader_epoch,
         start_offset,
-        tuple(StateBatch(*b) for b in batches),
+        batches,
         share,
     )
 
@@ -233,15 +232,12 @@ def _framing(
     )
 
 
-def scan_segment(
-    data: bytes, segment: str, source: str = SOURCE_LOG, *, writing: bool = False
-) -> Iterator[LogRecord | Violation]:
-    """Every share record of one segment file's bytes, and a `crc_and_framing` violation
-    for each batch or record that is not sound. Never raises on bad bytes.
-
-    `writing`: a running broker is appending to this segment, so an incomplete batch at
-    its end is a write in progress, not damage (the broker's recovery would keep it if
-    it completes, or cut it if the broker dies first)."""
+def scan_batches(
+    data: bytes, segment: str, *, writing: bool = False
+) -> Iterator[tuple[int, Record] | Violation]:
+    """`scan_segment`'s walk over the batches: (batch position, record) for each record
+    of a sound batch, undecoded, and a `crc_and_framing` violation for each batch that
+    is not sound."""
     pos, end = 0, len(data)
     next_offset: int | None = None
     while pos < end:
@@ -303,13 +299,40 @@ def scan_segment(
             yield _framing(segment, batch_pos, header.base_offset, f"records unreadable: {exc}")
             continue
         for record in records:
-            try:
-                if record.key is None:
-                    raise ValueError("record has no key; it is not a share-state record")
-                share = decode(record.key, record.value)
-            except ValueError as exc:
-                yield _framing(segment, batch_pos, record.offset, str(exc))
-                continue
+            yield batch_pos, record
+
+
+def decode_share(
+    segment: str, batch_pos: int, offset: int, key: bytes | None, value: bytes | None
+) -> ShareRecord | Violation:
+    """The share record a record's key and value hold, or the `crc_and_framing`
+    violation saying why they are not one."""
+    try:
+        if key is None:
+            raise ValueError("record has no key; it is not a share-state record")
+        return decode(key, value)
+    except ValueError as exc:
+        return _framing(segment, batch_pos, offset, str(exc))
+
+
+def scan_segment(
+    data: bytes, segment: str, source: str = SOURCE_LOG, *, writing: bool = False
+) -> Iterator[LogRecord | Violation]:
+    """Every share record of one segment file's bytes, and a `crc_and_framing` violation
+    for each batch or record that is not sound. Never raises on bad bytes.
+
+    `writing`: a running broker is appending to this segment, so an incomplete batch at
+    its end is a write in progress, not damage (the broker's recovery would keep it if
+    it completes, or cut it if the broker dies first)."""
+    for item in scan_batches(data, segment, writing=writing):
+        if isinstance(item, Violation):
+            yield item
+            continue
+        batch_pos, record = item
+        share = decode_share(segment, batch_pos, record.offset, record.key, record.value)
+        if isinstance(share, Violation):
+            yield share
+        else:
             yield log_record(source, segment, batch_pos, record.offset, share)
 
 
@@ -355,12 +378,30 @@ class KeyContext:
     log_end_offset: int | None = None
 
 
-def _steps(records: Sequence[LogRecord]) -> Iterator[tuple[LogRecord, ShareSnapshot | None]]:
-    """Each record with the key's state before it."""
+# A key's state before each of its records, then after the last: `key_states`.
+States = Sequence[ShareSnapshot | None]
+
+
+def key_states(records: Sequence[LogRecord]) -> list[ShareSnapshot | None]:
+    """The key's state before each record and, last, after them all: one replay that
+    every rule of the key shares (`check_key`)."""
+    states: list[ShareSnapshot | None] = [None]
     state: ShareSnapshot | None = None
     for record in records:
-        yield record, state
         state = share_fold.apply(state, record.share)
+        states.append(state)
+    return states
+
+
+def _steps(
+    records: Sequence[LogRecord], states: States | None
+) -> Iterable[tuple[LogRecord, ShareSnapshot | None]]:
+    """Each record with the key's state before it."""
+    return zip(records, key_states(records) if states is None else states, strict=False)
+
+
+def _final(records: Sequence[LogRecord], states: States | None) -> ShareSnapshot | None:
+    return fold(records) if states is None else states[-1]
 
 
 def check_state_epochs(records: Sequence[LogRecord]) -> list[Violation]:
@@ -382,9 +423,11 @@ def check_state_epochs(records: Sequence[LogRecord]) -> list[Violation]:
     return out
 
 
-def check_start_offsets(records: Sequence[LogRecord]) -> list[Violation]:
+def check_start_offsets(
+    records: Sequence[LogRecord], states: States | None = None
+) -> list[Violation]:
     out = []
-    for record, before in _steps(records):
+    for record, before in _steps(records, states):
         if record.record_type == TOMBSTONE or before is None or record.start_offset == NO_OFFSET:
             continue
         if record.start_offset >= before.start_offset:
@@ -408,9 +451,9 @@ def _start_in_force(record: LogRecord, before: ShareSnapshot | None) -> int:
     return before.start_offset
 
 
-def check_batches(records: Sequence[LogRecord]) -> list[Violation]:
+def check_batches(records: Sequence[LogRecord], states: States | None = None) -> list[Violation]:
     out = []
-    for record, before in _steps(records):
+    for record, before in _steps(records, states):
         start = _start_in_force(record, before)
         previous: StateBatch | None = None
         for batch in record.batches:
@@ -466,13 +509,15 @@ def check_delivery_counts(records: Sequence[LogRecord], context: KeyContext) -> 
     ]
 
 
-def check_topic_offsets(records: Sequence[LogRecord], context: KeyContext) -> list[Violation]:
+def check_topic_offsets(
+    records: Sequence[LogRecord], context: KeyContext, states: States | None = None
+) -> list[Violation]:
     if not records:
         return []
     if context.topic is None:
         # Only a key whose state is still live matters: a deleted topic's state is
         # deleted after it (by tombstones), not before.
-        if fold(records) is None:
+        if _final(records, states) is None:
             return []
         return [
             _violation(
@@ -509,13 +554,15 @@ def check_topic_offsets(records: Sequence[LogRecord], context: KeyContext) -> li
 
 
 def check_replay_equivalent(
-    original: Sequence[LogRecord], compacted: Sequence[LogRecord] | None
+    original: Sequence[LogRecord],
+    compacted: Sequence[LogRecord] | None,
+    states: States | None = None,
 ) -> list[Violation]:
     """`compacted` None: compare the full replay with the replay from the last reset."""
     if not original and not compacted:
         return []
     kept = from_last_reset(original) if compacted is None else compacted
-    expected, got = fold(original), fold(kept)
+    expected, got = _final(original, states), fold(kept)
     if expected == got:
         return []
     where = kept[-1] if kept else original[-1]
@@ -543,16 +590,20 @@ def check_key(
     original: Sequence[LogRecord],
     context: KeyContext,
     compacted: Sequence[LogRecord] | None = None,
+    states: States | None = None,
 ) -> list[Violation]:
-    """Every per-key rule over one key's records in log order."""
+    """Every per-key rule over one key's records in log order. `states`: the
+    `key_states` of `original`, if the caller has them (replayed here otherwise)."""
+    if states is None:
+        states = key_states(original)
     return [
-        *check_replay_equivalent(original, compacted),
+        *check_replay_equivalent(original, compacted, states),
         *check_state_epochs(original),
-        *check_start_offsets(original),
-        *check_batches(original),
+        *check_start_offsets(original, states),
+        *check_batches(original, states),
         *check_delivery_states(original),
         *check_delivery_counts(original, context),
-        *check_topic_offsets(original, context),
+        *check_topic_offsets(original, context, states),
     ]
 
 
@@ -560,13 +611,16 @@ def check_key(
 
 
 def partition_stats(
-    key: ShareKeyTuple, records: Sequence[LogRecord], context: KeyContext
+    key: ShareKeyTuple,
+    records: Sequence[LogRecord],
+    context: KeyContext,
+    states: States | None = None,
 ) -> dict[str, Any]:
     """What the final state says of a share partition: offsets accepted (done), archived
     (poison or given up), released (available again after a delivery), redelivered
     (delivered more than once), the delivery-count histogram, and the lag (KIP-932's
     share-group lag: log end - start offset - offsets done above the start)."""
-    state = fold(records)
+    state = _final(records, states)
     counts: Counter[int] = Counter()
     by_state: Counter[int] = Counter()
     released = redelivered = 0
@@ -800,6 +854,104 @@ class AuditResult:
         return not self.violations
 
 
+class ScanTask(NamedTuple):
+    """One segment file for the executors to scan."""
+
+    path: str
+    segment: str  # as violations and the records table name it
+    source: str
+    writing: bool
+
+
+# A crc_and_framing violation's place in the scan's order, as `scan_segment` yields them:
+# (task, byte position, offset or -1, 0 if the scan found it or 1 if the decode did, n).
+_Order = tuple[int, int, int, int, int]
+# One record as shuffled: offset, batch position, key bytes, value bytes (undecoded).
+_RawRecord = tuple[int, int, bytes, bytes | None]
+
+
+def _order(index: int, v: Violation, side: int, n: int) -> _Order:
+    return (
+        index,
+        -1 if v.byte_position is None else v.byte_position,
+        -1 if v.offset is None else v.offset,
+        side,
+        n,
+    )
+
+
+def scan_keys(index: int, task: ScanTask) -> Iterator[tuple[Any, Any]]:
+    """Executor side: `scan_segment` of the file `tasks[index]` with the records grouped
+    by share key and left undecoded (their keys are decoded once per key):
+    `(key, (index, [raw record, ...]))` per key, and `(None, (order, violation))` per
+    `crc_and_framing` violation. The values are decoded after the shuffle
+    (`check_group`): shuffling bytes is far cheaper than shuffling decoded objects."""
+    try:
+        data = Path(task.path).read_bytes()
+    except OSError as exc:
+        v = _framing(task.segment, 0, None, f"segment unreadable: {exc}")
+        yield None, (_order(index, v, 0, 0), v)
+        return
+    # Each distinct key's bytes: the first seen (so equal keys pickle once) and its key.
+    keys: dict[bytes, tuple[bytes, ShareKeyTuple]] = {}
+    groups: dict[ShareKeyTuple, list[_RawRecord]] = {}
+    for n, item in enumerate(scan_batches(data, task.segment, writing=task.writing)):
+        if isinstance(item, Violation):
+            yield None, (_order(index, item, 0, n), item)
+            continue
+        batch_pos, record = item
+        known = None if record.key is None else keys.get(record.key)
+        if known is None:
+            # decode_share checks the key before the value, so this is its verdict on it.
+            share = decode_share(task.segment, batch_pos, record.offset, record.key, None)
+            if isinstance(share, Violation):
+                yield None, (_order(index, share, 0, n), share)
+                continue
+            assert record.key is not None
+            k = share.key
+            known = keys[record.key] = (record.key, (k.group_id, str(k.topic_id), k.partition))
+        raw, key = known
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = []
+        group.append((record.offset, batch_pos, raw, record.value))
+    for key, group in groups.items():
+        yield key, (index, group)
+
+
+def check_group(
+    item: tuple[ShareKeyTuple | None, Iterable[Any]],
+    tasks: Sequence[ScanTask],
+    ctx: DataDirContext,
+    replaced: frozenset[str] | None,
+    table_rows: bool,
+) -> list[tuple[str, Any]]:
+    """Executor side: one key's records from every file (`scan_keys`) decoded and
+    checked (`_audit_key`); tagged results: ("framing", (order, violation)) for a
+    record that does not decode, ("violation", v), ("stats", dict) and, with
+    `table_rows`, ("row", records table row) per record. The None key carries the
+    scan's own violations through."""
+    key, parts = item
+    if key is None:
+        return [("framing", part) for part in parts]
+    out: list[tuple[str, Any]] = []
+    records: list[LogRecord] = []
+    for index, group in parts:
+        task = tasks[index]
+        for offset, batch_pos, raw_key, value in group:
+            share = decode_share(task.segment, batch_pos, offset, raw_key, value)
+            if isinstance(share, Violation):
+                out.append(("framing", (_order(index, share, 1, 0), share)))
+            else:
+                records.append(log_record(task.source, task.segment, batch_pos, offset, share))
+    out += _audit_key((key, records), ctx, replaced)
+    if table_rows:
+        from persister.spark.report import record_row
+
+        out += [("row", record_row(r)) for r in records]
+    return out
+
+
 def _audit_key(
     item: tuple[ShareKeyTuple, Iterable[LogRecord]],
     ctx: DataDirContext,
@@ -814,14 +966,14 @@ def _audit_key(
             r for r in ordered if r.source == SOURCE_COMPACTED or r.segment not in replaced
         ]
     context = ctx.key_context(key)
-    out: list[tuple[str, Any]] = [("violation", v) for v in check_key(original, context, compacted)]
+    # One replay of the key, shared by every rule and the figures.
+    states = key_states(original)
+    out: list[tuple[str, Any]] = [
+        ("violation", v) for v in check_key(original, context, compacted, states)
+    ]
     if original:
-        out.append(("stats", partition_stats(key, original, context)))
+        out.append(("stats", partition_stats(key, original, context, states)))
     return out
-
-
-def _only(cls: type[_T]) -> Callable[[object], list[_T]]:
-    return lambda item: [item] if isinstance(item, cls) else []
 
 
 def run_audit(
@@ -834,6 +986,8 @@ def run_audit(
 ) -> AuditResult:
     """Audit `data_dir/share-state` and write `out/` (report.json, report.html, and with
     `tables` the Parquet tables, the slowest part of a small audit)."""
+    from pyspark import StorageLevel
+
     from persister.spark import report
 
     say = progress or (lambda _m: None)
@@ -845,12 +999,12 @@ def run_audit(
     live = in_use(data_dir)
     segments = segment_files(share_dir)
     tasks = [
-        (str(p), p.name, SOURCE_LOG, live and i == len(segments) - 1)
+        ScanTask(str(p), p.name, SOURCE_LOG, live and i == len(segments) - 1)
         for i, p in enumerate(segments)
     ]
     if staging is not None:
         tasks += [
-            (str(p), str(p.relative_to(share_dir)), SOURCE_COMPACTED, False)
+            ScanTask(str(p), str(p.relative_to(share_dir)), SOURCE_COMPACTED, False)
             for p in staging.outputs
         ]
     say(
@@ -858,19 +1012,22 @@ def run_audit(
         + ("" if staging is None else f" (with compaction output {staging.directory.name})")
     )
     sc = spark.sparkContext
-    scanned = sc.parallelize(tasks, max(len(tasks), 1)).flatMap(lambda t: scan_file(*t)).cache()
-    framing = scanned.flatMap(_only(Violation)).collect()
-    rows = scanned.flatMap(_only(LogRecord))
-    say("[3/5] checking every share key (grouped by group, topic, partition)")
     ctx_b = sc.broadcast(ctx)
     replaced = None if staging is None else staging.inputs
-    results = (
-        rows.map(lambda r: (r.key, r))
+    say("[3/5] checking every share key (grouped by group, topic, partition)")
+    # One pass over the files: scanned and grouped by key on the map side, then each
+    # key decoded and checked; the records table's rows come out of the same pass.
+    checked = (
+        sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1))
+        .flatMap(lambda it: scan_keys(*it))
         .groupByKey()
-        .flatMap(lambda item: _audit_key(item, ctx_b.value, replaced))
-        .collect()
+        .flatMap(lambda item: check_group(item, tasks, ctx_b.value, replaced, tables))
     )
-    violations = list(framing) + [v for tag, v in results if tag == "violation"]
+    if tables:
+        checked = checked.persist(StorageLevel.MEMORY_AND_DISK)
+    results = (checked.filter(lambda t: t[0] != "row") if tables else checked).collect()
+    framing = [v for _, v in sorted((p for tag, p in results if tag == "framing"), key=_first)]
+    violations = framing + [v for tag, v in results if tag == "violation"]
     violations = [_with_topic(v, ctx) for v in violations]
     partitions = sorted(
         (s for tag, s in results if tag == "stats"),
@@ -879,8 +1036,11 @@ def run_audit(
     out.mkdir(parents=True, exist_ok=True)
     if tables:
         say(f"[4/5] writing Parquet tables under {out}")
-        report.write_tables(spark, rows, violations, partitions, out)
-    scanned.unpersist()
+        rows = checked.filter(lambda t: t[0] == "row").map(lambda t: t[1])
+        try:
+            report.write_tables(spark, rows, violations, partitions, out)
+        finally:
+            checked.unpersist()
     checks = [
         {
             "rule": rule,
@@ -893,7 +1053,7 @@ def run_audit(
     summary = {
         "data_dir": str(data_dir),
         "broker_running": live,
-        "segments": sum(1 for t in tasks if t[2] == SOURCE_LOG),
+        "segments": sum(1 for t in tasks if t.source == SOURCE_LOG),
         "compaction_staging": None if staging is None else staging.directory.name,
         "replay_comparison": (
             "full replay vs. newest snapshot + later updates per key"
@@ -907,6 +1067,10 @@ def run_audit(
     say(f"[5/5] writing {out / 'report.json'} and {out / 'report.html'}")
     report.write_reports(result, out)
     return result
+
+
+def _first(pair: tuple[_Order, Violation]) -> _Order:
+    return pair[0]
 
 
 def _with_topic(v: Violation, ctx: DataDirContext) -> Violation:

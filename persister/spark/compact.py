@@ -25,31 +25,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import operator
 import os
 import sys
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from persister.segment import LOG_SUFFIX
-from persister.share_fold import fold
-from persister.share_records import encode
+from persister.share_fold import apply, fold
+from persister.share_records import ShareKey, ShareSnapshot, ShareUpdate, decode, encode
 from persister.spark.segments import (
     DEFAULT_SPLIT_BYTES,
+    SNAPSHOT,
+    TOMBSTONE,
     UPDATE,
     NotASpoolDataDir,
-    Row,
     SegmentFile,
+    Split,
     closed_segments,
     plan_splits,
     record_of_row,
-    rows_rdd,
     share_state_dir,
+    split_records,
 )
 from protocol.records import Record, build_batch, parse_header
 
@@ -63,6 +65,8 @@ DEFAULT_SEGMENT_BYTES = 104857600
 _BATCH_RECORDS = 256
 _BATCH_BYTES = 512 * 1024
 _CRC_CHUNK = 1 << 20
+# The smallest split compact cuts a segment into for parallelism alone.
+MIN_SPLIT_BYTES = 1 << 20
 
 # (offset, timestamp, key bytes, value bytes) of one output snapshot.
 Snapshot = tuple[int, int, bytes, bytes]
@@ -117,25 +121,115 @@ def fold_key(rows: Iterable[Sequence[Any]]) -> Snapshot | None:
     return (last[2], last[3], key, value)
 
 
-def _since_last_reset(rows: list[Row]) -> list[Row]:
-    resets = [row[2] for row in rows if row[4] != UPDATE]
-    if not resets:
-        return rows
-    last = max(resets)
-    return [row for row in rows if row[2] >= last]
+class KeyRun(NamedTuple):
+    """One key's records in one split, as the map side leaves them (`fold_split`).
+
+    `reset`: the split holds a snapshot or tombstone of the key, and `state` is the key's
+    state at its last record there, encoded (None: deleted). Otherwise `updates` are its
+    updates' raw values (all under `update_key`), which need the state before the split.
+    """
+
+    last_offset: int
+    last_timestamp: int
+    reset: bool
+    state: tuple[bytes, bytes | None] | None
+    update_key: bytes | None
+    updates: list[bytes]
 
 
-def _first_row(row: Row) -> list[Row]:
-    return [row]
+class _Run:
+    """A key's `KeyRun` while its split is read."""
+
+    __slots__ = ("last_offset", "last_timestamp", "reset", "state", "update_key", "updates")
+
+    def __init__(self) -> None:
+        self.last_offset = self.last_timestamp = -1
+        self.reset = False
+        self.state: ShareSnapshot | None = None
+        self.update_key: bytes | None = None
+        self.updates: list[bytes] = []
+
+    def done(self) -> KeyRun:
+        state = None
+        if self.reset and self.state is not None:
+            state = encode(self.state)
+        return KeyRun(
+            self.last_offset, self.last_timestamp, self.reset, state, self.update_key, self.updates
+        )
 
 
-def _add_row(rows: list[Row], row: Row) -> list[Row]:
-    rows.append(row)
-    return _since_last_reset(rows) if row[4] != UPDATE else rows
+def fold_split(split: Split) -> Iterator[tuple[Any, Any]]:
+    """Executor side: per key of `split`, `(key, KeyRun)`, and `(None, counts by record
+    type)`. Updates after a key's snapshot or tombstone are folded here, so what is
+    shuffled is one small item per key and split, not every record."""
+    runs: dict[ShareKey, _Run] = {}
+    counts: Counter[str] = Counter()
+    for _base, record, share in split_records(split):
+        run = runs.get(share.key)
+        if run is None:
+            run = runs[share.key] = _Run()
+        run.last_offset, run.last_timestamp = record.offset, record.timestamp
+        if isinstance(share, ShareUpdate):
+            counts[UPDATE] += 1
+            if run.reset:
+                run.state = apply(run.state, share)
+            else:
+                assert record.key is not None and record.value is not None
+                run.update_key = record.key
+                run.updates.append(record.value)
+            continue
+        counts[SNAPSHOT if isinstance(share, ShareSnapshot) else TOMBSTONE] += 1
+        # The key's state from here on owes nothing to what came before.
+        run.reset, run.updates, run.update_key = True, [], None
+        run.state = share if isinstance(share, ShareSnapshot) else None
+    for key, run in runs.items():
+        yield (key.group_id, str(key.topic_id), key.partition), run.done()
+    yield None, dict(counts)
 
 
-def _merge_rows(a: list[Row], b: list[Row]) -> list[Row]:
-    return _since_last_reset(a + b)
+def fold_runs(runs: Iterable[KeyRun]) -> Snapshot | None:
+    """Executor side: one key's KeyRuns (any order) to the encoded snapshot of its state
+    at its last record, or None when the key is deleted: `fold_key` of its records."""
+    ordered = sorted(runs, key=lambda run: run.last_offset)
+    state: ShareSnapshot | None = None
+    first = 0
+    for i in range(len(ordered) - 1, -1, -1):
+        run = ordered[i]
+        if run.reset:
+            state = None if run.state is None else _snapshot(*run.state)
+            first = i + 1
+            break
+    for run in ordered[first:]:
+        for update in run.updates:
+            assert run.update_key is not None
+            state = apply(state, decode(run.update_key, update))
+    if state is None:
+        return None
+    key, value = encode(state)
+    assert value is not None
+    last = ordered[-1]
+    return (last.last_offset, last.last_timestamp, key, value)
+
+
+def _snapshot(key: bytes, value: bytes | None) -> ShareSnapshot:
+    state = decode(key, value)
+    assert isinstance(state, ShareSnapshot)
+    return state
+
+
+def _fold_splits(splits: Iterable[Split]) -> Iterator[tuple[Any, Any]]:
+    for split in splits:
+        yield from fold_split(split)
+
+
+def _finish(item: tuple[Any, Iterable[Any]]) -> tuple[str, Any]:
+    key, values = item
+    if key is None:
+        counts: Counter[str] = Counter()
+        for split_counts in values:
+            counts.update(split_counts)
+        return ("counts", dict(counts))
+    return ("snapshot", fold_runs(values))
 
 
 def _batches(snapshots: Sequence[Snapshot], max_bytes: int) -> Iterable[bytes]:
@@ -221,9 +315,8 @@ def compact(
     progress: IO[str] = sys.stderr,
 ) -> CompactionOutput:
     """Compact the closed segments of `data_dir`'s share-state log with `spark`; see the
-    module docstring. NotASpoolDataDir if `data_dir` is not a spool data dir."""
-    from pyspark import StorageLevel
-
+    module docstring. NotASpoolDataDir if `data_dir` is not a spool data dir.
+    `split_bytes`: the most one task decodes."""
     log_dir = share_state_dir(data_dir)
     segments = closed_segments(log_dir)
     if not segments:
@@ -238,21 +331,29 @@ def compact(
     )
     inputs = describe_inputs(segments)
 
-    _progress(progress, "stage 2/4: decoding segments on the executors")
-    rows = rows_rdd(spark, plan_splits(segments, split_bytes)).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        by_type = dict(rows.map(lambda row: (row[4], 1)).reduceByKey(operator.add).collect())
-        _progress(progress, f"stage 3/4: folding {sum(by_type.values())} records {by_type} per key")
-        # Per key only its last snapshot or tombstone and what follows matter: the
-        # combiners drop the rest before the shuffle (each split is in offset order).
-        folded = (
-            rows.map(lambda row: ((row[5], row[6], row[7]), row))
-            .combineByKey(_first_row, _add_row, _merge_rows)
-            .map(lambda kv: fold_key(kv[1]))
-            .collect()
-        )
-    finally:
-        rows.unpersist()
+    # Splits enough to keep every core busy (a log of one segment is otherwise one
+    # task), none so small that a task costs more than its work.
+    cores = spark.sparkContext.defaultParallelism
+    split_bytes = min(split_bytes, max(MIN_SPLIT_BYTES, -(-bytes_in // (2 * cores))))
+    splits = plan_splits(segments, split_bytes)
+    _progress(progress, f"stage 2/4: decoding and folding {len(splits)} splits on the executors")
+    # One pass: each split folded per key on the map side (`fold_split`), then each key's
+    # runs folded in offset order (`fold_runs`).
+    results = (
+        spark.sparkContext.parallelize(splits, max(len(splits), 1))
+        .mapPartitions(_fold_splits)
+        .groupByKey()
+        .map(_finish)
+        .collect()
+    )
+    by_type: dict[str, int] = {}
+    folded = []
+    for tag, value in results:
+        if tag == "counts":
+            by_type = value
+        else:
+            folded.append(value)
+    _progress(progress, f"stage 3/4: folded {sum(by_type.values())} records {by_type} per key")
     snapshots = sorted(s for s in folded if s is not None)
     dropped = len(folded) - len(snapshots)
 

@@ -42,7 +42,7 @@ def records_schema() -> StructType:
 
     # The compact job's columns this table shares, in its order.
     shared = [f for f in row_schema().fields if f.name in LogRecord._fields]
-    return StructType(
+    schema = StructType(
         [
             StructField("source", StringType(), False),
             StructField("byte_position", LongType(), False),
@@ -50,19 +50,50 @@ def records_schema() -> StructType:
             StructField("batch_count", IntegerType(), False),
         ]
     )
+    assert tuple(schema.fieldNames()) == RECORD_COLUMNS, schema.fieldNames()
+    return schema
 
 
-def _record_row(r: LogRecord, columns: list[str]) -> tuple[Any, ...]:
-    """The record's values in `columns` order; fields its type does not carry are null."""
-    values = r._asdict()
-    live = r.record_type != "tombstone"
-    for name in ("snapshot_epoch", "leader_epoch", "start_offset"):
-        values[name] = values[name] if live else None
-    if r.record_type != "snapshot":
-        values["state_epoch"] = None
-    values["batches"] = [tuple(b) for b in r.batches]
-    values["batch_count"] = len(r.batches)
-    return tuple(values[c] for c in columns)
+# The records table's columns, in `records_schema` order (`record_row` builds them so).
+RECORD_COLUMNS = (
+    "source",
+    "byte_position",
+    "segment",
+    "offset",
+    "record_type",
+    "group_id",
+    "topic_id",
+    "partition",
+    "snapshot_epoch",
+    "state_epoch",
+    "leader_epoch",
+    "start_offset",
+    "batches",
+    "batch_count",
+)
+
+
+def record_row(r: LogRecord) -> tuple[Any, ...]:
+    """The record as a records table row (`RECORD_COLUMNS`); fields its type does not
+    carry are null. Built field by field: one per record of the log, so it counts."""
+    kind = r.record_type
+    live = kind != "tombstone"
+    return (
+        r.source,
+        r.byte_position,
+        r.segment,
+        r.offset,
+        kind,
+        r.group_id,
+        r.topic_id,
+        r.partition,
+        r.snapshot_epoch if live else None,
+        r.state_epoch if kind == "snapshot" else None,
+        r.leader_epoch if live else None,
+        r.start_offset if live else None,
+        [tuple(b) for b in r.batches],
+        len(r.batches),
+    )
 
 
 def violations_schema() -> StructType:
@@ -130,15 +161,16 @@ def stats_schema() -> StructType:
 
 def write_tables(
     spark: SparkSession,
-    rows: RDD[LogRecord],
+    rows: RDD[tuple[Any, ...]],
     violations: list[Violation],
     partitions: list[dict[str, Any]],
     out: Path,
 ) -> None:
-    """OUT/records, OUT/violations and OUT/partition_stats as Parquet (overwritten)."""
-    schema = records_schema()
-    columns = schema.fieldNames()
-    records = spark.createDataFrame(rows.map(lambda r: _record_row(r, columns)), schema)
+    """OUT/records (from `rows`, each a `record_row`), OUT/violations and
+    OUT/partition_stats as Parquet (overwritten)."""
+    # The rows are built from decoded records: checking each against the schema in
+    # Python again would cost more than the rest of the table.
+    records = spark.createDataFrame(rows, records_schema(), verifySchema=False)
     records.write.mode("overwrite").parquet(str(out / "records"))
     v_schema = violations_schema()
     spark.createDataFrame(

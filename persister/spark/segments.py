@@ -42,7 +42,7 @@ from persister.share_records import (
     StateBatch,
     decode,
 )
-from protocol.records import decode_records, iter_batches
+from protocol.records import Record, decode_records, iter_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -210,10 +210,10 @@ def _row(name: str, base: int, offset: int, timestamp: int, record: ShareRecord)
     )
 
 
-def read_split(split: Split) -> Iterator[Row]:
-    """Rows of the records in `split` (see the module docstring); ValueError (or
-    CorruptRecordError) naming the file and offset for anything that is not a valid
-    share-state record."""
+def split_records(split: Split) -> Iterator[tuple[int, Record, ShareRecord]]:
+    """(batch base offset, record, its share record) of each record in `split`, in
+    offset order; ValueError (or CorruptRecordError) naming the file and offset for
+    anything that is not a valid share-state record."""
     with open(split.path, "rb") as f:
         f.seek(split.start)
         data = f.read(split.end - split.start)
@@ -230,7 +230,13 @@ def read_split(split: Split) -> Iterator[Row]:
                 share = decode(record.key, record.value)
             except ValueError as exc:
                 raise ValueError(f"{split.name}: record at offset {record.offset}: {exc}") from exc
-            yield _row(split.name, header.base_offset, record.offset, record.timestamp, share)
+            yield header.base_offset, record, share
+
+
+def read_split(split: Split) -> Iterator[Row]:
+    """Rows of the records in `split` (see the module docstring and `split_records`)."""
+    for base, record, share in split_records(split):
+        yield _row(split.name, base, record.offset, record.timestamp, share)
 
 
 def read_segment(path: str | Path) -> Iterator[Row]:
