@@ -188,9 +188,9 @@ class Producing(threading.Thread):
 
 async def _raw_share_consumer(
     broker: BrokerProcess, topic: str, group: str, count: int, started: threading.Event
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, int, int]]:
     """Long-poll ShareFetch with a raw client; acknowledge each delivery in the next
-    fetch. Returns (offset, produce-to-receive ms) per record."""
+    fetch. Returns (offset, produced ns, received ns) per record (perf_counter_ns)."""
     from protocol.client import KafkaClient
     from protocol.records import decode_records, iter_batches
 
@@ -240,7 +240,7 @@ async def _raw_share_consumer(
             )
 
     beating = asyncio.create_task(keep_alive())
-    samples: list[tuple[int, float]] = []
+    samples: list[tuple[int, int, int]] = []
     session_epoch = 0
     acks: list[dict[str, Any]] = []
     deadline = time.monotonic() + 120
@@ -274,7 +274,7 @@ async def _raw_share_consumer(
                     for pos, header in iter_batches(data, validate=False):
                         for record in decode_records(data, pos, header):
                             sent_ns = STAMP.unpack(record.value or bytes(8))[0]
-                            samples.append((record.offset, (received_ns - sent_ns) / 1e6))
+                            samples.append((record.offset, sent_ns, received_ns))
                     acks += [
                         {
                             "first_offset": r.first_offset,
@@ -298,7 +298,7 @@ def _trace_env(path: Path | None) -> None:
 
 async def _broker_path_run(
     broker: BrokerProcess, records: int, interval_ms: float, topic: str = "latency"
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, int, int]]:
     _create_topic(broker, topic)
     started = threading.Event()
     producing = Producing(broker, topic, records, interval_ms / 1000)
@@ -317,9 +317,10 @@ async def _broker_path_run(
 def bench_broker_path(args: argparse.Namespace) -> None:
     """Produce (linger 0, acks=all) to a raw ShareFetch long poll, `--runs` times."""
 
-    def once(broker: BrokerProcess) -> tuple[list[float], list[int]]:
+    def once(broker: BrokerProcess) -> tuple[list[float], dict[int, tuple[int, int]]]:
         samples = asyncio.run(_broker_path_run(broker, args.records, args.interval_ms))
-        return [ms for _, ms in samples], [offset for offset, _ in samples]
+        latencies = [(received - sent) / 1e6 for _, sent, received in samples]
+        return latencies, {offset: (sent, received) for offset, sent, received in samples}
 
     _measure(args, "broker path (produce linger 0 acks=all -> raw ShareFetch long poll)", once)
 
@@ -327,7 +328,7 @@ def bench_broker_path(args: argparse.Namespace) -> None:
 def _measure(
     args: argparse.Namespace,
     what: str,
-    once: Callable[[BrokerProcess], tuple[list[float], list[int] | None]],
+    once: Callable[[BrokerProcess], tuple[list[float], dict[int, tuple[int, int]] | None]],
 ) -> None:
     """`once` against a fresh broker (traced with --trace), `--runs` times; prints each
     run, its per-step breakdown when traced, and the medians of the runs."""
@@ -448,12 +449,9 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
     ShareConsumers) measurement against the harness's broker, as LATENCY_FIGURES."""
     records = min(ctx.records, 2000)
     started = time.perf_counter()
-    broker_path = [
-        ms
-        for _, ms in asyncio.run(
-            _broker_path_run(ctx.broker, records, 2.0, f"bench-{uuid.uuid4().hex[:8]}")
-        )
-    ]
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    samples = asyncio.run(_broker_path_run(ctx.broker, records, 2.0, topic))
+    broker_path = [(received - sent) / 1e6 for _, sent, received in samples]
     middle = time.perf_counter()
     e2e = _end_to_end_run(ctx.broker, records, 2.0, 2)
     ended = time.perf_counter()
@@ -486,6 +484,7 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
 # The steps of a record's path, in order, as (name, event) of broker.trace; each gap is
 # from the previous step's time to this one's.
 PRODUCE_STEPS = (
+    ("producer sent", ""),
     ("produce received", "request_received"),
     ("appended", "append"),
     ("fsync round started", "fsync.started"),
@@ -504,12 +503,17 @@ FETCH_STEPS = (
     ("handler returned", ""),
     ("response encoded", ""),
     ("written to socket", ""),
+    ("client decoded the response", ""),
 )
 
 
-def breakdown(path: Path, offsets: Iterable[int] | None = None) -> dict[str, list[float]]:
-    """Per step, the gaps (ms) from the step before, over the records of the trace
-    (`offsets`, or every record appended)."""
+def breakdown(
+    path: Path, clients: dict[int, tuple[int, int]] | None = None
+) -> dict[str, list[float]]:
+    """Per step, the gaps (ms) from the step before, over the records of the trace: those
+    of `clients` (offset: when produced and when received, by the clients), or every
+    record appended."""
+    offsets: Iterable[int] | None = clients
     events = [json.loads(line) for line in path.read_text().splitlines()]
     if offsets is None:
         offsets = [
@@ -535,8 +539,10 @@ def breakdown(path: Path, offsets: Iterable[int] | None = None) -> dict[str, lis
         if produce is None or fetch is None:
             continue
         produce_events = by_request[(produce["r"][0], produce["r"][1])]
-        times = _produce_times(produce_events, offset)
+        sent, received = (None, None) if clients is None else clients[offset]
+        times = [sent, *_produce_times(produce_events, offset)]
         times += _fetch_times(by_request[(fetch["r"][0], fetch["r"][1])], fetch)
+        times.append(received)
         previous: int | None = None
         for (name, _), at in zip(PRODUCE_STEPS + FETCH_STEPS, times, strict=True):
             if at is None:
