@@ -36,7 +36,7 @@ import structlog
 from coordinator.share_state import ShareState, ShareStateKey
 from protocol import api
 from protocol.errors import ErrorCode
-from protocol.records import iter_batches
+from protocol.records import CorruptRecordError, iter_batches
 
 if TYPE_CHECKING:
     import asyncio
@@ -276,8 +276,7 @@ class BrokerMetrics:
                 # acks=0 has no response: what was sent counts as in, as far as we know.
                 if parts is None or parts[j]["error_code"] == ErrorCode.none:
                     self.bytes_in += len(data)
-                    for _, header in iter_batches(data, validate=False):
-                        self.messages_in += header.records_count
+                    self.messages_in += _records_count(data)
                 else:
                     self.bytes_rejected += len(data)
 
@@ -771,3 +770,16 @@ class MetricsServer:
             else:
                 body["cluster_id"] = broker.cluster_id
         return status, "application/json", json.dumps(body).encode() + b"\n"
+
+
+def _records_count(data: bytes) -> int:
+    """Records in the batches of `data`. With acks=0 there is no answer to tell whether
+    the broker took them, and the bytes may be anything a client sent: what does not
+    parse counts no records (the produce handler refused it)."""
+    count = 0
+    try:
+        for _, header in iter_batches(data, validate=False):
+            count += header.records_count
+    except CorruptRecordError:
+        pass
+    return count

@@ -148,6 +148,12 @@ def test_produce_counts_appended_bytes_and_records_in_and_failed_partitions_reje
     # acks=0 has no response: what was sent counts as in.
     m.payload(0, _produce_request(ok), None)
     assert (m.bytes_in, m.messages_in) == (2 * len(ok), 6)
+    # acks=0 with bytes that are no record batch (the fuzzer sent magic 9): counted as
+    # bytes, no records, and counting never raises.
+    junk = bytearray(ok)
+    junk[16] = 9  # the magic byte
+    m.payload(0, _produce_request(bytes(junk)), None)
+    assert (m.bytes_in, m.messages_in) == (3 * len(ok), 6)
 
 
 def test_share_fetch_counts_bytes_out_and_a_partition_error_as_a_failed_request() -> None:
