@@ -505,9 +505,15 @@ class LogManager:
                     created.append(path)
                 self._check_topic_id(path, topic_id)
                 plog = PartitionLog.open(path, cfg, self.clock.now_ms())
-                self.partitions[(topic, index)] = Partition(
-                    topic, topic_id, index, plog, self.commit, settings, self.clock
-                )
+                try:
+                    # Loading producer state reads the directory: it needs a descriptor too.
+                    partition = Partition(
+                        topic, topic_id, index, plog, self.commit, settings, self.clock
+                    )
+                except BaseException:
+                    plog.close(clean=False)
+                    raise
+                self.partitions[(topic, index)] = partition
                 opened.append((topic, index))
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):

@@ -428,3 +428,24 @@ def test_a_segment_whose_files_cannot_all_be_opened_leaves_no_fd_open(
     monkeypatch.undo()
     assert opened == refused
     assert open_files() == before
+
+
+def test_a_partition_whose_producer_state_cannot_be_read_closes_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fd limit may be hit after the log opened, while its producer state is loaded
+    # (that lists the directory); the opened log must not be left behind.
+    from persister.log import PartitionLog
+
+    logs = LogManager(tmp_path, BrokerConfig({}), GroupCommit())
+    before = open_files()
+
+    def refuse(self: PartitionLog, producers: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(PartitionLog, "load_producer_state", refuse)
+    with pytest.raises(KafkaError) as err:
+        logs.open_topic("t", uuid.uuid4(), 2, {})
+    assert err.value.code == ErrorCode.kafka_storage_error
+    assert open_files() == before
+    assert list(tmp_path.iterdir()) == []
