@@ -48,6 +48,7 @@ library layout to reuse.
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 import uuid
 from collections.abc import Iterable, Sequence
@@ -92,30 +93,60 @@ def merge_batches(
     stored: Sequence[StateBatch], update: Iterable[StateBatch], start_offset: int
 ) -> list[StateBatch]:
     """Overlay `update` on `stored` (newer wins where they overlap), drop what lies
-    below `start_offset`, and return the batches sorted and non-overlapping."""
-    result: list[StateBatch] = list(stored)
-    for new in sorted(update):
-        pieces: list[StateBatch] = []
-        for old in result:
-            if old.last_offset < new.first_offset or old.first_offset > new.last_offset:
-                pieces.append(old)
-                continue
-            if old.first_offset < new.first_offset:
-                pieces.append(old._replace(last_offset=new.first_offset - 1))
-            if old.last_offset > new.last_offset:
-                pieces.append(old._replace(first_offset=new.last_offset + 1))
-        pieces.append(new)
-        result = sorted(pieces)
+    below `start_offset`, and return the batches sorted and non-overlapping.
+
+    Batches of `update` that overlap each other apply in sorted order, the later one
+    winning. Linear in the batches (plus a sort that finds them already sorted): a
+    leader acknowledging one type per offset writes thousands of single-offset batches
+    per update, replayed into a stored list as long.
+    """
+    upd = sorted(update)
+    if not _disjoint(upd):
+        # Only a request whose batches overlap (never spool's leader): one overlay each.
+        normal: list[StateBatch] = []
+        for new in upd:
+            normal = _overlay(normal, [new])
+        upd = normal
+    result = _overlay(sorted(stored), upd) if upd else sorted(stored)
     if start_offset >= 0:
-        trimmed = []
-        for b in result:
-            if b.last_offset < start_offset:
-                continue
-            trimmed.append(
-                b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
-            )
-        result = trimmed
+        result = [
+            b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
+            for b in result
+            if b.last_offset >= start_offset
+        ]
     return result
+
+
+def _disjoint(batches: Sequence[StateBatch]) -> bool:
+    return all(a.last_offset < b.first_offset for a, b in itertools.pairwise(batches))
+
+
+def _overlay(stored: Sequence[StateBatch], update: Sequence[StateBatch]) -> list[StateBatch]:
+    """`stored` (sorted by first offset) clipped around `update` (sorted, disjoint), plus
+    `update`, sorted: one pass over both."""
+    pieces: list[StateBatch] = []
+    j = 0
+    for old in stored:
+        # Skip update batches wholly before `old` (stored firsts only grow).
+        while j < len(update) and update[j].last_offset < old.first_offset:
+            j += 1
+        cursor = old.first_offset
+        k = j
+        while k < len(update) and update[k].first_offset <= old.last_offset:
+            if update[k].first_offset > cursor:
+                pieces.append(
+                    old._replace(first_offset=cursor, last_offset=update[k].first_offset - 1)
+                )
+            cursor = update[k].last_offset + 1
+            k += 1
+        if cursor == old.first_offset:
+            pieces.append(old)
+        elif cursor <= old.last_offset:
+            pieces.append(old._replace(first_offset=cursor))
+    # Two sorted runs (when stored is disjoint): sorted() merges them in one pass.
+    pieces.extend(update)
+    pieces.sort()
+    return pieces
 
 
 @dataclass(frozen=True, slots=True)
