@@ -1018,10 +1018,15 @@ class PartitionLog:
     def flush(self) -> None:
         """fsync everything written so far. Blocking: call it from a worker thread.
 
-        Covers the active segment, segments rolled or recovered since the last flush,
-        their indexes, the directory entries of created/deleted segments, and the
-        log-start and recovery-point checkpoints.
+        Covers the active segment's `.log`, segments rolled or recovered since the last
+        flush with their indexes, the directory entries of created/deleted segments, and
+        the log-start and recovery-point checkpoints. The active segment's indexes are
+        left to the page cache: the recovery point never passes the active segment, so
+        an unclean start rebuilds them from its log (`close` flushes them for a clean one).
         """
+        self._flush(active_indexes=False)
+
+    def _flush(self, *, active_indexes: bool) -> None:
         with self._flush_lock:
             if self._closed:
                 return
@@ -1037,7 +1042,10 @@ class PartitionLog:
             try:
                 for segment in rolled:
                     segment.fsync()
-                active.fsync()
+                if active_indexes:
+                    active.fsync()
+                else:
+                    active.fsync_log()
                 if directory_dirty:
                     _fsync_directory(self._directory)
                 if parent_dirty:
@@ -1070,7 +1078,8 @@ class PartitionLog:
         if clean:
             self._snapshot_producers(self.log_end_offset)
             self._active.on_become_inactive()
-            self.flush()
+            # A clean start trusts every segment's indexes, the active one's too.
+            self._flush(active_indexes=True)
         with self._flush_lock:
             self._closed = True
             for segment in self._segments:

@@ -51,6 +51,10 @@ _SCAN_CHUNK = 16 * 1024
 _RECOVERY_CHUNK = 1024 * 1024
 
 
+# fdatasync where the platform has it (Linux); fsync elsewhere.
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
 def segment_file_name(base_offset: int, suffix: str) -> str:
     """Kafka's naming: the base offset zero-padded to 20 digits."""
     return f"{base_offset:020d}{suffix}"
@@ -440,10 +444,20 @@ class LogSegment:
         return None
 
     def fsync(self) -> None:
-        os.fsync(self.fd)
+        """The log and every index: at roll, recovery, compaction and clean close, before
+        the recovery point moves past this segment (from then on its indexes are trusted)."""
+        self.fsync_log()
         self.offset_index.fsync()
         self.time_index.fsync()
         self.txn_index.fsync()
+
+    def fsync_log(self) -> None:
+        """Only the `.log`: what a record's durability needs. fdatasync also flushes the
+        file size the append grew (it skips only metadata reads do not need, e.g. mtime).
+        Indexes left unflushed are safe while this segment is at or above the persisted
+        recovery point: an unclean start rebuilds them from the log (Kafka flushes a
+        segment's indexes only at roll and close, too)."""
+        _fdatasync(self.fd)
 
     def close_index_files(self) -> None:
         """Drop the index fds of a segment no longer written (lookups use memory)."""
