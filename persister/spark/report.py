@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark import RDD
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from persister.spark.audit import AuditResult, LogRecord, Violation
@@ -96,6 +96,41 @@ def record_row(r: LogRecord) -> tuple[Any, ...]:
     )
 
 
+def records_frame(spark: SparkSession, rows: RDD[tuple[Any, ...]]) -> DataFrame:
+    """The records table (`records_schema`) of `record_row`s.
+
+    The rows reach the JVM as they are: their state batches are plain arrays, made
+    structs there, so Python converts nothing per row (converting each row's batches to
+    structs in Python cost more than the rest of the table). They are built from
+    decoded records, so they are not checked against the schema again either."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+    schema = records_schema()
+    batches = schema["batches"]
+    batch: StructType = batches.dataType.elementType  # type: ignore[attr-defined]
+    plain = StructType(
+        [
+            StructField(f.name, ArrayType(ArrayType(LongType(), False), False), f.nullable)
+            if f.name == "batches"
+            else f
+            for f in schema.fields
+        ]
+    )
+    frame = spark.createDataFrame(rows, plain, verifySchema=False)
+
+    def as_struct(b: Any) -> Any:
+        # coalesce with a literal: the struct's fields are not null, as in the schema.
+        return F.struct(
+            *[
+                F.coalesce(b[i], F.lit(0)).cast(f.dataType).alias(f.name)
+                for i, f in enumerate(batch.fields)
+            ]
+        )
+
+    return frame.withColumn("batches", F.transform("batches", as_struct))
+
+
 def violations_schema() -> StructType:
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
@@ -168,10 +203,7 @@ def write_tables(
 ) -> None:
     """OUT/records (from `rows`, each a `record_row`), OUT/violations and
     OUT/partition_stats as Parquet (overwritten)."""
-    # The rows are built from decoded records: checking each against the schema in
-    # Python again would cost more than the rest of the table.
-    records = spark.createDataFrame(rows, records_schema(), verifySchema=False)
-    records.write.mode("overwrite").parquet(str(out / "records"))
+    records_frame(spark, rows).write.mode("overwrite").parquet(str(out / "records"))
     v_schema = violations_schema()
     spark.createDataFrame(
         [tuple(v.to_dict()[f.name] for f in v_schema.fields) for v in violations], v_schema

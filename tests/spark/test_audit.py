@@ -265,7 +265,29 @@ def test_reports_and_tables_are_written(spark: SparkSession, tmp_path: Path) -> 
     assert "<script" not in page and "<svg" in page and "start_offset_monotonic" in page
     violations = spark.read.parquet(str(out / "violations")).collect()
     assert [(r.rule, r.offset) for r in violations] == [(audit.START_OFFSET_MONOTONIC, 4)]
-    assert spark.read.parquet(str(out / "records")).count() == len(SOUND) + 1
+    records = spark.read.parquet(str(out / "records"))
+    assert records.count() == len(SOUND) + 1
+    (row,) = records.where("offset = 3").collect()
+    assert (row.source, row.segment, row.record_type, row.group_id, row.partition) == (
+        audit.SOURCE_LOG,
+        SEGMENT,
+        "update",
+        "g1",
+        1,
+    )
+    assert (row.snapshot_epoch, row.state_epoch, row.start_offset, row.batch_count) == (
+        0,
+        None,
+        5,
+        2,
+    )
+    assert [tuple(b) for b in row.batches] == [(5, 7, 0, 2), (8, 9, 2, 1)]
+    assert [f.name for f in records.schema["batches"].dataType.elementType.fields] == [
+        "first_offset",
+        "last_offset",
+        "delivery_state",
+        "delivery_count",
+    ]
     stats = spark.read.parquet(str(out / "partition_stats")).collect()
     assert sorted((r.group_id, r.partition) for r in stats) == [("g1", 1), ("g2", 0)]
 

@@ -1,10 +1,15 @@
 """`persister.share_fold.fold` against the share coordinator's replay (no Spark needed):
-folding a key's records gives the state replay leaves, and a log whose prefix is
-replaced by one folded snapshot per key replays to the same state as the original."""
+folding a key's records gives the state replay leaves, a log whose prefix is
+replaced by one folded snapshot per key replays to the same state as the original, and
+`spool compact`'s split-then-key fold equals folding each key's records."""
 
 from __future__ import annotations
 
+import itertools
+import tempfile
 import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +27,9 @@ from persister.share_records import (
     decode,
     encode,
 )
+from persister.spark.compact import KeyRun, fold_key, fold_runs, fold_split
+from persister.spark.segments import Row, Split, read_split
+from protocol.records import NewRecord, build_batch
 
 KEYS = [ShareKey(f"g{g}", uuid.UUID(int=t), p) for g in range(2) for t in (1, 2) for p in (0, 1)]
 
@@ -187,3 +195,44 @@ def test_fold_matches_kafkas_merge_written_out_offset_by_offset(log: list[ShareR
             "created": folded.create_timestamp_ms,
         } == model
         assert _per_offset(folded.batches) == offsets_
+
+
+def _write_splits(directory: Path, log: list[ShareRecord], cuts: list[int]) -> list[Split]:
+    """`log` as one segment file, one batch per record, cut into splits at `cuts`."""
+    data = bytearray()
+    starts = []
+    for offset, record in enumerate(log):
+        starts.append(len(data))
+        data += build_batch([NewRecord(*encode(record))], base_offset=offset)
+    path = directory / f"{0:020d}.log"
+    path.write_bytes(data)
+    bounds = sorted({0, *(starts[c] for c in cuts if c < len(log)), len(data)})
+    return [Split(str(path), path.name, a, b) for a, b in itertools.pairwise(bounds)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(records, st.lists(st.integers(0, 60), max_size=5))
+def test_folding_each_split_then_each_keys_runs_gives_the_fold_of_the_whole_log(
+    log: list[ShareRecord], cuts: list[int]
+) -> None:
+    """`spool compact`'s two steps (per split on the map side, per key after the
+    shuffle, runs in any order) give exactly what folding each key's rows does, and
+    count the records by type."""
+    with tempfile.TemporaryDirectory() as tmp:
+        splits = _write_splits(Path(tmp), log, cuts)
+        runs: dict[object, list[KeyRun]] = defaultdict(list)
+        counts: Counter[str] = Counter()
+        for split in reversed(splits):  # the shuffle keeps no order
+            for key, value in fold_split(split):
+                if key is None:
+                    counts.update(value)
+                else:
+                    runs[key].append(value)
+        rows: dict[object, list[Row]] = defaultdict(list)
+        for split in splits:
+            for row in read_split(split):
+                rows[(row[5], row[6], row[7])].append(row)
+    assert runs.keys() == rows.keys()
+    for key, key_rows in rows.items():
+        assert fold_runs(runs[key]) == fold_key(key_rows)
+    assert counts == Counter(row[4] for key_rows in rows.values() for row in key_rows)

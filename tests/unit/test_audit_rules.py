@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections import defaultdict
+from pathlib import Path
 
 from persister.share_records import (
     ShareKey,
@@ -280,3 +282,99 @@ def test_only_a_local_master_pins_the_spark_driver_to_loopback() -> None:
     assert is_local_master("local[*]") and is_local_master("local") and is_local_master("local[2]")
     assert not is_local_master("spark://spark-master:7077")
     assert not is_local_master(None)  # spark-submit's own --master and driver settings
+
+
+# ------------------------------------------------------------------ the Spark job's steps
+
+
+def _scan_then_check(
+    tasks: list[audit.ScanTask], ctx: DataDirContext
+) -> tuple[list[Violation], list[tuple[str, object]]]:
+    """run_audit's steps in-process: `scan_keys` per file, grouped by key in no
+    particular order (as the shuffle leaves them), `check_group` per key."""
+    groups: dict[object, list[object]] = defaultdict(list)
+    for index, task in reversed(list(enumerate(tasks))):
+        for key, value in audit.scan_keys(index, task):
+            groups[key].append(value)
+    results = [
+        r
+        for key, parts in groups.items()
+        for r in audit.check_group((key, parts), tasks, ctx, None, True)  # type: ignore[arg-type]
+    ]
+    framing = audit.in_scan_order(p for tag, p in results if tag == "framing")
+    return framing, [(tag, p) for tag, p in results if tag != "framing"]
+
+
+def test_scanning_by_key_then_decoding_finds_what_scanning_each_file_does(tmp_path: Path) -> None:
+    """The job shuffles undecoded records: a record that does not decode, a bad batch,
+    each key's rule violations, figures and table rows come out as `scan_segment` and
+    the per-key rules over its records give them, framing in scan order."""
+    from persister.spark.report import record_row
+
+    other = ShareKey("g2", TOPIC, 0)
+    key_bytes, value = encode(upd(7))
+    assert value is not None
+    first = segment_bytes(snap(0, 0), upd(5), ShareUpdate(other, 0, -1, 2, ()))
+    # A batch whose first record has no key and whose second does not decode.
+    first += build_batch([NewRecord(None, b"x"), NewRecord(key_bytes, value[:-3])], base_offset=3)
+    first += build_batch([NewRecord(*encode(upd(3)))], base_offset=5)  # start offset back
+    crc_at = len(first)
+    first += build_batch([NewRecord(*encode(upd(9)))], base_offset=6)
+    first[crc_at + CRC_OFFSET] ^= 0xFF
+    second = build_batch([NewRecord(key_bytes, value[:-2])], base_offset=7)
+    second += build_batch([NewRecord(*encode(upd(8)))], base_offset=8)
+    second += build_batch([NewRecord(*encode(ShareTombstone(other)))], base_offset=9)[:-5]
+    names = [f"{0:020d}.log", f"{7:020d}.log"]
+    for name, data in zip(names, (first, second), strict=True):
+        (tmp_path / name).write_bytes(bytes(data))
+    tasks = [audit.ScanTask(str(tmp_path / n), n, audit.SOURCE_LOG, False) for n in names]
+    bounds = {("orders", 3): (0, 100), ("orders", 0): (0, 100)}
+    ctx = DataDirContext(topics={str(TOPIC): ("orders", 4)}, bounds=bounds)
+
+    framing, results = _scan_then_check(tasks, ctx)
+
+    scanned = [x for t in tasks for x in audit.scan_file(t.path, t.segment, t.source)]
+    expected_framing = [x for x in scanned if isinstance(x, Violation)]
+    assert [(v.segment, v.offset) for v in expected_framing] == [
+        (names[0], 3),
+        (names[0], 4),
+        (names[0], 6),
+        (names[1], 7),
+        (names[1], 9),
+    ]
+    assert framing == expected_framing
+    records = [x for x in scanned if isinstance(x, LogRecord)]
+    expected = [
+        r
+        for key in (KEY, other)
+        for r in audit._audit_key(
+            (
+                (key.group_id, str(key.topic_id), key.partition),
+                [x for x in records if x.group_id == key.group_id],
+            ),
+            ctx,
+            None,
+        )
+    ]
+    got_rows = [p for tag, p in results if tag == "row"]
+    assert sorted(map(repr, got_rows)) == sorted(repr(record_row(r)) for r in records)
+    checked = [(tag, p) for tag, p in results if tag != "row"]
+    assert sorted(map(repr, checked)) == sorted(map(repr, expected))
+    violations = [v for tag, v in checked if isinstance(v, Violation)]
+    assert where(violations) == [(START_OFFSET_MONOTONIC, "g1", 3, 5)]
+
+
+def test_the_replay_from_the_last_reset_is_redone_when_the_full_replays_state_there_differs() -> (
+    None
+):
+    """check_key takes the replay of what a compaction keeps from the full replay only
+    when the newest reset leaves the same state either way; otherwise it replays it."""
+    records = rows(upd(2, StateBatch(2, 3, 2, 1)), snap(0, 0, StateBatch(0, 4, 0, 1)), upd(6))
+    states = audit.key_states(records)
+    assert audit.check_replay_equivalent(records, None, states) == []
+    # States that say the snapshot left something else: the suffix is replayed itself.
+    wrong = [*states[:2], snap(1, 1), snap(1, 6)]
+    got = audit.check_replay_equivalent(records, None, wrong)
+    assert [(v.rule, v.offset) for v in got] == [(REPLAY_EQUIVALENT, 2)]
+    assert "state epoch 0, start offset 6" in got[0].message  # the suffix's own replay
+    assert "state epoch 1, start offset 6" in got[0].message  # the full replay's
