@@ -346,17 +346,17 @@ def _transition(
     delivery_count = record.delivery_count + (1 if event is Event.ACQUIRE else 0)
     if state is _AVAILABLE and delivery_count >= delivery_count_limit:
         state = _ARCHIVED
+    # Built directly: dataclasses.replace costs several times more, once per range changed.
     if state is _ACQUIRED:
-        return replace(
-            record,
-            state=state,
-            delivery_count=delivery_count,
-            member_id=member_id if event is Event.ACQUIRE else record.member_id,
-            lock_deadline_ms=lock_deadline_ms,
+        return InFlightRange(
+            record.first_offset,
+            record.last_offset,
+            state,
+            delivery_count,
+            member_id if event is Event.ACQUIRE else record.member_id,
+            lock_deadline_ms,
         )
-    return replace(
-        record, state=state, delivery_count=delivery_count, member_id=None, lock_deadline_ms=None
-    )
+    return InFlightRange(record.first_offset, record.last_offset, state, delivery_count)
 
 
 def _durable(record: InFlightRange) -> tuple[RecordState, int]:
@@ -761,16 +761,18 @@ class SharePartition:
         deadline = now_ms + self.config.record_lock_duration_ms
         released = 0
         for first, last, acknowledge_types in batches:
-            for run_first, run_last, acknowledge_type in _acknowledge_runs(
-                first, last, acknowledge_types
-            ):
-                run_first = max(run_first, self._spso)
-                if run_first > run_last:
-                    continue
-                event = _ACKNOWLEDGE_EVENTS[acknowledge_type]
-                for _, new in self._apply(run_first, run_last, event, member_id, deadline):
-                    if new.state is _AVAILABLE:
-                        released += new.record_count
+            first = max(first, self._spso)
+            if first > last:
+                continue
+            runs = [
+                (run_first, run_last, _ACKNOWLEDGE_EVENTS[acknowledge_type])
+                for run_first, run_last, acknowledge_type in _acknowledge_runs(
+                    first, last, acknowledge_types[-(last - first + 1) :]
+                )
+            ]
+            for new in self._apply_runs(first, last, runs, member_id, deadline):
+                if new.state is _AVAILABLE:
+                    released += new.record_count
         return AckResult(ErrorCode.none, None, self._finish(), released)
 
     @_atomic
@@ -958,6 +960,60 @@ class SharePartition:
             changes.append((old, new))
         self._touch(first, last)
         return changes
+
+    def _apply_runs(
+        self,
+        first: int,
+        last: int,
+        runs: Sequence[tuple[int, int, Event]],
+        member_id: str,
+        lock_deadline_ms: int,
+    ) -> list[InFlightRange]:
+        """Apply each run's event to its records, [first, last] covered by `runs` in order;
+        returns the new ranges.
+
+        One pass, as `_apply` per run would split and rebuild the ranges once per run: a
+        batch acknowledged one type per offset (accept, release, accept, ...) is thousands
+        of runs over one acquired range.
+        """
+        self._split_before(first)
+        self._split_before(last + 1)
+        olds = [self._pop(key) for key in list(self._ranges.irange(first, last))]
+        limit = self.config.delivery_count_limit
+        news: list[InFlightRange] = []
+        index = 0
+        for run_first, run_last, event in runs:
+            while olds[index].last_offset < run_first:
+                index += 1
+            cursor = run_first
+            while cursor <= run_last:
+                old = olds[index]
+                piece_last = min(run_last, old.last_offset)
+                # A single-offset piece shares one int object for both ends.
+                piece = InFlightRange(
+                    cursor,
+                    cursor if piece_last == cursor else piece_last,
+                    old.state,
+                    old.delivery_count,
+                    old.member_id,
+                    old.lock_deadline_ms,
+                )
+                new = _transition(
+                    piece,
+                    event,
+                    delivery_count_limit=limit,
+                    member_id=member_id,
+                    lock_deadline_ms=lock_deadline_ms,
+                )
+                self._put(new)
+                if _durable(old) != _durable(new):
+                    self._mark_changed(new.first_offset, new.last_offset)
+                news.append(new)
+                cursor = piece_last + 1
+                if piece_last == old.last_offset:
+                    index += 1
+        self._touch(first, last)
+        return news
 
     def _advance_spso(self) -> None:
         """Move SPSO over the leading run of ACKNOWLEDGED/ARCHIVED records and forget them."""

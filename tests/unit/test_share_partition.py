@@ -949,7 +949,8 @@ def test_an_exception_half_way_through_a_change_undoes_what_it_did(
 ) -> None:
     sp = busy()
     before = observable(sp)
-    real_apply = SharePartition._apply
+    # acknowledge applies each batch's runs in one call: fail on the second batch.
+    real_apply = SharePartition._apply_runs
     calls = 0
 
     def failing_apply(self: SharePartition, *args: Any, **kwargs: Any) -> Any:
@@ -959,7 +960,7 @@ def test_an_exception_half_way_through_a_change_undoes_what_it_did(
             raise RuntimeError("bug")
         return real_apply(self, *args, **kwargs)
 
-    monkeypatch.setattr(SharePartition, "_apply", failing_apply)
+    monkeypatch.setattr(SharePartition, "_apply_runs", failing_apply)
     with pytest.raises(RuntimeError, match="bug"):
         sp.acknowledge("m1", [(0, 0, ACCEPT), (2, 2, REJECT)], now_ms=0)
     assert calls == 2
