@@ -15,7 +15,9 @@ long-poll fetches use them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import math
 import os
 import resource
 import shutil
@@ -608,8 +610,13 @@ class Subscribable(Protocol):
     def remove_listener(self, listener: Listener) -> None: ...
 
 
-async def wait_for_any(sources: Iterable[Subscribable], timeout_s: float) -> None:
-    """Park until any source calls its listeners, or the timeout passes (long polls)."""
+async def wait_for_any(
+    sources: Iterable[Subscribable], timeout_s: float, *, clock: Clock | None = None
+) -> None:
+    """Park until any source calls its listeners, or the timeout passes (long polls).
+
+    A listener resumes the waiter on the loop's next turn (no timer involved). With a
+    `clock` the timeout is one of its timers (a ManualClock drives it in tests)."""
     woken = asyncio.get_running_loop().create_future()
 
     def wake() -> None:
@@ -620,9 +627,15 @@ async def wait_for_any(sources: Iterable[Subscribable], timeout_s: float) -> Non
     for source in live:
         source.add_listener(wake)
     try:
-        await asyncio.wait_for(woken, timeout_s)
-    except TimeoutError:
-        pass
+        if clock is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken, timeout_s)
+        else:
+            timer = clock.call_at(clock.now_ms() + max(math.ceil(timeout_s * 1000), 0), wake)
+            try:
+                await woken
+            finally:
+                timer.cancel()
     finally:
         for source in live:
             source.remove_listener(wake)

@@ -461,6 +461,11 @@ class Server:
             log.warning("connection_refused", client=host, reason=reason, limit=limit)
             writer.transport.abort()
             return
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Responses are written whole: Nagle would hold a small one back until the
+            # client's delayed ACK (up to 40 ms). asyncio and uvloop set this too; being
+            # explicit keeps it whatever the loop.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         task = asyncio.current_task()
         assert task is not None
         stats = self.stats

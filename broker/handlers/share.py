@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Protocol
 
@@ -391,17 +390,18 @@ async def share_fetch(
         return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
     partitions = session_ctx.partitions
-    deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+    # The broker's clock, not time.monotonic: tests drive the long poll with a ManualClock.
+    deadline_ms = broker.clock.now_ms() + max(round(req.max_wait.total_seconds() * 1000), 0)
     while True:
         if broker.sessions.get(group_id, member_id) is not session_ctx.session:
             # The session was closed (epoch -1, disconnect) or replaced while this
             # fetch waited: records acquired now could only sit locked until expiry.
             break
         got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
-        remaining = deadline - time.monotonic()
-        if got_any or remaining <= 0 or not partitions:
+        remaining_ms = deadline_ms - broker.clock.now_ms()
+        if got_any or remaining_ms <= 0 or not partitions:
             break
-        await _wait_for_work(broker, group_id, partitions, remaining)
+        await _wait_for_work(broker, group_id, partitions, remaining_ms / 1000)
         if trace.ENABLED:
             trace.event("share_fetch_woken")
     return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
@@ -481,7 +481,7 @@ async def _wait_for_work(
     ]
     logs = [broker.log_partition(tid, p) for tid, p in partitions]
     sources += [lp for lp in logs if lp is not None]
-    await wait_for_any(sources, timeout_s)
+    await wait_for_any(sources, timeout_s, clock=broker.clock)
 
 
 async def share_acknowledge(
