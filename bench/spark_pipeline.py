@@ -51,6 +51,7 @@ SEGMENT_BYTES = 64 * 1024 * 1024  # the broker's internal logs roll at this size
 OFFSETS_PER_RECORD = 10
 DEFAULT_MASTER = "local[*]"
 WARM_UP_RECORDS = 10_000
+STEPS = ("compact", "audit")
 
 
 # ------------------------------------------------------------------ the log
@@ -231,9 +232,10 @@ def growth(times: Sequence[StepTime]) -> list[str]:
 
 
 def run_sizes(
-    sizes: Sequence[int], master: str, keys: int = KEYS
+    sizes: Sequence[int], master: str, keys: int = KEYS, steps: Sequence[str] = STEPS
 ) -> tuple[list[Result], list[str]]:
-    """Generate, compact and audit a log of each size; (table rows, growth lines)."""
+    """Generate a log of each size and run `steps` on it (compact, audit, in that
+    order); (table rows, growth lines)."""
     import structlog.testing
 
     from persister.spark.segments import spark_session
@@ -276,7 +278,13 @@ def run_sizes(
                     )
                 )
                 # In the pipeline's order: the audit also checks the compaction output.
-                for timed in (run_compact(spark, log), run_audit(spark, log, Path(tmp) / "audit")):
+                for step in STEPS:
+                    if step not in steps:
+                        continue
+                    if step == "compact":
+                        timed = run_compact(spark, log)
+                    else:
+                        timed = run_audit(spark, log, Path(tmp) / "audit")
                     times.append(timed)
                     results.append(
                         Result(
@@ -317,8 +325,17 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--master", default=DEFAULT_MASTER, help="Spark master URL")
     parser.add_argument("--keys", type=int, default=KEYS, help="share partitions in the log")
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help="steps to time, comma separated (default compact,audit; e.g. compact for 10^7)",
+    )
     args = parser.parse_args(argv)
-    results, lines = run_sizes(sizes_from(args.records), args.master, args.keys)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}: choose from {', '.join(STEPS)}")
+    results, lines = run_sizes(sizes_from(args.records), args.master, args.keys, steps)
     print(format_table(results))
     for line in lines:
         print(f"growth: {line}")

@@ -29,8 +29,10 @@ checks, each as a named rule:
   offsets and state batches lie at or below its partition's log end offset.
 
 The pure parts (scanning a segment's bytes, the per-key rules, the replay) take plain
-values and are unit-tested without Spark; `run_audit` distributes them: one task per
-segment file for the scan, one group per share key for the rules.
+values and are unit-tested without Spark; `run_audit` distributes them in one pass:
+one task per segment file scans it and groups its records by share key, undecoded
+(`scan_keys`); after the shuffle each key's records are decoded, replayed once and
+checked (`check_group`), which also gives the records table its rows.
 """
 
 from __future__ import annotations
@@ -1031,10 +1033,13 @@ def run_audit(
     say("[3/5] checking every share key (grouped by group, topic, partition)")
     # One pass over the files: scanned and grouped by key on the map side, then each
     # key decoded and checked; the records table's rows come out of the same pass.
+    # Keys spread over a few groups per core: as many groups as files would leave a
+    # core idle while another checks two of them.
+    groups = max(len(tasks), 4 * sc.defaultParallelism)
     checked = (
         sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1))
         .flatMap(lambda it: scan_keys(*it))
-        .groupByKey()
+        .groupByKey(groups)
         .flatMap(lambda item: check_group(item, tasks, ctx_b.value, replaced, tables))
     )
     if tables:

@@ -1,12 +1,13 @@
 """`spool compact`: fold the share-state log's closed segments into one snapshot per key.
 
-Reads every closed segment of `DATA/share-state/` (never the active one) on Spark,
-keeps per key (group, topic id, partition) its last snapshot or tombstone and the
-updates after it (combiners drop older records before the shuffle), folds those into
-one ShareSnapshot on the executors
-with `persister.share_fold.fold` (the coordinator's own replay rules), drops keys whose
-state ends deleted, and writes the snapshots as new segments into a staging directory
-`share-state/compacted-<id>/`, plus `manifest.json`, written last.
+Reads every closed segment of `DATA/share-state/` (never the active one) on Spark and
+folds each key's (group, topic id, partition) records into one ShareSnapshot with
+`persister.share_fold` (the coordinator's own replay rules), in one pass: each split
+folds its keys from their last snapshot or tombstone in it and keeps their raw updates
+where it has none (`fold_split`), so what is shuffled is one small run per key and
+split; each key's runs are then folded in offset order (`fold_runs`). Keys whose state
+ends deleted are dropped; the snapshots are written as new segments into a staging
+directory `share-state/compacted-<id>/`, plus `manifest.json`, written last.
 
 Offsets: each snapshot keeps the offset (and timestamp) of its key's last record in the
 input, so the output lies inside the input's offset range, in order, and replaying it
