@@ -784,12 +784,9 @@ class SharePartition:
         """
         self._require_initialized()
         self._start()
-        changes: list[tuple[InFlightRange, InFlightRange]] = []
-        while self._lock_deadlines and self._lock_deadlines[0][0] <= now_ms:
-            first: int = self._lock_deadlines[0][1]
-            record = self._range_at(first)
-            changes.extend(self._apply(first, record.last_offset, Event.LOCK_TIMEOUT))
-        return self._release_result(changes)
+        due = self._lock_deadlines.bisect_left((now_ms + 1,))
+        firsts: list[int] = [first for _, first in self._lock_deadlines.islice(0, due)]
+        return self._release(sorted(firsts), Event.LOCK_TIMEOUT)
 
     @_atomic
     def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:
@@ -802,17 +799,9 @@ class SharePartition:
         del now_ms
         self._require_initialized()
         self._start()
-        held = [
-            self._range_at(first)
-            for _, first in self._lock_deadlines
-            if self._range_at(first).member_id == member_id
-        ]
-        changes: list[tuple[InFlightRange, InFlightRange]] = []
-        for record in held:
-            changes.extend(
-                self._apply(record.first_offset, record.last_offset, Event.MEMBER_RELEASE)
-            )
-        return self._release_result(changes)
+        ranges = self._ranges
+        held = [first for _, first in self._lock_deadlines if ranges[first].member_id == member_id]
+        return self._release(sorted(held), Event.MEMBER_RELEASE)
 
     @_atomic
     def update_log_start_offset(self, log_start_offset: int) -> PendingChange:
@@ -1073,11 +1062,18 @@ class SharePartition:
         self._changed = []
         if self._spso == self._spso_before and not changed:
             return self._pend(None)
-        batches: list[PersistedBatch] = []
-        for first, last in changed:
-            first = max(first, self._spso)
-            last = min(last, self._speo - 1)
-            if first <= last:
+        spans = [
+            (max(first, self._spso), min(last, self._speo - 1))
+            for first, last in changed
+            if max(first, self._spso) <= min(last, self._speo - 1)
+        ]
+        if len(spans) > 16:
+            # Many spans (per-offset acknowledgements, a fragmented release): one walk over
+            # the ranges they cover instead of a search per span.
+            batches = self._durable_batches_of(spans)
+        else:
+            batches = []
+            for first, last in spans:
                 batches.extend(self._durable_batches(first, last))
         return self._pend(
             StateUpdate(self._spso, tuple(_coalesce_batches(batches)), self._done_count)
@@ -1128,33 +1124,191 @@ class SharePartition:
             self._touched = []
 
     def _durable_batches(self, first: int, last: int) -> list[PersistedBatch]:
-        pieces = []
-        for record in self._ranges_overlapping(first, last):
-            state, delivery_count = _durable(record)
-            if state is _AVAILABLE and delivery_count == 0:
-                continue  # never delivered: no state batch needed
-            pieces.append(
-                PersistedBatch(
-                    max(record.first_offset, first),
-                    min(record.last_offset, last),
-                    int(state),
-                    delivery_count,
-                )
-            )
+        return self._durable_batches_of([(first, last)])
+
+    def _durable_batches_of(self, spans: Sequence[tuple[int, int]]) -> list[PersistedBatch]:
+        """The state batches of ascending, disjoint `spans` of [spso, speo), by one walk."""
+        pieces: list[PersistedBatch] = []
+        if not spans:
+            return pieces
+        index = 0
+        first, last = spans[0]
+        for record in self._ranges_overlapping(first, spans[-1][1]):
+            while record.last_offset >= first:
+                if record.first_offset > last:
+                    index += 1
+                    if index == len(spans):
+                        return _coalesce_batches(pieces)
+                    first, last = spans[index]
+                    continue
+                state, delivery_count = _durable(record)
+                # AVAILABLE with delivery count 0 was never delivered: no state batch needed.
+                if state is not _AVAILABLE or delivery_count != 0:
+                    pieces.append(
+                        PersistedBatch(
+                            max(record.first_offset, first),
+                            min(record.last_offset, last),
+                            int(state),
+                            delivery_count,
+                        )
+                    )
+                if record.last_offset < last:
+                    break
+                index += 1
+                if index == len(spans):
+                    return _coalesce_batches(pieces)
+                first, last = spans[index]
         return _coalesce_batches(pieces)
 
-    def _release_result(self, changes: list[tuple[InFlightRange, InFlightRange]]) -> ReleaseResult:
-        available = [
-            OffsetRange(new.first_offset, new.last_offset)
-            for _, new in changes
-            if new.state is _AVAILABLE
-        ]
-        archived = [
-            OffsetRange(new.first_offset, new.last_offset)
-            for _, new in changes
-            if new.state is _ARCHIVED
-        ]
+    def _release(self, firsts: list[int], event: Event) -> ReleaseResult:
+        """Give back the ACQUIRED ranges starting at `firsts` (ascending) in one pass.
+
+        A member leaving, or the locks expiring, after per-offset acknowledgements holds
+        thousands of single-offset ranges: each is transitioned and merged with its equal
+        neighbours here, the maps are updated once for all of them (`_swap`), and one
+        state update covers every archived range. The outcome is what `_apply` per range
+        followed by `_finish` would give; the pieces reported are joined where they touch.
+        """
+        ranges = self._ranges
+        limit = self.config.delivery_count_limit
+        removed: list[InFlightRange] = []
+        added: list[InFlightRange] = []
+        available: list[OffsetRange] = []
+        archived: list[OffsetRange] = []
+        before_keys = self._keys_before(firsts)
+        for index, first in enumerate(firsts):
+            old: InFlightRange = ranges[first]
+            new = _transition(old, event, delivery_count_limit=limit)
+            removed.append(old)
+            if new.state is _ARCHIVED:
+                # ACQUIRED is persisted as AVAILABLE: only an archived range is a new state.
+                self._mark_changed(first, new.last_offset)
+                _extend_spans(archived, first, new.last_offset)
+            else:
+                _extend_spans(available, first, new.last_offset)
+            # Merge with the range before: a new one (released or merged just now), or an
+            # untouched one.
+            if added and added[-1].last_offset + 1 == first:
+                before = added[-1]
+                if before.same_state_as(new):
+                    added[-1] = _joined(before, new)
+                else:
+                    added.append(new)
+            elif first > self._spso:
+                before = ranges[before_keys[index]]
+                if before.same_state_as(new):
+                    removed.append(before)
+                    added.append(_joined(before, new))
+                else:
+                    added.append(new)
+            else:
+                added.append(new)
+            # Merge with an untouched range after (a released one is merged on its turn).
+            after_first = added[-1].last_offset + 1
+            if after_first < self._speo and (
+                index + 1 == len(firsts) or firsts[index + 1] != after_first
+            ):
+                after: InFlightRange = ranges[after_first]
+                if after.same_state_as(added[-1]):
+                    removed.append(after)
+                    added[-1] = _joined(added[-1], after)
+        self._swap(removed, added)
         return ReleaseResult(tuple(available), tuple(archived), self._finish())
+
+    def _keys_before(self, firsts: list[int]) -> list[int]:
+        """The first offset of the range before each of `firsts` (ascending range starts;
+        -1 for one at SPSO), by one walk over the keys between them, not a search each."""
+        if not firsts:
+            return []
+        start = self._range_at(firsts[0] - 1).first_offset if firsts[0] > self._spso else -1
+        keys: list[int] = []
+        previous = start
+        index = 0
+        for key in self._ranges.irange(firsts[0], firsts[-1]):
+            if key == firsts[index]:
+                keys.append(previous)
+                index += 1
+            previous = key
+        return keys
+
+    def _swap(self, removed: list[InFlightRange], added: list[InFlightRange]) -> None:
+        """Take `removed` out and put `added` in, every map updated in bulk.
+
+        The same as `_pop` of each removed range and `_put` of each added one (journal
+        included), without a sorted-container update per range. Each added range starts
+        where a removed one did.
+        """
+        self._journal.extend([(False, record) for record in removed])
+        self._journal.extend([(True, record) for record in added])
+        ranges = self._ranges
+        kept = {record.first_offset for record in added}
+        gone = [record.first_offset for record in removed if record.first_offset not in kept]
+        if len(gone) > 64 and len(gone) * 8 > len(ranges):
+            # Many merges: building the sorted map again beats deleting key by key.
+            table = dict(ranges)
+            for key in gone:
+                del table[key]
+            for record in added:
+                table[record.first_offset] = record
+            self._ranges = SortedDict(table)
+        else:
+            for key in gone:
+                del ranges[key]
+            for record in added:
+                ranges[record.first_offset] = record
+        locks_out = []
+        available_out = []
+        for record in removed:
+            if record.state is _ACQUIRED:
+                self._acquired_count -= record.record_count
+                locks_out.append((record.lock_deadline_ms, record.first_offset))
+            elif record.state is _AVAILABLE:
+                available_out.append(record.first_offset)
+            else:
+                self._done_count -= record.record_count
+        locks_in = []
+        available_in = []
+        for record in added:
+            if record.state is _ACQUIRED:
+                self._acquired_count += record.record_count
+                locks_in.append((record.lock_deadline_ms, record.first_offset))
+            elif record.state is _AVAILABLE:
+                available_in.append(record.first_offset)
+            else:
+                self._done_count += record.record_count
+        if len(locks_out) > 64 and len(locks_out) * 8 > len(self._lock_deadlines):
+            out = set(locks_out)
+            held = SortedList(entry for entry in self._lock_deadlines if entry not in out)
+            if len(held) + len(locks_out) != len(self._lock_deadlines):
+                raise ValueError("a removed range's lock is not held")
+            self._lock_deadlines = held
+        else:
+            for entry in locks_out:
+                self._lock_deadlines.remove(entry)
+        self._lock_deadlines.update(locks_in)
+        # SortedSet rebuilds itself when the update is large.
+        self._available.difference_update(available_out)
+        self._available.update(available_in)
+
+
+def _joined(first: InFlightRange, second: InFlightRange) -> InFlightRange:
+    """Two adjacent ranges in the same state as one."""
+    return InFlightRange(
+        first.first_offset,
+        second.last_offset,
+        first.state,
+        first.delivery_count,
+        first.member_id,
+        first.lock_deadline_ms,
+    )
+
+
+def _extend_spans(spans: list[OffsetRange], first: int, last: int) -> None:
+    """Append [first, last] to ascending `spans`, joined to the last one if they touch."""
+    if spans and spans[-1].last_offset + 1 == first:
+        spans[-1] = OffsetRange(spans[-1].first_offset, last)
+    else:
+        spans.append(OffsetRange(first, last))
 
 
 def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:
