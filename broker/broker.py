@@ -150,6 +150,7 @@ class Broker:
             ),
             segment_bytes=self.config.get("share.coordinator.state.topic.segment.bytes"),
             clock=self.clock,
+            compaction_enabled=self.config.get("log.cleaner.enable"),
         )
         persister.load()
         self.groups = GroupCoordinator(

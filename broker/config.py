@@ -236,6 +236,13 @@ BROKER_KEYS: dict[str, ConfigDef] = {
             _at_least(1024),
         ),
         ConfigDef(
+            "log.cleaner.enable",
+            BOOLEAN,
+            True,
+            "Whether the broker compacts closed share-state segments itself; with false, "
+            "only `spool compact` output is adopted.",
+        ),
+        ConfigDef(
             "log.cleaner.backoff.ms",
             LONG,
             15000,

@@ -75,10 +75,12 @@ class _ShardPersister:
         clock: Clock,
         checkpoint_file: CheckpointFile | None = None,
         checkpoint_interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
+        compaction_enabled: bool = True,
     ) -> None:
         self.shard = ShareCoordinatorShard(snapshot_update_records_per_snapshot)
         self.clock = clock
         self.compaction = _ShareCompaction(clock)
+        self.compaction_enabled = compaction_enabled
         checkpoints = (
             None
             if checkpoint_file is None
@@ -91,7 +93,11 @@ class _ShardPersister:
             decode=_decode,
             replay=self.shard.replay,
             clock=clock,
-            compaction=self.compaction if record_log.partition_log is not None else None,
+            compaction=(
+                self.compaction
+                if record_log.partition_log is not None and compaction_enabled
+                else None
+            ),
             checkpoints=checkpoints,
         )
 
@@ -253,9 +259,12 @@ class DurablePersister(_ShardPersister):
         clock: Clock = SYSTEM_CLOCK,
         checkpoints: bool = True,
         checkpoint_interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
+        compaction_enabled: bool = True,
     ) -> None:
         """`checkpoints=False` replays the whole log and writes no checkpoint (to check
-        a checkpointed restart against a full replay)."""
+        a checkpointed restart against a full replay). `compaction_enabled=False`
+        (`log.cleaner.enable=false`): the broker never compacts the log itself; only
+        `spool compact` output is adopted."""
         checkpoint_file = CheckpointFile(directory, "share-state") if checkpoints else None
         if (
             checkpoint_file is not None
@@ -273,11 +282,15 @@ class DurablePersister(_ShardPersister):
             clock,
             checkpoint_file,
             checkpoint_interval_records,
+            compaction_enabled,
         )
 
     async def compact(self) -> int:
-        """Adopt a finished `spool compact` output, then compact what is left to do."""
+        """Adopt a finished `spool compact` output, then compact what is left to do
+        (unless the broker's own compaction is off)."""
         await self.adopt_compactions()
+        if not self.compaction_enabled:
+            return 0
         return await super().compact()
 
     async def adopt_compactions(self) -> bool:

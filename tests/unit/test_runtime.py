@@ -579,6 +579,33 @@ async def test_share_state_compaction_keeps_the_live_state(
     restarted.close()
 
 
+async def test_with_log_cleaner_disabled_the_broker_never_compacts_the_share_state_log(
+    tmp_path: Path, commit: GroupCommit, clock: ManualClock
+) -> None:
+    # log.cleaner.enable=false: the closed segments stay as written (for `spool compact`).
+    persister = DurablePersister(
+        tmp_path / "share-state",
+        commit,
+        clock=clock,
+        segment_bytes=2048,
+        snapshot_update_records_per_snapshot=3,
+        compaction_enabled=False,
+    )
+    persister.load()
+    keys = [ShareStateKey("g", T1, p) for p in range(3)]
+    for key in keys:
+        await persister.initialize_state(key, 0, 0)
+    for i in range(120):
+        await persister.write_state(keys[i % 3], 0, 1, i, [PersistedBatch(i, i + 1, 2, 1)])
+    plog = persister.records.log
+    assert len(plog.segment_base_offsets) > 3  # rolled several times
+    assert await persister.compact() == 0
+    # Every record below the active segment is still there, one per offset.
+    active = plog.segment_base_offsets[-1]
+    assert len(records_below(persister.records, active)) == active
+    persister.close()
+
+
 # ------------------------------------------------------------------ share groups and configs
 
 
