@@ -103,6 +103,9 @@ BROKER_LIMIT_KEY = "group.share.delivery.count.limit"
 NO_OFFSET = -1
 
 SNAPSHOT, UPDATE, TOMBSTONE = "snapshot", "update", "tombstone"
+# Segment bytes per group of keys checked together: their records, as shuffled, stay
+# well within a Python worker's memory.
+_GROUP_BYTES = 16 * 1024 * 1024
 # Where a record was read: the live log, or a compaction's output.
 SOURCE_LOG, SOURCE_COMPACTED = "log", "compacted"
 
@@ -341,7 +344,7 @@ def scan_segment(
 def scan_file(
     path: str, segment: str, source: str, writing: bool = False
 ) -> list[LogRecord | Violation]:
-    """`scan_segment` of a file (what each executor task runs)."""
+    """`scan_segment` of a file, whole (the Spark job runs `scan_keys`)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -897,8 +900,8 @@ def _order(index: int, v: Violation, side: int, n: int) -> _Order:
 
 
 def scan_keys(index: int, task: ScanTask) -> Iterator[tuple[Any, Any]]:
-    """Executor side: `scan_segment` of the file `tasks[index]` with the records grouped
-    by share key and left undecoded (their keys are decoded once per key):
+    """Executor side: `scan_segment` of `task`'s file (the `index`th) with its records
+    grouped by share key and left undecoded (their keys are decoded once per key):
     `(key, (index, [raw record, ...]))` per key, and `(None, (order, violation))` per
     `crc_and_framing` violation. The values are decoded after the shuffle
     (`check_group`): shuffling bytes is far cheaper than shuffling decoded objects."""
@@ -1033,9 +1036,11 @@ def run_audit(
     say("[3/5] checking every share key (grouped by group, topic, partition)")
     # One pass over the files: scanned and grouped by key on the map side, then each
     # key decoded and checked; the records table's rows come out of the same pass.
-    # Keys spread over a few groups per core: as many groups as files would leave a
-    # core idle while another checks two of them.
-    groups = max(len(tasks), 4 * sc.defaultParallelism)
+    # Keys spread over a few groups per core (as many groups as files would leave a
+    # core idle while another checks two of them), none so big that its Python worker
+    # spills it to disk (past spark.python.worker.memory, 512m by default).
+    log_bytes = sum(_file_size(t.path) for t in tasks)
+    groups = max(len(tasks), 4 * sc.defaultParallelism, -(-log_bytes // _GROUP_BYTES))
     checked = (
         sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1))
         .flatMap(lambda it: scan_keys(*it))
@@ -1086,6 +1091,13 @@ def run_audit(
     say(f"[5/5] writing {out / 'report.json'} and {out / 'report.html'}")
     report.write_reports(result, out)
     return result
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # the scan reports it
 
 
 def in_scan_order(framing: Iterable[tuple[_Order, Violation]]) -> list[Violation]:
