@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import crc32c
 import structlog
 
+from persister.files import write_synced
 from protocol.records import decode_records, iter_batches
 
 if TYPE_CHECKING:
@@ -148,14 +149,7 @@ class CheckpointFile:
         tmp = self.path.with_name(f"{self.path.name}.{generation}.{threading.get_ident()}.tmp")
         data = encode_checkpoint(self.kind, offset, payload)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_synced(tmp, data)
             with self._lock:
                 if generation != self.generation:
                     return False
@@ -223,14 +217,7 @@ def write_producer_snapshot(directory: Path, offset: int, data: bytes) -> None:
     but the newest PRODUCER_SNAPSHOTS_KEPT. OSError passes through."""
     path = producer_snapshot_path(directory, offset)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(tmp, data)
     os.replace(tmp, path)
     for old in producer_snapshot_offsets(directory)[:-PRODUCER_SNAPSHOTS_KEPT]:
         producer_snapshot_path(directory, old).unlink(missing_ok=True)

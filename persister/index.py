@@ -20,16 +20,11 @@ from array import array
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
+from persister.files import write_all
+
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
 INT32_MAX = 2**31 - 1
-
-
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 def _strictly_increasing(values: array[int]) -> bool:
@@ -46,13 +41,13 @@ class _IndexFile:
     def _append_bytes(self, data: bytes) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _write_all(self._fd, data)
+        write_all(self._fd, data)
 
     def _replace_contents(self, data: bytes) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.ftruncate(self._fd, 0)
-        _write_all(self._fd, data)
+        write_all(self._fd, data)
 
     def fsync(self) -> None:
         if self._fd is not None:

@@ -19,13 +19,13 @@ the original, since the active segment holds only newer records.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
+from persister.files import write_synced
 from persister.log import CLEANED_SUFFIX, LogConfig, PartitionLog
 from persister.segment import LOG_SUFFIX, segment_file_name
 from protocol.records import (
@@ -209,12 +209,5 @@ def compact_by_key(
     if not out:
         return KeyCompaction(None, before, after)
     cleaned = plog.directory / (segment_file_name(base_offsets[0], LOG_SUFFIX) + CLEANED_SUFFIX)
-    fd = os.open(cleaned, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(out)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(cleaned, out)
     return KeyCompaction(cleaned, before, after)

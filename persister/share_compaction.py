@@ -29,13 +29,13 @@ do not append to the log while it runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from persister.files import write_synced
 from persister.log import CLEANED_SUFFIX, PartitionLog
 from persister.segment import LOG_SUFFIX, segment_file_name
 from persister.share_records import (
@@ -194,14 +194,7 @@ def _write_cleaned(log_: PartitionLog, base_offset: int, plan: CompactionPlan) -
         outcome.bytes_after = outcome.bytes_before
         return outcome
     cleaned = path.with_name(path.name + CLEANED_SUFFIX)
-    fd = os.open(cleaned, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(out)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(cleaned, out)
     outcome.cleaned = cleaned
     return outcome
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from persister.files import write_synced
 from persister.segment import LOG_SUFFIX
 from persister.share_fold import apply, fold
 from persister.share_records import ShareKey, ShareSnapshot, ShareUpdate, decode, encode
@@ -92,18 +93,6 @@ def file_crc32(path: str | Path) -> int:
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """Write and fsync `path`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -265,7 +254,7 @@ def write_segments(
     outputs = []
     for base, buf, count in files:
         name = f"{base:020d}{LOG_SUFFIX}"
-        write_file(staging / name, bytes(buf))
+        write_synced(staging / name, bytes(buf))
         outputs.append(
             {
                 "file": name,
@@ -297,7 +286,7 @@ def write_manifest(staging: Path, manifest: dict[str, Any]) -> None:
     """The manifest last, atomically (temp file, fsync, rename, fsync the directory): a
     staging directory without one is unfinished and never adopted."""
     tmp = staging / (MANIFEST + ".tmp")
-    write_file(tmp, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    write_synced(tmp, json.dumps(manifest, indent=2, sort_keys=True).encode())
     os.replace(tmp, staging / MANIFEST)
     fsync_path(staging)
     fsync_path(staging.parent)
