@@ -18,9 +18,9 @@ Then, with one SparkSession (its start-up is reported on its own), as the compos
 pipeline runs them: `compact` (closed segments -> one snapshot per key, staged with a
 manifest), then `audit` (every segment plus the compaction output -> report.json/html
 and Parquet). Throughput is share-state records of the log per second; the last lines
-say how each step's time grows with the log. 10^7 records (about 1 GB of log; at the
-rates seen for 10^6 on 2 shared cores, ~2,000 audited records/s, over an hour) only when
-asked by --records or SPOOL_BENCH_SPARK_RECORDS.
+say how each step's time grows with the log. 10^7 records (about 1 GB of log; on 2
+shared cores about 2 minutes to generate, 1-1.5 to compact and 4-7 to audit) only when
+asked by --records or SPOOL_BENCH_SPARK_RECORDS; `--steps compact` times compact alone.
 
 Figures are printed, never asserted.
 """
