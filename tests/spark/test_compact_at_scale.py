@@ -56,12 +56,18 @@ async def _waves(broker: Broker, first: int, last: int) -> None:
     try:
         tid = await topic_id(client, TOPIC)
         member = str(uuid.uuid4())
-        assert (await heartbeat(client, GROUP, member, 0, [TOPIC])).error_code == 0
+        joined = await heartbeat(client, GROUP, member, 0, [TOPIC])
+        assert joined.error_code == 0, joined
+        member_epoch = joined.member_epoch
         epoch = 0
         acks: dict[tuple[uuid.UUID, int], list[dict[str, object]]] = {
             (tid, p): [] for p in range(PARTITIONS)
         }
         for wave in range(first, last):
+            if wave % 50 == 0:  # stay a member however slow the machine is
+                hb = await heartbeat(client, GROUP, member, member_epoch)
+                assert hb.error_code == 0, hb
+                member_epoch = hb.member_epoch
             blob = [bytes(build_batch([NewRecord(None, f"w{wave}".encode())]))]
             produced = await client.request(
                 PRODUCE,
