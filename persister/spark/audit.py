@@ -1152,7 +1152,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from persister.spark.segments import NotASpoolDataDir, share_state_dir, spark_session
+    from persister.spark.segments import NotASpoolDataDir, job_session, share_state_dir
 
     data_dir: Path = args.data_dir
     try:
@@ -1168,11 +1168,8 @@ def audit_command(args: argparse.Namespace) -> int:
         print(f"spool audit: {message}", file=sys.stderr, flush=True)
 
     say(f"starting Spark ({args.master or 'master from spark-submit'})")
-    spark = spark_session(args.master, "spool-audit")
-    try:
+    with job_session(args.master, "spool-audit") as spark:
         result = run_audit(spark, data_dir, args.out, say)
-    finally:
-        spark.stop()
     failed = [c["rule"] for c in result.checks if not c["passed"]]
     say(
         "every check passed"

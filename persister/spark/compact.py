@@ -415,16 +415,14 @@ def run(args: argparse.Namespace) -> int:
     except NotASpoolDataDir as exc:
         print(f"spool compact: {exc}", file=sys.stderr)
         return 2
-    from persister.spark.segments import spark_session
+    from persister.spark.segments import job_session
 
-    spark = spark_session(args.master, "spool-compact")
-    try:
-        compact(spark, args.data_dir, segment_bytes=args.segment_bytes)
-    except (ValueError, OSError) as exc:
-        print(f"spool compact: failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        spark.stop()
+    with job_session(args.master, "spool-compact") as spark:
+        try:
+            compact(spark, args.data_dir, segment_bytes=args.segment_bytes)
+        except (ValueError, OSError) as exc:
+            print(f"spool compact: failed: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

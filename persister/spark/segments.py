@@ -24,6 +24,7 @@ pyspark is imported inside the functions that need it, so the broker (which uses
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import uuid
@@ -300,6 +301,22 @@ def row_schema() -> StructType:
     required = {"segment", "batch_base_offset", "offset", "timestamp", "record_type"}
     required |= {"group_id", "topic_id", "partition"}
     return StructType([StructField(n, types[n], n not in required) for n in ROW_FIELDS])
+
+
+@contextlib.contextmanager
+def job_session(master: str | None, app_name: str) -> Iterator[SparkSession]:
+    """The session a `spool compact` / `spool audit` run works in: `spark_session`,
+    stopped at the end unless it was already running in this process before the run
+    (then it belongs to whoever started it, e.g. a test session or a notebook)."""
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    spark = spark_session(master, app_name)
+    try:
+        yield spark
+    finally:
+        if existing is None:
+            spark.stop()
 
 
 def spark_session(master: str | None = "local[*]", app_name: str = "spool") -> SparkSession:

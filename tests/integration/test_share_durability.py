@@ -297,6 +297,13 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
             got_traffic = wait_until(
                 lambda c=cycle: any(s[-1].cycle == c for s in ledger.deliveries.values()), 20
             )
+            if (
+                not got_traffic
+                and start_offsets(broker, group, tid, partitions) == [per_partition] * partitions
+            ):
+                # Everything is accepted already: acceptances whose commit_sync a kill cut
+                # off stay unconfirmed in the ledger, so the 90% rule above can miss this.
+                break
             assert got_traffic, f"cycle {cycle}: no delivery within 20 s{recent_log(broker)}"
             delay = rng.uniform(0.2, 1.5)
             time.sleep(delay)
