@@ -362,15 +362,9 @@ async def share_fetch(
             connection_id=str(ctx.connection_id),
         )
     except KafkaError as exc:
-        log.info(
-            "share_fetch_refused",
-            group=group_id,
-            member=member_id,
-            epoch=req.share_session_epoch,
-            error=exc.code.name,
-            reason=exc.message,
+        return _session_refused(
+            "share_fetch_refused", group_id, member_id, req.share_session_epoch, exc, base
         )
-        return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
     ack_results = await _apply_acknowledgements(broker, group_id, member_id, req, ctx.api_version)
     entries: Entries = {}
 
@@ -501,15 +495,9 @@ async def share_acknowledge(
             group_id, member_id, req.share_session_epoch, broker.clock.now_ms()
         )
     except KafkaError as exc:
-        log.info(
-            "share_acknowledge_refused",
-            group=group_id,
-            member=member_id,
-            epoch=req.share_session_epoch,
-            error=exc.code.name,
-            reason=exc.message,
+        return _session_refused(
+            "share_acknowledge_refused", group_id, member_id, req.share_session_epoch, exc, base
         )
-        return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
     log.debug(
         "share_acknowledge",
         group=group_id,
@@ -537,3 +525,19 @@ def _group(entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> list[dict[st
     for (tid, _), e in sorted(entries.items(), key=lambda i: (str(i[0][0]), i[0][1])):
         by_topic.setdefault(tid, []).append(e)
     return [{"topic_id": tid, "partitions": parts} for tid, parts in by_topic.items()]
+
+
+def _session_refused(
+    event: str, group_id: str, member_id: str, epoch: int, exc: KafkaError, base: dict[str, Any]
+) -> dict[str, Any]:
+    """A ShareFetch/ShareAcknowledge whose session the broker refused: logged, and
+    answered with the request-level error and no partitions."""
+    log.info(
+        event,
+        group=group_id,
+        member=member_id,
+        epoch=epoch,
+        error=exc.code.name,
+        reason=exc.message,
+    )
+    return {**base, "error_code": exc.code, "error_message": exc.message, "responses": []}
