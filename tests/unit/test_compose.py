@@ -330,9 +330,11 @@ def test_service_commands_exist(name: str) -> None:
         for value in argv[1:]:
             if not value.startswith("/") or value.startswith(SPARK_IMAGE_HOME):
                 continue
-            assert value.startswith("/tmp/") or any(
+            # Scratch space: /tmp, or the home the Dockerfile gives the image's user.
+            scratch = ("/tmp/", *(h + "/" for h in _user_homes()))
+            assert value.startswith(scratch) or any(
                 value == m or value.startswith(m + "/") for m in mounted
-            ), f"{name}: {value} is not a mounted volume"
+            ), f"{name}: {value} is neither a mounted volume nor scratch space"
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -499,3 +501,10 @@ def test_healthcheck_probes_the_exposed_broker_port_with_a_script_the_image_writ
     script = healthcheck_script()
     compile(script, "spool-healthcheck", "exec")
     assert "from protocol.client import KafkaClient" in script
+
+
+def _user_homes() -> list[str]:
+    """The home directories the Dockerfile creates (`useradd --home-dir DIR`)."""
+    import re
+
+    return re.findall(r"--home-dir\s+(\S+)", DOCKERFILE.read_text())
