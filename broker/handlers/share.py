@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import structlog
@@ -18,7 +19,7 @@ from broker.handlers.requests import (
 )
 from broker.logs import Partition, Subscribable, wait_for_any
 from broker.server import RequestContext
-from broker.share.manager import SharePartitionManager
+from broker.share.manager import AckBatches, SharePartitionManager
 from broker.share.session import ShareSessionCache
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_group import member_id_valid
@@ -64,7 +65,6 @@ def _topic_id(topic_id: uuid.UUID | None) -> uuid.UUID:
     return ZERO_UUID if topic_id is None else topic_id
 
 
-AckBatches = list[tuple[int, int, tuple[int, ...]]]
 RENEW_ACK = 4  # AcknowledgeType Renew (KIP-1222, ShareFetch/ShareAcknowledge v2)
 
 
@@ -258,16 +258,18 @@ def _topic_known(broker: ShareBroker, topic_id: uuid.UUID) -> bool:
     return topic_id in broker.metadata.state.topics_by_id
 
 
-async def _apply_acknowledgements(
+AckResults = dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]
+
+
+def _acknowledgements(
     broker: ShareBroker,
     group_id: str,
-    member_id: str,
     req: ShareFetchRequest | ShareAcknowledgeRequest,
     version: int,
-) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
-    """Apply every partition's acknowledgements, made durable by one share-state write;
-    each partition gets its own result."""
-    results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
+) -> tuple[AckResults, dict[ShareStateKey, AckBatches]]:
+    """The request's acknowledgements: the results of those refused before reaching a
+    share partition (unknown topic, malformed batches), and the rest, per partition."""
+    results: AckResults = {}
     valid: dict[ShareStateKey, AckBatches] = {}
     is_renew_ack: bool = getattr(req, "is_renew_ack", False)  # v2+
     for t in req.topics:
@@ -293,10 +295,28 @@ async def _apply_acknowledgements(
                 results[tp] = (ErrorCode.invalid_request, invalid)
                 continue
             valid[ShareStateKey(group_id, topic_id, p.partition_index)] = batches
+    return results, valid
+
+
+def _ack_outcomes(
+    results: AckResults, acked: Mapping[ShareStateKey, tuple[ErrorCode, str | None]]
+) -> None:
+    for key, result in acked.items():
+        results[(key.topic_id, key.partition)] = result
+
+
+async def _apply_acknowledgements(
+    broker: ShareBroker,
+    group_id: str,
+    member_id: str,
+    req: ShareFetchRequest | ShareAcknowledgeRequest,
+    version: int,
+) -> AckResults:
+    """Apply every partition's acknowledgements, made durable by one share-state write;
+    each partition gets its own result."""
+    results, valid = _acknowledgements(broker, group_id, req, version)
     if valid:
-        acked = await broker.share.acknowledge_many(valid, member_id)
-        for key, result in acked.items():
-            results[(key.topic_id, key.partition)] = result
+        _ack_outcomes(results, await broker.share.acknowledge_many(valid, member_id))
     return results
 
 
@@ -365,39 +385,53 @@ async def share_fetch(
         return _session_refused(
             "share_fetch_refused", group_id, member_id, req.share_session_epoch, exc, base
         )
-    ack_results = await _apply_acknowledgements(broker, group_id, member_id, req, ctx.api_version)
+    ack_results, acks = _acknowledgements(broker, group_id, req, ctx.api_version)
     entries: Entries = {}
 
     def entry(tp: tuple[uuid.UUID, int]) -> dict[str, Any]:
         return _partition_entry(broker.node_id, entries, tp)
 
-    for tp, (code, message) in ack_results.items():
-        entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
-    if session_ctx.is_final:
-        # The session's partitions: a final context fetches nothing, but releases all.
-        await _close_session(broker, group_id, member_id, session_ctx.session.partitions)
-        return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
-    for tp in requested:
-        entry(tp)
-    if renew_only:
+    def report_acks() -> None:
+        for tp, (code, message) in ack_results.items():
+            entry(tp).update(acknowledge_error_code=code, acknowledge_error_message=message)
+
+    if session_ctx.is_final or renew_only:
+        if acks:
+            _ack_outcomes(ack_results, await broker.share.acknowledge_many(acks, member_id))
+        report_acks()
+        if session_ctx.is_final:
+            # The session's partitions: a final context fetches nothing, but releases all.
+            await _close_session(broker, group_id, member_id, session_ctx.session.partitions)
+            return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
+        for tp in requested:
+            entry(tp)
         # KIP-1222: a renew-only request carries acknowledgements and fetches nothing.
         return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
     partitions = session_ctx.partitions
     # The broker's clock, not time.monotonic: tests drive the long poll with a ManualClock.
     deadline_ms = broker.clock.now_ms() + max(round(req.max_wait.total_seconds() * 1000), 0)
-    while True:
+    # The first round applies the acknowledgements as well: they and the acquisitions
+    # are made durable by one share-state write (one fsync), since a ShareFetch carrying
+    # the previous delivery's acknowledgements is a share consumer's steady state.
+    got_any = await _fetch_round(
+        broker, group_id, member_id, req, partitions, entries, acks, ack_results
+    )
+    report_acks()
+    for tp in requested:
+        entry(tp)
+    while not got_any and partitions:
+        remaining_ms = deadline_ms - broker.clock.now_ms()
+        if remaining_ms <= 0:
+            break
+        await _wait_for_work(broker, group_id, partitions, remaining_ms / 1000)
+        if trace.ENABLED:
+            trace.event("share_fetch_woken")
         if broker.sessions.get(group_id, member_id) is not session_ctx.session:
             # The session was closed (epoch -1, disconnect) or replaced while this
             # fetch waited: records acquired now could only sit locked until expiry.
             break
         got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
-        remaining_ms = deadline_ms - broker.clock.now_ms()
-        if got_any or remaining_ms <= 0 or not partitions:
-            break
-        await _wait_for_work(broker, group_id, partitions, remaining_ms / 1000)
-        if trace.ENABLED:
-            trace.event("share_fetch_woken")
     return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
 
@@ -408,8 +442,11 @@ async def _fetch_round(
     req: ShareFetchRequest,
     partitions: list[tuple[uuid.UUID, int]],
     entries: Entries,
+    acks: Mapping[ShareStateKey, AckBatches] | None = None,
+    ack_results: AckResults | None = None,
 ) -> bool:
-    """One pass over the session's partitions; True if anything was acquired or failed."""
+    """One pass over the session's partitions, applying `acks` first (their outcomes go
+    to `ack_results`); True if anything was acquired or failed."""
     max_records: int = req.max_records if req.max_records > 0 else 500
     got_any = False
     # Start at a different partition each time so none is starved by MaxRecords.
@@ -425,14 +462,17 @@ async def _fetch_round(
             got_any = True
             continue
         keys.append(ShareStateKey(group_id, tid, p))
-    # Every partition's acquisitions are made durable by one share-state write.
-    fetched_all = await broker.share.acquire_many(
+    # Every partition's acknowledgements and acquisitions: one share-state write.
+    acked, fetched_all = await broker.share.acknowledge_and_acquire(
+        acks or {},
         keys,
         member_id,
         max_records=max_records,
         batch_size=max(req.batch_size, 1),
         max_bytes=req.max_bytes,
     )
+    if ack_results is not None:
+        _ack_outcomes(ack_results, acked)
     if trace.ENABLED:
         trace.event(
             "acquired",

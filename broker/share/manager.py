@@ -29,8 +29,8 @@ import structlog
 from broker import trace
 from broker.metrics import ShareMetrics
 from broker.share.partition import (
+    NO_CHANGE,
     AcquiredRange,
-    AcquireResult,
     PendingChange,
     SharePartition,
     SharePartitionConfig,
@@ -48,6 +48,10 @@ from protocol.records import iter_batches
 log = structlog.get_logger("spool.share")
 
 Listener = Callable[[], None]
+# A partition's AcknowledgementBatches: (first offset, last offset, acknowledge types).
+AckBatches = list[tuple[int, int, tuple[int, ...]]]
+# An acknowledgement's outcome: error code and message.
+AckOutcome = tuple[ErrorCode, str | None]
 # Kafka's leader epoch for share state writes; spool is one node and never changes leader.
 LEADER_EPOCH = 0
 # Bytes read from one partition's log per share fetch, like Kafka's default
@@ -459,61 +463,108 @@ class SharePartitionManager:
     ) -> dict[ShareStateKey, FetchedPartition]:
         """`acquire` over several partitions, in order, sharing MaxRecords and MaxBytes,
         with all the acquisitions persisted as one share-state write (one fsync).
+        Partitions left out once MaxRecords or MaxBytes is used up are not in the result."""
+        _, fetched = await self.acknowledge_and_acquire(
+            {}, keys, member_id, max_records=max_records, batch_size=batch_size, max_bytes=max_bytes
+        )
+        return fetched
 
-        Each partition's lock is held from its acquisition until the shared write is
-        committed or rolled back. Before waiting for a lock someone else holds, what is
-        held is written first and let go, so two fetches never wait for each other.
-        Partitions left out once MaxRecords or MaxBytes is used up are not in the result.
+    async def acknowledge_and_acquire(
+        self,
+        acks: Mapping[ShareStateKey, AckBatches],
+        keys: Sequence[ShareStateKey],
+        member_id: str,
+        *,
+        max_records: int = 0,
+        batch_size: int = 1,
+        max_bytes: int = 0,
+    ) -> tuple[dict[ShareStateKey, AckOutcome], dict[ShareStateKey, FetchedPartition]]:
+        """A ShareFetch's work: apply the member's acknowledgements (`acks`), then acquire on
+        `keys` in order, sharing MaxRecords and MaxBytes; everything is persisted as one
+        share-state write (one fsync) before either result is reported.
+
+        On a partition with both, the acquisition is stacked on the acknowledgement
+        (`SharePartition.stack_on`): one change, so a failed write undoes both and each
+        result carries the error. Each partition's lock is held from its change until the
+        shared write is committed or rolled back; before waiting for a lock someone else
+        holds, what is held is written first and let go, so two requests never wait for
+        each other. Returns per acknowledged partition its error code and message, and per
+        fetched partition what it got (left out once MaxRecords or MaxBytes is used up).
         """
-        results: dict[ShareStateKey, FetchedPartition] = {}
-        acquisitions: dict[int, _Acquired] = {}
+        ack_results: dict[ShareStateKey, AckOutcome] = {}
+        fetched: dict[ShareStateKey, FetchedPartition] = {}
+        prepared_by_write: dict[int, _Prepared] = {}
+        released: list[ShareStateKey] = []
         budget = [max_records, max_bytes]
+        fetching = set(keys)
+
+        def skip(key: ShareStateKey) -> bool:
+            return key not in acks and (budget[0] <= 0 or budget[1] <= 0)
 
         async def prepare(key: ShareStateKey) -> _Write | None:
             try:
-                prepared = await self._prepare_acquire(
-                    key, member_id, budget[0], batch_size, budget[1]
-                )
+                sp = await self._get(key)
             except KafkaError as exc:
-                results[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
+                if key in acks:
+                    ack_results[key] = (exc.code, exc.message)
+                if key in fetching:
+                    fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
                 return None
-            if isinstance(prepared, FetchedPartition):
-                results[key] = prepared
+            prepared = _Prepared(key, sp, NO_CHANGE)
+            if key in acks:
+                self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
+            if key in fetching and budget[0] > 0 and budget[1] > 0:
+                await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched)
+            if prepared.change is NO_CHANGE and prepared.acquired is None:
+                if prepared.acknowledged:
+                    # Acknowledgements that changed nothing: done, nothing to write.
+                    self._acknowledged(prepared, acks[key], ack_results, released)
                 return None
-            budget[0] -= prepared.result.record_count
-            budget[1] -= len(prepared.records)
-            acquisitions[id(prepared.write)] = prepared
-            return prepared.write
+            write = _Write(key, sp, prepared.change, prepared.operation, {"member": member_id})
+            prepared_by_write[id(write)] = prepared
+            return write
 
         def written(w: _Write, error: KafkaError | None) -> None:
+            prepared = prepared_by_write[id(w)]
             if error is not None:
-                results[w.key] = FetchedPartition(
-                    error_code=error.code, error_message=error.message
-                )
-            else:
-                results[w.key] = self._acquired(w.key, w.sp, acquisitions[id(w)])
+                if prepared.acknowledged:
+                    ack_results[w.key] = (error.code, error.message)
+                if prepared.acquired is not None:
+                    fetched[w.key] = FetchedPartition(
+                        error_code=error.code, error_message=error.message
+                    )
+                return
+            if prepared.acknowledged:
+                self._acknowledged(prepared, acks[w.key], ack_results, released)
+            if prepared.acquired is not None:
+                fetched[w.key] = self._acquired(w.key, w.sp, prepared)
+            self._arm(w.key, w.sp)
 
-        await self._batched(keys, prepare, written, lambda: budget[0] <= 0 or budget[1] <= 0)
-        return results
+        order = list(keys) + [key for key in acks if key not in fetching]
+        await self._batched(order, prepare, written, skip)
+        # Once the locks are let go: fetches parked on these partitions may take them.
+        for key in released:
+            self._notify(key)
+        return ack_results, fetched
 
     async def _batched(
         self,
         keys: Sequence[ShareStateKey],
         prepare: Callable[[ShareStateKey], Awaitable[_Write | None]],
         written: Callable[[_Write, KafkaError | None], None],
-        done: Callable[[], bool] = lambda: False,
+        skip: Callable[[ShareStateKey], bool] = lambda _: False,
     ) -> None:
         """Under each key's lock, in order, `prepare` a change (None: nothing to write);
         persist the changes as one share-state write (`_write_many`, one fsync) and tell
         `written` of each, then let the locks go. Before waiting for a lock someone else
         holds, what is held is written first and let go, so two requests never wait for
-        each other. Stops early once `done()`."""
+        each other. Keys for which `skip(key)` holds when their turn comes are passed over."""
         held: list[_Write] = []
         stack = contextlib.AsyncExitStack()
         try:
             for key in keys:
-                if done():
-                    break
+                if skip(key):
+                    continue
                 if held and key in self._locks:
                     await self._write_held(held, written, stack)
                     held = []
@@ -547,36 +598,41 @@ class SharePartitionManager:
 
     async def _prepare_acquire(
         self,
-        key: ShareStateKey,
+        prepared: _Prepared,
         member_id: str,
-        max_records: int,
+        budget: list[int],
         batch_size: int,
-        max_bytes: int,
-    ) -> _Acquired | FetchedPartition:
-        """Acquire in memory (not yet durable), holding the partition's lock."""
-        sp = await self._get(key)
+        fetched: dict[ShareStateKey, FetchedPartition],
+    ) -> None:
+        """Acquire in memory (not yet durable) on top of `prepared.change`, holding the
+        partition's lock; spends `budget` ([records, bytes]). What the fetch got without
+        a write to wait for goes straight into `fetched`."""
+        key, sp = prepared.key, prepared.sp
         log_part = self.log_partition(key.topic_id, key.partition)
         if log_part is None:
-            return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+            fetched[key] = FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+            return
         # Retention or DeleteRecords moved the log start: SPSO follows first.
-        await self._write(
-            key, sp, sp.update_log_start_offset(log_part.log_start_offset), "log_start_offset"
-        )
+        sp.stack_on(prepared.change)
+        prepared.change = sp.update_log_start_offset(log_part.log_start_offset)
         if not sp.can_acquire():
-            return FetchedPartition()
+            fetched[key] = FetchedPartition()
+            return
         committed_only = sp.config.isolation_level == "read_committed"
         upper = log_part.last_stable_offset if committed_only else log_part.high_watermark
         offset = sp.next_fetch_offset()
         if offset >= upper:
-            return FetchedPartition()
+            fetched[key] = FetchedPartition()
+            return
         data = log_part.read(
             offset,
-            max(min(max_bytes, PARTITION_READ_BYTES), 1),
+            max(min(budget[1], PARTITION_READ_BYTES), 1),
             committed_only=committed_only,
         )
         headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
         if not headers:
-            return FetchedPartition()
+            fetched[key] = FetchedPartition()
+            return
         # Control batches (transaction markers) are never delivered: archived as gaps; so
         # are, for share.isolation.level=read_committed, the batches of aborted transactions.
         gaps = [(h.base_offset, h.last_offset) for _, h in headers if h.is_control]
@@ -584,14 +640,16 @@ class SharePartitionManager:
             aborted = log_part.aborted_transactions(offset, headers[-1][1].next_offset)
             if aborted:
                 gaps = sorted(gaps + aborted_batch_ranges((h for _, h in headers), aborted))
+        sp.stack_on(prepared.change)
         result = sp.acquire(
             member_id,
             [(h.base_offset, h.last_offset) for _, h in headers],
-            max_records=max_records,
+            max_records=budget[0],
             batch_size=batch_size,
             now_ms=self.clock.now_ms(),
             gaps=gaps,
         )
+        prepared.change = result.change
         chunks = []
         for pos, h in headers:
             if any(
@@ -599,16 +657,19 @@ class SharePartitionManager:
                 for r in result.acquired
             ):
                 chunks.append(data[pos : pos + h.size])
-        write = _Write(key, sp, result.change, "acquire", {"member": member_id})
-        return _Acquired(write, result, b"".join(chunks))
+        prepared.acquired = result.acquired
+        prepared.records = b"".join(chunks)
+        prepared.operation = "acknowledge_and_acquire" if prepared.acknowledged else "acquire"
+        budget[0] -= result.record_count
+        budget[1] -= len(prepared.records)
 
-    def _acquired(self, key: ShareStateKey, sp: SharePartition, a: _Acquired) -> FetchedPartition:
+    def _acquired(self, key: ShareStateKey, sp: SharePartition, p: _Prepared) -> FetchedPartition:
         """An acquisition now durable: count it, arm its lock timer, hand it out."""
-        if not a.result.acquired:
+        if not p.acquired:
             return FetchedPartition()
-        self.metrics.acquired(key, a.result.acquired)
+        self.metrics.acquired(key, p.acquired)
         self._arm(key, sp)
-        return FetchedPartition(records=a.records, acquired=list(a.result.acquired))
+        return FetchedPartition(records=p.records, acquired=list(p.acquired))
 
     # -- acknowledge --------------------------------------------------------------
 
@@ -627,65 +688,62 @@ class SharePartitionManager:
         return (await self.acknowledge_many({key: batches}, member_id))[key]
 
     async def acknowledge_many(
-        self,
-        acks: Mapping[ShareStateKey, list[tuple[int, int, tuple[int, ...]]]],
-        member_id: str,
+        self, acks: Mapping[ShareStateKey, AckBatches], member_id: str
     ) -> dict[ShareStateKey, tuple[ErrorCode, str | None]]:
         """`acknowledge` over several partitions of one request, persisted as one
         share-state write (one fsync); per partition its error code and message. A failed
         write fails every partition in it and leaves each as it was."""
-        results: dict[ShareStateKey, tuple[ErrorCode, str | None]] = {}
-        released: list[ShareStateKey] = []
-        counts: dict[int, int] = {}
+        results, _ = await self.acknowledge_and_acquire(acks, [], member_id)
+        return results
 
-        async def prepare(key: ShareStateKey) -> _Write | None:
-            batches = acks[key]
-            try:
-                sp = await self._get(key)
-            except KafkaError as exc:
-                results[key] = (exc.code, exc.message)
-                return None
-            result = sp.acknowledge(member_id, batches, self.clock.now_ms())
-            log.debug(
-                "acknowledge",
+    def _prepare_acknowledge(
+        self,
+        prepared: _Prepared,
+        batches: AckBatches,
+        member_id: str,
+        results: dict[ShareStateKey, AckOutcome],
+    ) -> None:
+        """Apply acknowledgements in memory (not yet durable); a refusal goes to `results`."""
+        key = prepared.key
+        result = prepared.sp.acknowledge(member_id, batches, self.clock.now_ms())
+        log.debug(
+            "acknowledge",
+            group=key.group_id,
+            member=member_id,
+            partition=key.partition,
+            batches=len(batches),
+            error=result.error_code.name,
+        )
+        if result.error_code != ErrorCode.none:
+            result.change.commit()  # refused: nothing changed
+            log.info(
+                "acknowledge_refused",
                 group=key.group_id,
                 member=member_id,
+                topic_id=str(key.topic_id),
                 partition=key.partition,
-                batches=len(batches),
                 error=result.error_code.name,
+                reason=result.error_message,
             )
-            if result.error_code != ErrorCode.none:
-                result.change.commit()  # refused: nothing changed
-                log.info(
-                    "acknowledge_refused",
-                    group=key.group_id,
-                    member=member_id,
-                    topic_id=str(key.topic_id),
-                    partition=key.partition,
-                    error=result.error_code.name,
-                    reason=result.error_message,
-                )
-                results[key] = (result.error_code, result.error_message)
-                return None
-            write = _Write(key, sp, result.change, "acknowledge", {"member": member_id})
-            counts[id(write)] = result.released
-            return write
+            results[key] = (result.error_code, result.error_message)
+            return
+        prepared.change = result.change
+        prepared.acknowledged = True
+        prepared.released = result.released
+        prepared.operation = "acknowledge"
 
-        def written(w: _Write, error: KafkaError | None) -> None:
-            if error is not None:
-                results[w.key] = (error.code, error.message)
-                return
-            results[w.key] = (ErrorCode.none, None)
-            self.metrics.acknowledged(w.key, acks[w.key], counts[id(w)])
-            self._arm(w.key, w.sp)
-            if counts[id(w)]:
-                released.append(w.key)
-
-        await self._batched(list(acks), prepare, written)
-        # Once the locks are let go: fetches parked on these partitions may take them.
-        for key in released:
-            self._notify(key)
-        return results
+    def _acknowledged(
+        self,
+        prepared: _Prepared,
+        batches: AckBatches,
+        results: dict[ShareStateKey, AckOutcome],
+        released: list[ShareStateKey],
+    ) -> None:
+        """Acknowledgements now durable: report and count them."""
+        results[prepared.key] = (ErrorCode.none, None)
+        self.metrics.acknowledged(prepared.key, batches, prepared.released)
+        if prepared.released:
+            released.append(prepared.key)
 
     async def release_member(
         self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None
@@ -901,12 +959,18 @@ class _Write:
 
 
 @dataclass(slots=True, eq=False)
-class _Acquired:
-    """An acquisition applied in memory, its change not yet durable, and its batches."""
+class _Prepared:
+    """A partition's part of a request, applied in memory, its change not yet durable:
+    acknowledgements and/or an acquisition (stacked into one change) and its batches."""
 
-    write: _Write
-    result: AcquireResult
-    records: bytes
+    key: ShareStateKey
+    sp: SharePartition
+    change: PendingChange
+    operation: str = "acquire"
+    acknowledged: bool = False
+    released: int = 0  # records the acknowledgements made AVAILABLE again
+    acquired: tuple[AcquiredRange, ...] | None = None  # None: nothing was acquired
+    records: bytes = b""
 
 
 def _count(ranges: Iterable[tuple[int, int]]) -> int:

@@ -217,7 +217,7 @@ class PendingChange:
     the two, once. A call that changed nothing returns `NO_CHANGE`, for which both do nothing.
     """
 
-    __slots__ = ("_journal", "_partition", "_speo", "_spso", "state_update")
+    __slots__ = ("_changed", "_journal", "_partition", "_speo", "_spso", "state_update")
 
     def __init__(
         self,
@@ -226,6 +226,7 @@ class PendingChange:
         journal: list[tuple[bool, InFlightRange]],
         spso: int,
         speo: int,
+        changed: list[tuple[int, int]] | None = None,
     ) -> None:
         self._partition = partition
         self.state_update = state_update
@@ -233,6 +234,9 @@ class PendingChange:
         self._journal = journal
         self._spso = spso
         self._speo = speo
+        # The offset spans whose durable state it changed: a change stacked on this one
+        # (`SharePartition.stack_on`) rewrites them with its own in one state update.
+        self._changed = changed or []
 
     @property
     def pending(self) -> bool:
@@ -508,6 +512,9 @@ class SharePartition:
         self._speo_before = UNINITIALIZED_START_OFFSET
         self._in_change = False
         self._pending: PendingChange | None = None
+        # `stack_on`: the pending change the next change builds on (then: being built on).
+        self._stack_base: PendingChange | None = None
+        self._stacked: PendingChange | None = None
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
@@ -585,6 +592,21 @@ class SharePartition:
         """Whether a change waits for commit or rollback (no other change may start)."""
         return self._pending is not None
 
+    def stack_on(self, change: PendingChange) -> None:
+        """Let the next change start on top of `change`, this partition's pending change,
+        instead of refusing it (`ChangePending`).
+
+        That next call returns one PendingChange standing for both: its state update
+        carries both changes (one share-state write), its commit keeps both and its
+        rollback undoes both. `change` itself must then be left alone. A ShareFetch uses
+        this to persist its acknowledgements and its acquisitions with one fsync.
+        """
+        if change is NO_CHANGE:
+            return
+        if self._pending is not change:
+            raise RuntimeError(f"{change!r} is not this partition's pending change")
+        self._stack_base = change
+
     def next_lock_deadline(self) -> int | None:
         """The earliest acquisition lock deadline (ms), for the caller's timer; None if none."""
         if not self._lock_deadlines:
@@ -613,7 +635,7 @@ class SharePartition:
             raise RuntimeError(f"share partition already initialized at SPSO {self._spso}")
         if start_offset < 0:
             raise ValueError(f"invalid start offset {start_offset}")
-        self._start()
+        self._start(stackable=False)
         self._spso = self._speo = start_offset
         return self._pend(StateUpdate(start_offset, ()))
 
@@ -1038,13 +1060,16 @@ class SharePartition:
     def _touch(self, first: int, last: int) -> None:
         self._touched.append((first, last))
 
-    def _start(self) -> None:
-        """Begin a change: only one at a time, and only once the previous one is finished."""
-        if self._pending is not None:
+    def _start(self, *, stackable: bool = True) -> None:
+        """Begin a change: only one at a time, and only once the previous one is finished,
+        unless the previous one was offered to build on (`stack_on`)."""
+        base, self._stack_base = self._stack_base, None
+        if self._pending is not None and (base is None or not stackable):
             raise ChangePending(
                 f"share partition {self.group_id}:{self.topic_id}:{self.partition} has a change "
                 "waiting for commit or rollback"
             )
+        self._stacked = base
         self._in_change = True
         self._journal = []
         self._changed = []
@@ -1057,11 +1082,15 @@ class SharePartition:
         self._advance_spso()
         for first, last in _merge_spans(self._touched):
             self._coalesce(first, last)
-        changed = _merge_spans(self._changed)
+        own = self._changed
         self._touched = []
         self._changed = []
-        if self._spso == self._spso_before and not changed:
+        if self._spso == self._spso_before and not own:
             return self._pend(None)
+        if self._stacked is not None:
+            # Stacked: one update rewrites what both changes touched, from the state now.
+            own = own + self._stacked._changed
+        changed = _merge_spans(own)
         spans = [
             (max(first, self._spso), min(last, self._speo - 1))
             for first, last in changed
@@ -1076,22 +1105,32 @@ class SharePartition:
             for first, last in spans:
                 batches.extend(self._durable_batches(first, last))
         return self._pend(
-            StateUpdate(self._spso, tuple(_coalesce_batches(batches)), self._done_count)
+            StateUpdate(self._spso, tuple(_coalesce_batches(batches)), self._done_count),
+            changed,
         )
 
-    def _pend(self, state_update: StateUpdate | None) -> PendingChange:
-        """End building a change: it now waits for commit or rollback, unless it is empty."""
+    def _pend(
+        self, state_update: StateUpdate | None, changed: list[tuple[int, int]] | None = None
+    ) -> PendingChange:
+        """End building a change: it now waits for commit or rollback, unless it is empty.
+        Stacked on a pending change, the two become one."""
         self._in_change = False
+        base, self._stacked = self._stacked, None
         if (
             state_update is None
             and not self._journal
             and self._spso == self._spso_before
             and self._speo == self._speo_before
         ):
-            return NO_CHANGE
-        change = PendingChange(
-            self, state_update, self._journal, self._spso_before, self._speo_before
-        )
+            return NO_CHANGE if base is None else base
+        journal, spso, speo = self._journal, self._spso_before, self._speo_before
+        if base is not None:
+            # Nothing durable changed on top (state_update None): the base's update stands.
+            state_update = state_update or base.state_update
+            changed = changed if changed is not None else base._changed
+            journal, spso, speo = base._journal + journal, base._spso, base._speo
+            base._partition, base._journal = None, []
+        change = PendingChange(self, state_update, journal, spso, speo, changed)
         self._journal = []
         self._pending = change
         return change
@@ -1119,6 +1158,8 @@ class SharePartition:
         """An exception escaped while a change was being built: undo what it did so far."""
         if self._in_change:
             self._in_change = False
+            # A change stacked on a pending one undoes only itself: the base stays pending.
+            self._stacked = None
             self._undo(self._journal, self._spso_before, self._speo_before)
             self._changed = []
             self._touched = []

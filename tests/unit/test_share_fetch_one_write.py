@@ -24,6 +24,7 @@ from coordinator.share_state import ShareStateKey
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode
+from protocol.records import NewRecord, build_batch
 from tests.unit import test_runtime
 from tests.unit.test_runtime import STAGES, Disk
 from tests.unit.test_share_manager import FakeGroups, FakeLog
@@ -167,3 +168,87 @@ async def test_a_failed_shared_acknowledgement_write_keeps_every_partition_acqui
     # Retried once the disk is back, the same acknowledgements are accepted.
     results = await setup.mgr.acknowledge_many({key: [(0, 9, (ACCEPT,))] for key in KEYS}, "m")
     assert set(results.values()) == {(ErrorCode.none, None)}
+
+
+RELEASE = 2
+
+
+def grow_log_to_20(log: FakeLog) -> None:
+    """The log now holds one batch of offsets 0-19 (FakeLog's has 0-9)."""
+    log.high_watermark = log.last_stable_offset = 20
+    batch = build_batch([NewRecord(None, b"v%d" % i) for i in range(20)])
+    log.read = lambda offset, max_bytes, *, committed_only=False: batch  # type: ignore[method-assign]
+
+
+async def test_a_fetch_carrying_acknowledgements_persists_them_and_its_acquisitions_in_one_write(
+    setup: Setup,
+) -> None:
+    await fetch(setup.mgr)
+    grow_log_to_20(setup.log)
+    setup.appends.clear()
+    rounds = setup.commit.rounds
+    # The previous delivery's acknowledgements ride on the next fetch (ShareFetch's steady
+    # state): offsets 0-4 accepted, 5-9 released; the fetch then takes 5-19 again/new.
+    acks = {key: [(0, 9, (ACCEPT,) * 5 + (RELEASE,) * 5)] for key in KEYS}
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
+    )
+    assert acked == {key: (ErrorCode.none, None) for key in KEYS}
+    assert {key: [tuple(r) for r in f.acquired] for key, f in got.items()} == {
+        key: [(5, 9, 2), (10, 19, 1)] for key in KEYS
+    }
+    assert setup.commit.rounds - rounds == 1
+    assert setup.appends == [PARTITIONS]
+    for key in KEYS:
+        state = setup.persister.shard.state(key)
+        assert state is not None and state.start_offset == 5
+        assert [tuple(b) for b in state.batches] == [(5, 9, 0, 2), (10, 19, 0, 1)]
+        sp = setup.mgr.partitions[key]
+        assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (5, 20, 15, False)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_failed_write_of_acknowledgements_and_acquisitions_undoes_both(
+    setup: Setup, disk: Disk, stage: str
+) -> None:
+    await fetch(setup.mgr)
+    grow_log_to_20(setup.log)
+    stored = {key: setup.persister.shard.state(key) for key in KEYS}
+    acks = {key: [(0, 9, (ACCEPT,))] for key in KEYS}
+    disk.fail(stage, errno.EIO)
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
+    )
+    # The client sees the storage error on both: the acknowledgement and the fetch.
+    assert {code for code, _ in acked.values()} == {ErrorCode.kafka_storage_error}
+    assert {key: f.error_code for key, f in got.items()} == {
+        key: ErrorCode.kafka_storage_error for key in KEYS
+    }
+    # Nothing moved: 0-9 still acquired by the member, 10-19 never delivered.
+    for key in KEYS:
+        sp = setup.mgr.partitions[key]
+        assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (0, 10, 10, False)
+    assert {key: setup.persister.shard.state(key) for key in KEYS} == stored
+    # The disk is back: the same request succeeds as a whole.
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
+    )
+    assert set(acked.values()) == {(ErrorCode.none, None)}
+    assert {key: [tuple(r) for r in f.acquired] for key, f in got.items()} == {
+        key: [(10, 19, 1)] for key in KEYS
+    }
+
+
+async def test_acknowledgements_are_persisted_when_the_fetch_finds_nothing_to_acquire(
+    setup: Setup,
+) -> None:
+    await fetch(setup.mgr)
+    setup.appends.clear()
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        {KEYS[0]: [(0, 9, (ACCEPT,))]}, KEYS[:1], "m", max_records=1000, batch_size=1, max_bytes=1
+    )
+    assert acked == {KEYS[0]: (ErrorCode.none, None)}
+    assert not got[KEYS[0]].acquired
+    assert setup.appends == [1]
+    state = setup.persister.shard.state(KEYS[0])
+    assert state is not None and state.start_offset == 10
