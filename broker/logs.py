@@ -610,32 +610,63 @@ class Subscribable(Protocol):
     def remove_listener(self, listener: Listener) -> None: ...
 
 
+class Wakeup:
+    """Listens to `sources` from the moment it is made until closed, so a notification
+    that comes between a long poll's look for data and its wait is not lost: the wait
+    after it returns at once. Use as a context manager."""
+
+    def __init__(self, sources: Iterable[Subscribable]) -> None:
+        self._sources = list(sources)
+        self._woken = False
+        self._future: asyncio.Future[None] | None = None
+        for source in self._sources:
+            source.add_listener(self._wake)
+
+    def _wake(self) -> None:
+        self._woken = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    async def wait(self, timeout_s: float, *, clock: Clock | None = None) -> None:
+        """Return once a source has called its listeners since the last wait returned (at
+        once if one already has), or after `timeout_s`. A listener resumes the waiter on
+        the loop's next turn (no timer involved). With a `clock` the timeout is one of its
+        timers (a ManualClock drives it in tests)."""
+        if not self._woken:
+            woken = self._future = asyncio.get_running_loop().create_future()
+            if clock is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken, timeout_s)
+            else:
+                timer = clock.call_at(
+                    clock.now_ms() + max(math.ceil(timeout_s * 1000), 0), self._timed_out
+                )
+                try:
+                    await woken
+                finally:
+                    timer.cancel()
+            self._future = None
+        self._woken = False
+
+    def _timed_out(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def close(self) -> None:
+        for source in self._sources:
+            source.remove_listener(self._wake)
+        self._sources = []
+
+    def __enter__(self) -> Wakeup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 async def wait_for_any(
     sources: Iterable[Subscribable], timeout_s: float, *, clock: Clock | None = None
 ) -> None:
-    """Park until any source calls its listeners, or the timeout passes (long polls).
-
-    A listener resumes the waiter on the loop's next turn (no timer involved). With a
-    `clock` the timeout is one of its timers (a ManualClock drives it in tests)."""
-    woken = asyncio.get_running_loop().create_future()
-
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    live = list(sources)
-    for source in live:
-        source.add_listener(wake)
-    try:
-        if clock is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken, timeout_s)
-        else:
-            timer = clock.call_at(clock.now_ms() + max(math.ceil(timeout_s * 1000), 0), wake)
-            try:
-                await woken
-            finally:
-                timer.cancel()
-    finally:
-        for source in live:
-            source.remove_listener(wake)
+    """Park until any source calls its listeners, or the timeout passes (long polls)."""
+    with Wakeup(sources) as wakeup:
+        await wakeup.wait(timeout_s, clock=clock)

@@ -17,7 +17,7 @@ from broker.handlers.requests import (
     ShareGroupDescribeRequest,
     ShareGroupHeartbeatRequest,
 )
-from broker.logs import Partition, Subscribable, wait_for_any
+from broker.logs import Partition, Subscribable, Wakeup
 from broker.server import RequestContext
 from broker.share.manager import AckBatches, SharePartitionManager
 from broker.share.session import ShareSessionCache
@@ -411,27 +411,31 @@ async def share_fetch(
     partitions = session_ctx.partitions
     # The broker's clock, not time.monotonic: tests drive the long poll with a ManualClock.
     deadline_ms = broker.clock.now_ms() + max(round(req.max_wait.total_seconds() * 1000), 0)
-    # The first round applies the acknowledgements as well: they and the acquisitions
-    # are made durable by one share-state write (one fsync), since a ShareFetch carrying
-    # the previous delivery's acknowledgements is a share consumer's steady state.
-    got_any = await _fetch_round(
-        broker, group_id, member_id, req, partitions, entries, acks, ack_results
-    )
-    report_acks()
-    for tp in requested:
-        entry(tp)
-    while not got_any and partitions:
-        remaining_ms = deadline_ms - broker.clock.now_ms()
-        if remaining_ms <= 0:
-            break
-        await _wait_for_work(broker, group_id, partitions, remaining_ms / 1000)
-        if trace.ENABLED:
-            trace.event("share_fetch_woken")
-        if broker.sessions.get(group_id, member_id) is not session_ctx.session:
-            # The session was closed (epoch -1, disconnect) or replaced while this
-            # fetch waited: records acquired now could only sit locked until expiry.
-            break
-        got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
+    # Listening from before the first look: a produce, release or lock expiry during a
+    # round (which may wait for its write) wakes the wait after it.
+    with Wakeup(_work_sources(broker, group_id, partitions)) as wakeup:
+        # The first round applies the acknowledgements as well: they and the acquisitions
+        # are made durable by one share-state write (one fsync), since a ShareFetch
+        # carrying the previous delivery's acknowledgements is a share consumer's steady
+        # state.
+        got_any = await _fetch_round(
+            broker, group_id, member_id, req, partitions, entries, acks, ack_results
+        )
+        report_acks()
+        for tp in requested:
+            entry(tp)
+        while not got_any and partitions:
+            remaining_ms = deadline_ms - broker.clock.now_ms()
+            if remaining_ms <= 0:
+                break
+            await wakeup.wait(remaining_ms / 1000, clock=broker.clock)
+            if trace.ENABLED:
+                trace.event("share_fetch_woken")
+            if broker.sessions.get(group_id, member_id) is not session_ctx.session:
+                # The session was closed (epoch -1, disconnect) or replaced while this
+                # fetch waited: records acquired now could only sit locked until expiry.
+                break
+            got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
     return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
 
@@ -506,16 +510,17 @@ async def _fetch_round(
     return got_any
 
 
-async def _wait_for_work(
-    broker: ShareBroker, group_id: str, partitions: list[tuple[uuid.UUID, int]], timeout_s: float
-) -> None:
-    """Park until a produce, a release or a lock expiry touches one of the partitions."""
+def _work_sources(
+    broker: ShareBroker, group_id: str, partitions: list[tuple[uuid.UUID, int]]
+) -> list[Subscribable]:
+    """What wakes a parked ShareFetch: a produce, a release or a lock expiry on one of
+    its partitions."""
     sources: list[Subscribable] = [
         broker.share.listeners(ShareStateKey(group_id, tid, p)) for tid, p in partitions
     ]
     logs = [broker.log_partition(tid, p) for tid, p in partitions]
     sources += [lp for lp in logs if lp is not None]
-    await wait_for_any(sources, timeout_s, clock=broker.clock)
+    return sources
 
 
 async def share_acknowledge(

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from broker.logs import Listener, wait_for_any
+from broker.logs import Listener, Wakeup, wait_for_any
 from broker.server import Server
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
@@ -57,6 +57,24 @@ async def test_a_long_poll_times_out_when_the_injected_clock_reaches_max_wait() 
     clock.advance(1)
     await turns()
     assert waiting.done()
+    assert not source.listeners
+
+
+async def test_a_notify_between_a_look_and_the_wait_is_not_lost() -> None:
+    # A ShareFetch looks for records (its round may wait for a share-state write), then
+    # parks: a produce that lands during the round must wake the wait that follows it.
+    clock, source = ManualClock(), Source()
+    with Wakeup([source]) as wakeup:
+        source.notify()  # during the "round"
+        await asyncio.wait_for(wakeup.wait(0.5, clock=clock), timeout=5)
+        assert clock.pending_timers == 0  # returned at once, no timer armed
+        # Consumed: the next wait parks until the next notify, or the clock's timeout.
+        waiting = asyncio.create_task(wakeup.wait(0.5, clock=clock))
+        await turns()
+        assert not waiting.done()
+        clock.advance(500)
+        await turns()
+        assert waiting.done()
     assert not source.listeners
 
 
