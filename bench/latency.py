@@ -352,6 +352,7 @@ def _measure(
             print(f"run {run + 1}: {summary(latencies)}", flush=True)
             if trace_path is not None and trace_path.exists():
                 print(format_breakdown(breakdown(trace_path, offsets)), flush=True)
+                print(gc_pauses(trace_path), flush=True)
     print(
         f"{what}, medians over {args.runs} runs: p50 {statistics.median(p50s):.2f} ms, "
         f"p99 {statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
@@ -610,6 +611,22 @@ def _fetch_times(events: list[dict[str, Any]], acquired: dict[str, Any]) -> list
         durable["t"],
         *(None if e is None else e["t"] for e in (handled, encoded, written)),
     ]
+
+
+def gc_pauses(path: Path) -> str:
+    """The broker's garbage-collection pauses (they stop every thread), per generation."""
+    pauses: dict[int, list[float]] = {}
+    for line in path.read_text().splitlines():
+        e = json.loads(line)
+        if e["e"] == "gc":
+            pauses.setdefault(e["generation"], []).append((e["t"] - e["started"]) / 1e6)
+    return "  gc pauses: " + (
+        ", ".join(
+            f"gen{g} n={len(v)} p50={percentile(v, 0.5):.3f} ms max={max(v):.3f} ms"
+            for g, v in sorted(pauses.items())
+        )
+        or "none"
+    )
 
 
 def format_breakdown(gaps: dict[str, list[float]]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import signal
 import sys
@@ -128,6 +129,11 @@ def serve(args: argparse.Namespace) -> int:
         metrics = _start_metrics(args.metrics, broker, loop)
         try:
             await broker.start()
+            # What startup made (modules, the Kafka schemas' classes, recovered state)
+            # lives as long as the process: out of the collector's reach, a full
+            # collection does not stop the loop to walk it all again (such pauses were
+            # the share path's worst latencies, 50-75 ms each).
+            gc.freeze()
             await stop.wait()
             log.info("shutdown_requested")
             await broker.stop()

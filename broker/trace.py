@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import gc
 import json
 import os
 import threading
@@ -96,5 +97,18 @@ def dump(path: str | None = None) -> int:
     return len(events)
 
 
+_gc_started: list[int] = []
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    """A garbage collection stops every thread of the process: trace each one's pause."""
+    if phase == "start":
+        _gc_started.append(now_ns())
+    elif _gc_started:
+        started = _gc_started.pop()
+        event("gc", request=None, started=started, generation=info.get("generation", -1))
+
+
 if ENABLED:
     atexit.register(dump)
+    gc.callbacks.append(_on_gc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -112,6 +112,13 @@ class LogSegment:
         # Set when the segment is deleted while a flush still holds its fd; that flush closes it.
         self.deleted = False
         self._bytes_since_last_index_entry = 0
+        # The batches appended since the last offset-index entry, (last offsets, positions):
+        # a read near the end (a consumer at the tail, a share fetch woken by a produce)
+        # finds its batch here instead of walking every header from the index entry.
+        # Empty after open and truncation, where the walk stands in.
+        self._tail_base = -1
+        self._tail_last: list[int] = []
+        self._tail_pos: list[int] = []
 
     def path(self, suffix: str) -> Path:
         return self.directory / segment_file_name(self.base_offset, suffix)
@@ -308,6 +315,11 @@ class LogSegment:
                 )
                 self._append_final_time_entry()
                 self._bytes_since_last_index_entry = 0
+                self._tail_last, self._tail_pos = [], []
+            if not self._tail_last:
+                self._tail_base = header.base_offset
+            self._tail_last.append(header.last_offset)
+            self._tail_pos.append(start + relative_position)
             self._bytes_since_last_index_entry += header.size
         self.size = start + len(view)
         self.next_offset = batches[-1][1].next_offset
@@ -352,6 +364,7 @@ class LogSegment:
         ):
             self._observe_timestamp(header)
         self._bytes_since_last_index_entry = position - self.offset_index.last_position()
+        self._tail_base, self._tail_last, self._tail_pos = -1, [], []
         if position == 0:
             self.rolling_timestamp = None
         return removed
@@ -372,6 +385,12 @@ class LogSegment:
 
     def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is >= `offset`."""
+        if self._tail_last and offset >= self._tail_base:
+            slot = bisect_left(self._tail_last, offset)
+            if slot == len(self._tail_last):
+                return None
+            position = self._tail_pos[slot]
+            return position, parse_header(os.pread(self.fd, HEADER_SIZE, position), 0)
         start = self.offset_index.lookup(offset - self.base_offset)
         for pos, header in scan_batches(self.fd, start, self.size, validate=False):
             if header.last_offset >= offset:
