@@ -106,21 +106,22 @@ def fold(
 
 
 class PackedBatches:
-    """Sorted state batches as four parallel packed arrays; never changed once built.
+    """State batches as four parallel packed arrays; never changed once built.
 
-    `disjoint` says whether the batches are sorted by first offset without overlaps
-    (always so for what spool writes); `merge_packed` splices only such a list.
+    `disjoint` says whether the batches are ascending without overlaps (always so for what
+    spool writes); `merge_packed` splices only such a list.
     """
 
     __slots__ = ("_counts", "_firsts", "_lasts", "_states", "disjoint")
 
     def __init__(self, batches: Iterable[tuple[int, int, int, int]] = ()) -> None:
-        ordered = sorted(batches)
-        self._firsts = array("q", [b[0] for b in ordered])
-        self._lasts = array("q", [b[1] for b in ordered])
-        self._states = array("b", [b[2] for b in ordered])
-        self._counts = array("h", [b[3] for b in ordered])
-        self.disjoint = _sorted_disjoint(ordered)
+        # In the order given: the order a snapshot holds them in is part of the state.
+        listed = list(batches)
+        self._firsts = array("q", [b[0] for b in listed])
+        self._lasts = array("q", [b[1] for b in listed])
+        self._states = array("b", [b[2] for b in listed])
+        self._counts = array("h", [b[3] for b in listed])
+        self.disjoint = _sorted_disjoint(listed)
 
     @classmethod
     def _of(
@@ -157,7 +158,7 @@ class PackedBatches:
 
 
 def _sorted_disjoint(batches: list[StateBatch] | list[tuple[int, int, int, int]]) -> bool:
-    """Whether sorted `batches` are each first <= last and do not overlap."""
+    """Whether `batches` ascend, each first <= last, without overlaps."""
     previous_last = -(2**63)
     for batch in batches:
         if not previous_last < batch[0] <= batch[1]:
