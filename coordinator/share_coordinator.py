@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coordinator.share_state import (
     UNINITIALIZED_START_OFFSET,
@@ -60,7 +60,12 @@ from coordinator.share_state import (
     ShareState,
     ShareStateKey,
 )
-from persister.share_fold import apply_update
+from persister.share_fold import (
+    PackedBatches,
+    apply_update,
+    merge_packed,
+    updated_epoch_and_start,
+)
 from persister.share_records import (
     ShareKey,
     ShareRecord,
@@ -94,12 +99,16 @@ Records = list[ShareRecord]
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    """What the shard holds per key (never handed out: accessors return copies)."""
+    """What the shard holds per key (never handed out: accessors return copies).
+
+    The batches are packed (`PackedBatches`): a share partition acknowledged one type per
+    offset holds one batch per in-flight record, for every share partition of every group.
+    """
 
     state_epoch: int
     leader_epoch: int
     start_offset: int
-    batches: tuple[PersistedBatch, ...]
+    batches: PackedBatches
     snapshot_epoch: int
     create_timestamp_ms: int
     write_timestamp_ms: int
@@ -112,7 +121,7 @@ class _Entry:
             state_epoch=state.state_epoch,
             leader_epoch=state.leader_epoch,
             start_offset=state.start_offset,
-            batches=state.batches,
+            batches=PackedBatches(state.batches),
             snapshot_epoch=state.snapshot_epoch,
             create_timestamp_ms=state.create_timestamp_ms,
             write_timestamp_ms=state.write_timestamp_ms,
@@ -130,7 +139,7 @@ class _Entry:
             self.start_offset,
             self.create_timestamp_ms,
             self.write_timestamp_ms,
-            self.batches,
+            self.batches.unpack(),
             self.delivery_complete_count,
         )
 
@@ -370,9 +379,21 @@ class ShareCoordinatorShard:
             # The update rules live in persister.share_fold, shared with the Spark
             # compaction, so a compacted log replays to exactly this state.
             entry = self._entries.get(key)
-            state = apply_update(None if entry is None else entry.snapshot(record.key), record)
-            updates = 0 if entry is None else entry.updates_since_snapshot
-            self._entries[key] = _Entry.of(state, updates_since_snapshot=updates + 1)
+            if entry is None:
+                self._entries[key] = _Entry.of(apply_update(None, record), updates_since_snapshot=1)
+                return
+            # apply_update on the packed batches: merge_packed is merge_batches.
+            leader_epoch, start = updated_epoch_and_start(
+                entry.leader_epoch, entry.start_offset, record
+            )
+            self._entries[key] = replace(
+                entry,
+                leader_epoch=leader_epoch,
+                start_offset=start,
+                batches=merge_packed(entry.batches, record.batches, start),
+                delivery_complete_count=record.delivery_complete_count,
+                updates_since_snapshot=entry.updates_since_snapshot + 1,
+            )
 
     # -------------------------------------------------------------- helpers
 
@@ -404,7 +425,7 @@ class ShareCoordinatorShard:
                 # A new snapshot: created and written now, as Kafka's roll.
                 create_timestamp_ms=now_ms,
                 write_timestamp_ms=now_ms,
-                batches=_to_record_batches(merge_batches(entry.batches, batches, start)),
+                batches=merge_packed(entry.batches, _to_record_batches(batches), start).unpack(),
                 delivery_complete_count=delivery_complete_count,
             )
         # The request's batches may overlap each other: normalise them (newer wins), and

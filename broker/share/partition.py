@@ -18,7 +18,10 @@ yet be undone.
 The in-flight window [spso, speo) is held as a sorted map of offset ranges, each with one
 state, so memory and work follow the number of distinct ranges, not the number of records
 (Kafka's ``InFlightBatch``). A range is split only where its records' states come to differ
-and adjacent ranges in identical state are merged again.
+and adjacent ranges in identical state are merged again. The map is packed (`_RangeTable`:
+parallel arrays, ~40 bytes a range): acknowledgements of one type per offset leave one range
+per in-flight record (up to share.partition.max.record.locks of them, in every share
+partition), where Kafka too keeps per-offset state inside a fragmented batch.
 
 Durable view: ACQUIRED is written as AVAILABLE with its delivery count, so a
 crash redelivers rather than loses, and an offset of the window with no state batch means
@@ -30,12 +33,11 @@ from __future__ import annotations
 import enum
 import functools
 import uuid
-from bisect import bisect_right
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal, NamedTuple, ParamSpec, TypeVar
-
-from sortedcontainers import SortedDict, SortedList, SortedSet
 
 from coordinator.share_state import PersistedBatch
 from protocol.errors import ErrorCode
@@ -199,6 +201,102 @@ class InFlightRange:
             and self.member_id == other.member_id
             and self.lock_deadline_ms == other.lock_deadline_ms
         )
+
+
+# RecordState by id, for the packed table (cheaper than calling the enum).
+_STATE_OF_ID: Final[Mapping[int, RecordState]] = {int(state): state for state in RecordState}
+_NO_DEADLINE: Final = -(2**63)  # packed lock deadline of a range that holds no lock
+
+
+class _RangeTable:
+    """first_offset -> InFlightRange, sorted, as parallel packed arrays.
+
+    About 37 bytes a range (first and last offsets, state, delivery count, lock deadline,
+    and a reference to the member id, which all the ranges of one member share), where a
+    sorted map of range objects with its lock and availability indexes costs ~240. A range
+    is built as an `InFlightRange` when it is read. Inserting or deleting moves the tail of
+    each array, a memmove over at most share.partition.max.record.locks entries.
+    """
+
+    __slots__ = ("counts", "deadlines", "firsts", "lasts", "members", "states")
+
+    def __init__(self) -> None:
+        self.firsts = array("q")
+        self.lasts = array("q")
+        self.states = bytearray()  # RecordState ids: bytearray.find finds AVAILABLE ranges
+        self.counts = array("i")
+        self.deadlines = array("q")
+        self.members: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def record(self, index: int) -> InFlightRange:
+        deadline = self.deadlines[index]
+        return InFlightRange(
+            self.firsts[index],
+            self.lasts[index],
+            _STATE_OF_ID[self.states[index]],
+            self.counts[index],
+            self.members[index],
+            None if deadline == _NO_DEADLINE else deadline,
+        )
+
+    def records(self, lo: int, hi: int) -> list[InFlightRange]:
+        return [self.record(index) for index in range(lo, hi)]
+
+    def index_of(self, first_offset: int) -> int:
+        index = bisect_left(self.firsts, first_offset)
+        if index == len(self.firsts) or self.firsts[index] != first_offset:
+            raise KeyError(first_offset)
+        return index
+
+    def index_at(self, offset: int) -> int:
+        """The index of the range holding `offset` (of the last one starting at or before)."""
+        return bisect_right(self.firsts, offset) - 1
+
+    def index_after(self, offset: int) -> int:
+        """The index of the first range starting after `offset`."""
+        return bisect_right(self.firsts, offset)
+
+    def __getitem__(self, first_offset: int) -> InFlightRange:
+        return self.record(self.index_of(first_offset))
+
+    def keys(self, minimum: int, maximum: int) -> list[int]:
+        """First offsets of the ranges starting within [minimum, maximum]."""
+        return self.firsts[bisect_left(self.firsts, minimum) : self.index_after(maximum)].tolist()
+
+    def put(self, record: InFlightRange) -> None:
+        """Insert `record`, or replace the range starting at its first offset."""
+        first = record.first_offset
+        deadline = _NO_DEADLINE if record.lock_deadline_ms is None else record.lock_deadline_ms
+        index = bisect_left(self.firsts, first)
+        if index < len(self.firsts) and self.firsts[index] == first:
+            self.lasts[index] = record.last_offset
+            self.states[index] = record.state
+            self.counts[index] = record.delivery_count
+            self.deadlines[index] = deadline
+            self.members[index] = record.member_id
+            return
+        self.firsts.insert(index, first)
+        self.lasts.insert(index, record.last_offset)
+        self.states.insert(index, record.state)
+        self.counts.insert(index, record.delivery_count)
+        self.deadlines.insert(index, deadline)
+        self.members.insert(index, record.member_id)
+
+    def delete(self, lo: int, hi: int) -> None:
+        """Remove the ranges at indexes [lo, hi)."""
+        del self.firsts[lo:hi]
+        del self.lasts[lo:hi]
+        del self.states[lo:hi]
+        del self.counts[lo:hi]
+        del self.deadlines[lo:hi]
+        del self.members[lo:hi]
+
+    def find_state(self, state: RecordState, lo: int = 0, hi: int | None = None) -> int:
+        """The index of the first range in `state` within indexes [lo, hi), or -1."""
+        return self.states.find(state, lo, len(self.states) if hi is None else hi)
 
 
 class ChangePending(RuntimeError):
@@ -499,9 +597,11 @@ class SharePartition:
         # Replaceable at any time (group configs are dynamic); takes effect from the next call.
         self.config = config
         self.state_epoch = state_epoch
-        self._ranges = SortedDict()  # first_offset -> InFlightRange; exactly covers [spso, speo)
-        self._lock_deadlines = SortedList()  # (lock_deadline_ms, first_offset) of ACQUIRED
-        self._available = SortedSet()  # first_offset of AVAILABLE ranges
+        self._ranges = _RangeTable()  # exactly covers [spso, speo)
+        # lock deadline -> ACQUIRED ranges holding it (one acquisition's ranges share one),
+        # and the earliest of them, worked out again when it is asked for after a removal.
+        self._deadlines: dict[int, int] = {}
+        self._earliest_deadline: int | None = None
         self._acquired_count = 0
         self._done_count = 0  # records of [spso, speo) that are ACKNOWLEDGED or ARCHIVED
         self._spso = UNINITIALIZED_START_OFFSET
@@ -565,7 +665,7 @@ class SharePartition:
 
     def in_flight_ranges(self) -> list[InFlightRange]:
         """All ranges of [spso, speo), ascending."""
-        return list(self._ranges.values())
+        return self._ranges.records(0, len(self._ranges))
 
     def record_state(self, offset: int) -> InFlightRange | None:
         """The range holding `offset`, or None outside [spso, speo)."""
@@ -576,16 +676,17 @@ class SharePartition:
     def next_fetch_offset(self) -> int:
         """Where the next log read should start: the first AVAILABLE record, else SPEO."""
         self._require_initialized()
-        if self._available:
-            first: int = self._available[0]
-            return first
-        return self._speo
+        index = self._ranges.find_state(_AVAILABLE)
+        return self._speo if index < 0 else self._ranges.firsts[index]
 
     def can_acquire(self) -> bool:
         """Whether a fetch could acquire anything (AVAILABLE records, or room for new ones)."""
         if not self.initialized:
             return False
-        return bool(self._available) or self.in_flight_count < self.config.max_in_flight_records
+        return (
+            self._ranges.find_state(_AVAILABLE) >= 0
+            or self.in_flight_count < self.config.max_in_flight_records
+        )
 
     @property
     def change_pending(self) -> bool:
@@ -609,10 +710,9 @@ class SharePartition:
 
     def next_lock_deadline(self) -> int | None:
         """The earliest acquisition lock deadline (ms), for the caller's timer; None if none."""
-        if not self._lock_deadlines:
-            return None
-        deadline: int = self._lock_deadlines[0][0]
-        return deadline
+        if self._earliest_deadline is None and self._deadlines:
+            self._earliest_deadline = min(self._deadlines)
+        return self._earliest_deadline
 
     def snapshot_state(self) -> tuple[int, list[PersistedBatch]]:
         """The full durable state: (SPSO, state batches), as a snapshot would store it."""
@@ -806,9 +906,16 @@ class SharePartition:
         """
         self._require_initialized()
         self._start()
-        due = self._lock_deadlines.bisect_left((now_ms + 1,))
-        firsts: list[int] = [first for _, first in self._lock_deadlines.islice(0, due)]
-        return self._release(sorted(firsts), Event.LOCK_TIMEOUT)
+        firsts: list[int] = []
+        earliest = self.next_lock_deadline()
+        if earliest is not None and earliest <= now_ms:
+            table = self._ranges
+            index = table.find_state(_ACQUIRED)
+            while index >= 0:
+                if table.deadlines[index] <= now_ms:
+                    firsts.append(table.firsts[index])
+                index = table.find_state(_ACQUIRED, index + 1)
+        return self._release(firsts, Event.LOCK_TIMEOUT)
 
     @_atomic
     def release_member(self, member_id: str, now_ms: int) -> ReleaseResult:
@@ -821,9 +928,9 @@ class SharePartition:
         del now_ms
         self._require_initialized()
         self._start()
-        ranges = self._ranges
-        held = [first for _, first in self._lock_deadlines if ranges[first].member_id == member_id]
-        return self._release(sorted(held), Event.MEMBER_RELEASE)
+        table = self._ranges
+        held = [table.firsts[i] for i, member in enumerate(table.members) if member == member_id]
+        return self._release(held, Event.MEMBER_RELEASE)
 
     @_atomic
     def update_log_start_offset(self, log_start_offset: int) -> PendingChange:
@@ -837,8 +944,7 @@ class SharePartition:
         if log_start_offset <= self._spso:
             return self._pend(None)
         self._split_before(log_start_offset)
-        for first in list(self._ranges.irange(maximum=log_start_offset - 1)):
-            self._pop(first)
+        self._pop_indexes(0, self._ranges.index_after(log_start_offset - 1))
         self._spso = log_start_offset
         self._speo = max(self._speo, log_start_offset)
         return self._finish()
@@ -883,47 +989,74 @@ class SharePartition:
         self._journal = []  # loading is not a change: nothing to roll back
 
     def _range_at(self, offset: int) -> InFlightRange:
-        index: int = self._ranges.bisect_right(offset) - 1
-        record: InFlightRange = self._ranges.peekitem(index)[1]
-        return record
+        return self._ranges.record(self._ranges.index_at(offset))
 
     def _ranges_overlapping(self, first: int, last: int) -> list[InFlightRange]:
-        start: int = self._range_at(first).first_offset
-        return [self._ranges[key] for key in self._ranges.irange(start, last)]
+        table = self._ranges
+        return table.records(table.index_at(first), table.index_after(last))
 
     def _available_spans(self, first: int, last: int) -> list[tuple[int, int]]:
         """AVAILABLE ranges within [first, last], clipped; taken before anything changes."""
         if first > last:
             return []
-        start = self._range_at(first).first_offset
+        table = self._ranges
+        stop = table.index_after(last)
         spans = []
-        for key in self._available.irange(start, last):
-            record: InFlightRange = self._ranges[key]
-            spans.append((max(record.first_offset, first), min(record.last_offset, last)))
+        index = table.find_state(_AVAILABLE, table.index_at(first), stop)
+        while index >= 0:
+            spans.append((max(table.firsts[index], first), min(table.lasts[index], last)))
+            index = table.find_state(_AVAILABLE, index + 1, stop)
         return spans
+
+    def _counted_in(self, record: InFlightRange) -> None:
+        """Count a range that enters the table (counters and lock deadlines)."""
+        if record.state is _ACQUIRED:
+            self._acquired_count += record.record_count
+            deadline = record.lock_deadline_ms
+            assert deadline is not None
+            self._deadlines[deadline] = self._deadlines.get(deadline, 0) + 1
+            if self._earliest_deadline is not None and deadline < self._earliest_deadline:
+                self._earliest_deadline = deadline
+        elif record.state is not _AVAILABLE:
+            self._done_count += record.record_count
+
+    def _counted_out(self, record: InFlightRange) -> None:
+        """Uncount a range that leaves the table."""
+        if record.state is _ACQUIRED:
+            self._acquired_count -= record.record_count
+            deadline = record.lock_deadline_ms
+            assert deadline is not None
+            held = self._deadlines[deadline] - 1
+            if held:
+                self._deadlines[deadline] = held
+            else:
+                del self._deadlines[deadline]
+                if deadline == self._earliest_deadline:
+                    self._earliest_deadline = None  # found again when next asked
+        elif record.state is not _AVAILABLE:
+            self._done_count -= record.record_count
 
     def _put(self, record: InFlightRange) -> None:
         self._journal.append((True, record))
-        self._ranges[record.first_offset] = record
-        if record.state is _ACQUIRED:
-            self._acquired_count += record.record_count
-            self._lock_deadlines.add((record.lock_deadline_ms, record.first_offset))
-        elif record.state is _AVAILABLE:
-            self._available.add(record.first_offset)
-        else:
-            self._done_count += record.record_count
+        self._ranges.put(record)
+        self._counted_in(record)
 
     def _pop(self, first_offset: int) -> InFlightRange:
-        record: InFlightRange = self._ranges.pop(first_offset)
+        index = self._ranges.index_of(first_offset)
+        record = self._ranges.record(index)
+        self._ranges.delete(index, index + 1)
         self._journal.append((False, record))
-        if record.state is _ACQUIRED:
-            self._acquired_count -= record.record_count
-            self._lock_deadlines.remove((record.lock_deadline_ms, record.first_offset))
-        elif record.state is _AVAILABLE:
-            self._available.remove(record.first_offset)
-        else:
-            self._done_count -= record.record_count
+        self._counted_out(record)
         return record
+
+    def _pop_indexes(self, lo: int, hi: int) -> list[InFlightRange]:
+        """`_pop` of the ranges at indexes [lo, hi), in one cut of the table."""
+        records = self._ranges.records(lo, hi)
+        self._ranges.delete(lo, hi)
+        for record in records:
+            self._journal.append((False, record))
+            self._counted_out(record)
+        return records
 
     def _add_range(self, record: InFlightRange) -> None:
         """A new range past SPEO."""
@@ -954,8 +1087,8 @@ class SharePartition:
         self._split_before(first)
         self._split_before(last + 1)
         changes = []
-        for key in list(self._ranges.irange(first, last)):
-            old: InFlightRange = self._ranges[key]
+        for key in self._ranges.keys(first, last):
+            old = self._ranges[key]
             new = _transition(
                 old,
                 event,
@@ -989,7 +1122,8 @@ class SharePartition:
         """
         self._split_before(first)
         self._split_before(last + 1)
-        olds = [self._pop(key) for key in list(self._ranges.irange(first, last))]
+        table = self._ranges
+        olds = self._pop_indexes(table.index_at(first), table.index_after(last))
         limit = self.config.delivery_count_limit
         news: list[InFlightRange] = []
         index = 0
@@ -1028,25 +1162,27 @@ class SharePartition:
 
     def _advance_spso(self) -> None:
         """Move SPSO over the leading run of ACKNOWLEDGED/ARCHIVED records and forget them."""
-        while self._ranges:
-            first: int = self._ranges.peekitem(0)[0]
-            if self._ranges[first].state not in _DONE:
-                break
-            record = self._pop(first)
-            self._spso = record.last_offset + 1
-        if not self._ranges:
+        table = self._ranges
+        done = 0
+        while done < len(table) and table.states[done] in _DONE:
+            done += 1
+        if done:
+            self._spso = table.lasts[done - 1] + 1
+            self._pop_indexes(0, done)
+        if not table:
             self._spso = self._speo
 
     def _coalesce(self, first: int, last: int) -> None:
         """Merge adjacent ranges in the same state around [first, last]."""
         if not self._ranges:
             return
-        start = max(self._ranges.bisect_right(first) - 2, 0)
-        stop = min(self._ranges.bisect_right(last) + 1, len(self._ranges))
-        keys = list(self._ranges.islice(start, stop))
-        previous: InFlightRange = self._ranges[keys[0]]
+        table = self._ranges
+        start = max(table.index_after(first) - 2, 0)
+        stop = min(table.index_after(last) + 1, len(table))
+        keys = table.firsts[start:stop].tolist()
+        previous = table[keys[0]]
         for key in keys[1:]:
-            current: InFlightRange = self._ranges[key]
+            current = table[key]
             if previous.last_offset + 1 == current.first_offset and previous.same_state_as(current):
                 self._pop(previous.first_offset)
                 self._pop(current.first_offset)
@@ -1218,7 +1354,7 @@ class SharePartition:
         archived: list[OffsetRange] = []
         before_keys = self._keys_before(firsts)
         for index, first in enumerate(firsts):
-            old: InFlightRange = ranges[first]
+            old = ranges[first]
             new = _transition(old, event, delivery_count_limit=limit)
             removed.append(old)
             if new.state is _ARCHIVED:
@@ -1249,7 +1385,7 @@ class SharePartition:
             if after_first < self._speo and (
                 index + 1 == len(firsts) or firsts[index + 1] != after_first
             ):
-                after: InFlightRange = ranges[after_first]
+                after = ranges[after_first]
                 if after.same_state_as(added[-1]):
                     removed.append(after)
                     added[-1] = _joined(added[-1], after)
@@ -1265,7 +1401,7 @@ class SharePartition:
         keys: list[int] = []
         previous = start
         index = 0
-        for key in self._ranges.irange(firsts[0], firsts[-1]):
+        for key in self._ranges.keys(firsts[0], firsts[-1]):
             if key == firsts[index]:
                 keys.append(previous)
                 index += 1
@@ -1273,63 +1409,21 @@ class SharePartition:
         return keys
 
     def _swap(self, removed: list[InFlightRange], added: list[InFlightRange]) -> None:
-        """Take `removed` out and put `added` in, every map updated in bulk.
-
-        The same as `_pop` of each removed range and `_put` of each added one (journal
-        included), without a sorted-container update per range. Each added range starts
-        where a removed one did.
-        """
+        """Take `removed` out and put `added` in: the same as `_pop` of each removed range
+        and `_put` of each added one (journal included). Each added range starts where a
+        removed one did, so a kept start is replaced in place rather than moved."""
         self._journal.extend([(False, record) for record in removed])
         self._journal.extend([(True, record) for record in added])
-        ranges = self._ranges
+        table = self._ranges
         kept = {record.first_offset for record in added}
-        gone = [record.first_offset for record in removed if record.first_offset not in kept]
-        if len(gone) > 64 and len(gone) * 8 > len(ranges):
-            # Many merges: building the sorted map again beats deleting key by key.
-            table = dict(ranges)
-            for key in gone:
-                del table[key]
-            for record in added:
-                table[record.first_offset] = record
-            self._ranges = SortedDict(table)
-        else:
-            for key in gone:
-                del ranges[key]
-            for record in added:
-                ranges[record.first_offset] = record
-        locks_out = []
-        available_out = []
         for record in removed:
-            if record.state is _ACQUIRED:
-                self._acquired_count -= record.record_count
-                locks_out.append((record.lock_deadline_ms, record.first_offset))
-            elif record.state is _AVAILABLE:
-                available_out.append(record.first_offset)
-            else:
-                self._done_count -= record.record_count
-        locks_in = []
-        available_in = []
+            self._counted_out(record)
+            if record.first_offset not in kept:
+                index = table.index_of(record.first_offset)
+                table.delete(index, index + 1)
         for record in added:
-            if record.state is _ACQUIRED:
-                self._acquired_count += record.record_count
-                locks_in.append((record.lock_deadline_ms, record.first_offset))
-            elif record.state is _AVAILABLE:
-                available_in.append(record.first_offset)
-            else:
-                self._done_count += record.record_count
-        if len(locks_out) > 64 and len(locks_out) * 8 > len(self._lock_deadlines):
-            out = set(locks_out)
-            held = SortedList(entry for entry in self._lock_deadlines if entry not in out)
-            if len(held) + len(locks_out) != len(self._lock_deadlines):
-                raise ValueError("a removed range's lock is not held")
-            self._lock_deadlines = held
-        else:
-            for entry in locks_out:
-                self._lock_deadlines.remove(entry)
-        self._lock_deadlines.update(locks_in)
-        # SortedSet rebuilds itself when the update is large.
-        self._available.difference_update(available_out)
-        self._available.update(available_in)
+            table.put(record)
+            self._counted_in(record)
 
 
 def _joined(first: InFlightRange, second: InFlightRange) -> InFlightRange:

@@ -781,8 +781,8 @@ def observable(sp: SharePartition) -> tuple[object, ...]:
         sp.next_fetch_offset(),
         sp.can_acquire(),
         sp.snapshot_state(),
-        list(sp._available),
-        list(sp._lock_deadlines),
+        # The lock-deadline index behind next_lock_deadline (deadline -> ranges holding it).
+        dict(sp._deadlines),
     )
 
 

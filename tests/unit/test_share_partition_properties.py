@@ -153,8 +153,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
             sp.next_fetch_offset(),
             sp.range_count,
             sp.can_acquire(),
-            list(sp._available),
-            list(sp._lock_deadlines),
+            dict(sp._deadlines),
         )
 
     def complete(self, change: PendingChange, commit: bool, before: tuple[object, ...]) -> bool:

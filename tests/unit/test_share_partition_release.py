@@ -10,6 +10,7 @@ put back exactly what was there.
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 import uuid
@@ -77,7 +78,11 @@ def release_range_by_range(
 ) -> tuple[list[OffsetRange], list[OffsetRange], PendingChange]:
     """The old way: `_apply` to each held ACQUIRED range in turn, then `_finish`."""
     sp._start()
-    firsts = sorted(first for _, first in sp._lock_deadlines if holds(sp._ranges[first]))
+    firsts = [
+        r.first_offset
+        for r in sp.in_flight_ranges()
+        if r.state is RecordState.ACQUIRED and holds(r)
+    ]
     available: list[OffsetRange] = []
     archived: list[OffsetRange] = []
     for first in firsts:
@@ -116,10 +121,9 @@ def joined(spans: list[OffsetRange] | tuple[OffsetRange, ...]) -> list[OffsetRan
 def state(sp: SharePartition) -> tuple[object, ...]:
     """Everything observable, plus the internal indexes checked against the ranges."""
     ranges = sp.in_flight_ranges()
-    assert sorted(sp._available) == [r.first_offset for r in ranges if r.state is _A]
-    assert sorted(sp._lock_deadlines) == sorted(
-        (r.lock_deadline_ms, r.first_offset) for r in ranges if r.state is _Q
-    )
+    # The lock-deadline index: ACQUIRED ranges per deadline (AVAILABLE ones are found in
+    # the packed table itself).
+    assert sp._deadlines == collections.Counter(r.lock_deadline_ms for r in ranges if r.state is _Q)
     assert sp.acquired_count == sum(r.record_count for r in ranges if r.state is _Q)
     assert sp.delivery_complete_count == sum(r.record_count for r in ranges if r.state in (_K, _X))
     for before, after in itertools.pairwise(ranges):
