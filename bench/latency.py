@@ -15,6 +15,11 @@
   (broker.trace) and the per-step gaps of the records' paths are printed.
 - e2e: the same producer, `--consumers` confluent-kafka ShareConsumers (explicit
   acknowledgement, commit_async), latency from produce timestamp to poll return.
+- disk: the floor under both: append a small record to two files in turn and
+  fdatasync each, at the same pace, where the broker keeps its data (`--dir`); prints
+  the fdatasync percentiles. A record's way to a consumer waits for two such syncs (its
+  log's, then the share-state write of its acquisition), so a disk whose p99.9 sync
+  stalls for tens of ms puts that into the record latencies' p99.
 
 Records are durable before they are delivered and acknowledgements durable before they
 are answered (the broker's defaults). The machine is shared: run several times and
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -175,6 +181,9 @@ class Producing(threading.Thread):
             if err is not None:
                 self.failed += 1
 
+        # Connected, with the topic's metadata, before the first timed record: the
+        # client's bootstrap is not the broker path.
+        producer.list_topics(self.topic, timeout=30)
         next_at = time.perf_counter()
         for _ in range(self.count):
             next_at += self.interval_s
@@ -302,6 +311,9 @@ async def _broker_path_run(
     _create_topic(broker, topic)
     started = threading.Event()
     producing = Producing(broker, topic, records, interval_ms / 1000)
+    # The clients here are Python too: a full collection in this process would stop the
+    # producing thread and the raw consumer and be counted against the broker.
+    gc.freeze()
     task = asyncio.create_task(
         _raw_share_consumer(broker, topic, f"group-{topic}", records, started)
     )
@@ -445,6 +457,41 @@ def bench_end_to_end(args: argparse.Namespace) -> None:
     _measure(args, f"end to end ({args.consumers} ShareConsumers, produce linger 0 acks=all)", once)
 
 
+def fdatasync_ms(directory: Path, syncs: int, interval_s: float) -> list[float]:
+    """fdatasync latencies (ms) of `syncs` appends of 120 bytes, alternating between two
+    files in `directory`, one every `interval_s`: the broker's pattern (topic log and
+    share-state log) without the broker."""
+    sync = getattr(os, "fdatasync", os.fsync)
+    paths = [directory / f"spool-disk-probe-{i}" for i in range(2)]
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for p in paths]
+    took: list[float] = []
+    try:
+        for n in range(syncs):
+            fd = fds[n % 2]
+            os.write(fd, b"x" * 120)
+            started = time.perf_counter()
+            sync(fd)
+            took.append((time.perf_counter() - started) * 1000)
+            time.sleep(interval_s)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return took
+
+
+def disk_summary(took: list[float]) -> str:
+    return (
+        f"fdatasync p50={percentile(took, 0.5):.3f} ms p99={percentile(took, 0.99):.3f} ms "
+        f"p99.9={percentile(took, 0.999):.3f} ms max={max(took):.3f} ms"
+    )
+
+
+def bench_disk(args: argparse.Namespace) -> None:
+    print(f"{args.dir}: {disk_summary(fdatasync_ms(Path(args.dir), args.syncs, 0.001))}")
+
+
 def bench_latency(ctx: BenchContext) -> list[Result]:
     """For `python -m bench --only latency`: one broker-path and one end-to-end (two
     ShareConsumers) measurement against the harness's broker, as LATENCY_FIGURES."""
@@ -457,6 +504,9 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
     e2e = _end_to_end_run(ctx.broker, records, 2.0, 2)
     ended = time.perf_counter()
     updates_per_s = asyncio.run(_write_state(ctx.broker, 500, 20))
+    disk_started = time.perf_counter()
+    disk = fdatasync_ms(ctx.broker.data_dir, 4 * records, 0.001)
+    disk_s = time.perf_counter() - disk_started
     ctx.figures["latency.broker_p50_ms"] = percentile(broker_path, 0.5)
     ctx.figures["latency.broker_p99_ms"] = percentile(broker_path, 0.99)
     ctx.figures["latency.consumer_p99_ms"] = percentile(e2e, 0.99)
@@ -470,6 +520,7 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
             summary(broker_path),
         ),
         Result("latency end to end (2 ShareConsumers)", len(e2e), ended - middle, 0, summary(e2e)),
+        Result("disk floor: fdatasync, 2 files in turn", len(disk), disk_s, 0, disk_summary(disk)),
         Result(
             "WriteShareGroupState x500 partitions",
             10_000,
@@ -495,7 +546,7 @@ PRODUCE_STEPS = (
     ("high watermark advanced", "hw"),
 )
 FETCH_STEPS = (
-    ("ShareFetch woken / received", ""),
+    ("ShareFetch woken / received (< 0: on append)", ""),
     ("acquired in memory, state write", ""),
     ("state fsync round started", ""),
     ("state fsync done (fsync thread)", ""),
@@ -665,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     e2e.add_argument("--runs", type=int, default=3)
     e2e.add_argument("--trace", action="store_true", help="run the broker with SPOOL_TRACE")
     e2e.set_defaults(run=bench_end_to_end)
+    dk = sub.add_parser("disk", help="fdatasync latency of the data directory's disk")
+    dk.add_argument("--dir", default=tempfile.gettempdir())
+    dk.add_argument("--syncs", type=int, default=8000)
+    dk.set_defaults(run=bench_disk)
     args = parser.parse_args(argv)
     args.run(args)
     return 0

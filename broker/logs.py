@@ -59,6 +59,25 @@ FILES_PER_NEW_PARTITION = 3
 MIN_FREE_FILES = 64
 
 
+class Listeners:
+    """Callbacks to run when something happens (a `Subscribable`)."""
+
+    __slots__ = ("_listeners",)
+
+    def __init__(self) -> None:
+        self._listeners: set[Listener] = set()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.discard(listener)
+
+    def notify(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+
 @dataclass(slots=True, frozen=True)
 class AppendOutcome:
     base_offset: int
@@ -94,6 +113,9 @@ class Partition:
         self.high_watermark = plog.log_end_offset
         self._unflushed = 0
         self._listeners: set[Listener] = set()
+        # Told of every append, before it is durable: a share fetch acquires records while
+        # their fsync runs and answers once the high watermark has passed them.
+        self.appends = Listeners()
         self._hw_error: BaseException | None = None
         self._syncs: set[asyncio.Future[None]] = set()
 
@@ -306,6 +328,7 @@ class Partition:
             task = asyncio.ensure_future(self._sync_to(self.log.log_end_offset))
             self._syncs.add(task)
             task.add_done_callback(self._syncs.discard)
+            self.appends.notify()
         else:
             self._advance_hw(self.log.log_end_offset)
 
@@ -345,8 +368,20 @@ class Partition:
 
     # -- read -------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes:
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes:
+        """Whole batches from `offset`: below the LSO (`committed_only`), the high
+        watermark, or, `beyond_high_watermark`, the log end (appended but maybe not yet
+        durable: the caller must not hand them out before `wait_durable`)."""
         upper = self.last_stable_offset if committed_only else self.high_watermark
+        if beyond_high_watermark and not committed_only:
+            upper = self.log.log_end_offset
         if offset > self.log.log_end_offset or offset < self.log.log_start_offset:
             raise KafkaError(
                 ErrorCode.offset_out_of_range,

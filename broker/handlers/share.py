@@ -519,7 +519,10 @@ def _work_sources(
         broker.share.listeners(ShareStateKey(group_id, tid, p)) for tid, p in partitions
     ]
     logs = [broker.log_partition(tid, p) for tid, p in partitions]
+    # A produce wakes it on append (read_uncommitted acquires before the fsync ends) and
+    # again when the high watermark or LSO moves (read_committed waits for those).
     sources += [lp for lp in logs if lp is not None]
+    sources += [lp.appends for lp in logs if lp is not None]
     return sources
 
 

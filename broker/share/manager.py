@@ -59,6 +59,8 @@ LEADER_EPOCH = 0
 # parsing the batch headers of) the whole MaxBytes would make every fetch cost as much
 # as the backlog.
 PARTITION_READ_BYTES = 1024 * 1024
+# How long a fetch waits for records it acquired before their log fsync finished.
+DURABLE_WAIT_S = 30.0
 # A share partition holding no acquired records and unused this long is unloaded; its
 # state is durable and is read back on next use, so memory follows the active ones.
 IDLE_UNLOAD_MS = 60_000
@@ -143,8 +145,18 @@ class LogPartition(Protocol):
     def high_watermark(self) -> int: ...
     @property
     def last_stable_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
 
-    def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes: ...
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes: ...
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None: ...
     def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]: ...
 
 
@@ -545,7 +557,37 @@ class SharePartitionManager:
         # Once the locks are let go: fetches parked on these partitions may take them.
         for key in released:
             self._notify(key)
+        await self._until_durable(fetched)
         return ack_results, fetched
+
+    async def _until_durable(self, fetched: dict[ShareStateKey, FetchedPartition]) -> None:
+        """Return once every record handed out is durable in its log.
+
+        A fetch acquires records as soon as they are appended, so that the acquisition's
+        share-state write and the records' own fsync run side by side; nothing is handed
+        out before the high watermark has passed it. When the log's fsync failed, the
+        partition answers with the error and its records stay acquired until their lock
+        expires."""
+        for key, got in fetched.items():
+            if not got.acquired:
+                continue
+            log_part = self.log_partition(key.topic_id, key.partition)
+            last = got.acquired[-1].last_offset
+            if log_part is None or log_part.high_watermark > last:
+                continue
+            try:
+                await log_part.wait_durable(last, DURABLE_WAIT_S)
+            except KafkaError as exc:
+                log.error(
+                    "acquired_records_not_durable",
+                    group=key.group_id,
+                    topic=log_part.topic,
+                    partition=key.partition,
+                    last_offset=last,
+                    error=exc.code.name,
+                    reason=exc.message,
+                )
+                fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
 
     async def _batched(
         self,
@@ -619,7 +661,9 @@ class SharePartitionManager:
             fetched[key] = FetchedPartition()
             return
         committed_only = sp.config.isolation_level == "read_committed"
-        upper = log_part.last_stable_offset if committed_only else log_part.high_watermark
+        # read_uncommitted acquires up to the log end: handed out once durable (see
+        # `_until_durable`), the records' fsync and the acquisition's run side by side.
+        upper = log_part.last_stable_offset if committed_only else log_part.log_end_offset
         offset = sp.next_fetch_offset()
         if offset >= upper:
             fetched[key] = FetchedPartition()
@@ -628,6 +672,7 @@ class SharePartitionManager:
             offset,
             max(min(budget[1], PARTITION_READ_BYTES), 1),
             committed_only=committed_only,
+            beyond_high_watermark=not committed_only,
         )
         headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
         if not headers:

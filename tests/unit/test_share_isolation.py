@@ -50,6 +50,13 @@ class TxnLog:
     def last_stable_offset(self) -> int:
         return min([*self.open.values(), self.high_watermark])
 
+    @property
+    def log_end_offset(self) -> int:
+        return self.next_offset
+
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+        assert last_offset < self.high_watermark  # every append is durable at once
+
     def data(self, count: int, *, pid: int = -1) -> tuple[int, int]:
         """Append `count` records, transactional when `pid` is given."""
         first = self.next_offset
@@ -85,7 +92,14 @@ class TxnLog:
             self.aborted.append(AbortedTxn(pid, first, offset, self.last_stable_offset))
         return offset
 
-    def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes:
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes:
         upper = self.last_stable_offset if committed_only else self.high_watermark
         out = b""
         for batch in self.batches:

@@ -53,8 +53,22 @@ class FakeLog:
     high_watermark: int = 10
     last_stable_offset: int = 10
 
-    def read(self, offset: int, max_bytes: int, *, committed_only: bool = False) -> bytes:
+    @property
+    def log_end_offset(self) -> int:
+        return self.high_watermark
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes:
         return build_batch([NewRecord(None, f"v{i}".encode()) for i in range(10)])
+
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+        assert last_offset < self.high_watermark  # this log is durable up to its end
 
 
 class FakeGroups:
@@ -588,3 +602,82 @@ def test_guarded_timer_callback_logs_and_swallows_its_exception() -> None:
     with capture_logs() as logs:
         assert clock.advance(5) == 1
     assert ran and logs[0]["event"] == "background_task_failed" and logs[0]["task"] == "sweep"
+
+
+# -- acquiring while the records' own fsync runs ---------------------------------------------
+
+
+class SyncingLog(FakeLog):
+    """Offsets 0-9 appended, their fsync in flight: the high watermark is still 0 until
+    the test ends the fsync (`synced`) or fails it (`failed`)."""
+
+    def __init__(self) -> None:
+        super().__init__(high_watermark=0, last_stable_offset=0)
+        self._done = asyncio.Event()
+        self._error: KafkaError | None = None
+
+    @property
+    def log_end_offset(self) -> int:
+        return 10
+
+    def synced(self) -> None:
+        self.high_watermark = self.last_stable_offset = 10
+        self._done.set()
+
+    def failed(self) -> None:
+        self._error = KafkaError(ErrorCode.kafka_storage_error, "fsync failed: EIO")
+        self._done.set()
+
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+async def test_records_are_acquired_while_their_fsync_runs_and_handed_out_once_durable() -> None:
+    log = SyncingLog()
+    mgr, persister, _ = manager(log)
+    fetching = asyncio.create_task(fetch(mgr))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # The acquisition is already durable in the share coordinator (as AVAILABLE with
+    # its delivery count), but the records are not handed out: their log is not synced.
+    assert durable(persister) == (0, [PersistedBatch(0, 9, 0, 1)])
+    assert not fetching.done()
+    log.synced()
+    fetched = await asyncio.wait_for(fetching, 5)
+    assert spans(fetched) == [(0, 9, 1)] and fetched.records
+
+
+async def test_a_failed_log_fsync_answers_the_error_and_the_records_stay_acquired() -> None:
+    log = SyncingLog()
+    mgr, persister, clock = manager(log)
+    fetching = asyncio.create_task(fetch(mgr))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    log.failed()
+    fetched = await asyncio.wait_for(fetching, 5)
+    # The client gets the storage error and no records; the acquisition stays (durable,
+    # delivery count 1) until its lock expires, as after a crash it would be redelivered.
+    assert (fetched.error_code, fetched.records, fetched.acquired) == (
+        ErrorCode.kafka_storage_error,
+        b"",
+        [],
+    )
+    sp = mgr.partitions[KEY]
+    assert sp.acquired_count == 10
+    assert durable(persister) == (0, [PersistedBatch(0, 9, 0, 1)])
+    clock.advance(30_000)
+    await mgr.settle()
+    assert sp.acquired_count == 0 and sp.next_fetch_offset() == 0
+
+
+async def test_read_committed_acquires_only_below_the_last_stable_offset() -> None:
+    log = SyncingLog()
+    mgr, _, _ = manager(log)
+    mgr.groups.group_config = GroupConfig.effective(  # type: ignore[attr-defined]
+        {"share.auto.offset.reset": "earliest", "share.isolation.level": "read_committed"}
+    )
+    # Nothing is stable yet: nothing is acquired, and the fetch does not wait.
+    fetched = await asyncio.wait_for(fetch(mgr), 5)
+    assert fetched.acquired == [] and mgr.partitions[KEY].acquired_count == 0
