@@ -112,7 +112,8 @@ class Partition:
         # Everything on disk at open time survived the last stop, so it is visible.
         self.high_watermark = plog.log_end_offset
         self._unflushed = 0
-        self._listeners: set[Listener] = set()
+        # Told when the high watermark or the LSO moves, or a flush failed.
+        self._listeners = Listeners()
         # Told of every append, before it is durable: a share fetch acquires records while
         # their fsync runs and answers once the high watermark has passed them.
         self.appends = Listeners()
@@ -142,14 +143,13 @@ class Partition:
     # -- listeners --------------------------------------------------------------
 
     def add_listener(self, listener: Listener) -> None:
-        self._listeners.add(listener)
+        self._listeners.add_listener(listener)
 
     def remove_listener(self, listener: Listener) -> None:
-        self._listeners.discard(listener)
+        self._listeners.remove_listener(listener)
 
     def _notify(self) -> None:
-        for listener in list(self._listeners):
-            listener()
+        self._listeners.notify()
 
     def _advance_hw(self, offset: int) -> None:
         if offset > self.high_watermark:
