@@ -540,6 +540,7 @@ PRODUCE_STEPS = (
     ("produce received", "request_received"),
     ("appended", "append"),
     ("fsync round started", "fsync.started"),
+    ("fsync thread running (wake-up, GIL)", "fsync.entered"),
     ("fsync done (fsync thread)", "fsync.flushed"),
     ("fsync seen on loop (thread hand-off)", "fsync.finished"),
     ("produce task resumed", "fsync"),
@@ -549,6 +550,7 @@ FETCH_STEPS = (
     ("ShareFetch woken / received (< 0: on append)", ""),
     ("acquired in memory, state write", ""),
     ("state fsync round started", ""),
+    ("state fsync thread running (wake-up, GIL)", ""),
     ("state fsync done (fsync thread)", ""),
     ("state fsync seen on loop (hand-off)", ""),
     ("state write durable", ""),
@@ -625,9 +627,15 @@ def _produce_times(events: list[dict[str, Any]], offset: int) -> list[int | None
     steps: list[dict[str, Any] | None] = [received, append]
     times = [None if e is None else e["t"] for e in steps]
     if fsync is None:
-        times += [None] * 4
+        times += [None] * 5
     else:
-        times += [fsync["started"], fsync["flushed"], fsync["finished"], fsync["t"]]
+        times += [
+            fsync["started"],
+            fsync["entered"],
+            fsync["flushed"],
+            fsync["finished"],
+            fsync["t"],
+        ]
     return [*times, None if hw is None else hw["t"]]
 
 
@@ -655,9 +663,9 @@ def _fetch_times(events: list[dict[str, Any]], acquired: dict[str, Any]) -> list
         None if woken is None else woken["t"],
         start,
         *(
-            (None,) * 3
+            (None,) * 4
             if fsync is None
-            else (fsync["started"], fsync["flushed"], fsync["finished"])
+            else (fsync["started"], fsync["entered"], fsync["flushed"], fsync["finished"])
         ),
         durable["t"],
         *(None if e is None else e["t"] for e in (handled, encoded, written)),

@@ -2,8 +2,8 @@
 
 Set `SPOOL_TRACE=<file>` in the broker's environment and each step of a record's path
 is timestamped (`time.perf_counter_ns`, monotonic, the same clock in every thread):
-produce request received, append, the fsync round that covered it (started, done on the
-fsync thread, seen on the event loop), high-watermark advance, the wake-up of a parked
+produce request received, append, the fsync round that covered it (started, begun and
+done on the fsync thread, seen on the event loop), high-watermark advance, the wake-up of a parked
 ShareFetch, the acquisition's share-state write and its fsync round, the handler's
 return, response encoding and the socket write. Events are JSON lines, buffered and
 written when the broker exits; `bench/latency.py` joins them per record and prints the
@@ -58,8 +58,8 @@ def event(
 
 
 def attach(commit: GroupCommit) -> None:
-    """Trace every fsync round a request waits for: start, flush return on the fsync
-    thread, the loop's callback, and the waiting task resumed."""
+    """Trace every fsync round a request waits for: start, the fsync thread running it,
+    flush return on that thread, the loop's callback, and the waiting task resumed."""
     commit.on_synced = _synced
 
 
@@ -69,6 +69,7 @@ def _synced(target: Flushable, times: RoundTimes) -> None:
         "fsync",
         log=None if directory is None else Path(directory).name,
         started=times.started_ns,
+        entered=times.entered_ns,
         flushed=times.flushed_ns,
         finished=times.finished_ns,
     )

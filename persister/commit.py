@@ -32,10 +32,12 @@ class Flushable(Protocol):
 
 @dataclass(slots=True)
 class RoundTimes:
-    """When a flush round started (loop), its flush returned (fsync thread) and the loop
-    saw it end: `time.perf_counter_ns`, kept only while `on_synced` is set (tracing)."""
+    """When a flush round started (loop), its fsync thread began running it (woken and
+    holding the GIL), its flush returned (fsync thread) and the loop saw it end:
+    `time.perf_counter_ns`, kept only while `on_synced` is set (tracing)."""
 
     started_ns: int = 0
+    entered_ns: int = 0
     flushed_ns: int = 0
     finished_ns: int = 0
 
@@ -180,7 +182,9 @@ class GroupCommit:
 
 
 def _timed_flush(flush: Callable[[], None], times: RoundTimes) -> None:
-    """On the fsync thread: flush, and note when it returned."""
+    """On the fsync thread: note when it got here (the thread's wake-up and its wait for
+    the GIL, which the busy loop holds), flush, and note when the flush returned."""
+    times.entered_ns = time.perf_counter_ns()
     try:
         flush()
     finally:

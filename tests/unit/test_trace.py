@@ -60,9 +60,10 @@ async def test_trace_ties_each_fsync_round_to_the_request_that_waited(
         mine = [e for e in events if e["r"] == [7, correlation_id, 0]]
         assert [e["e"] for e in mine] == ["request_received", "fsync", "handled"]
         received, fsync, handled = mine
-        # Started after the request arrived, flushed on the thread, seen on the loop,
-        # then this request resumed.
-        assert received["t"] <= fsync["started"] <= fsync["flushed"] <= fsync["finished"]
+        # Started after the request arrived, begun and flushed on the thread, seen on
+        # the loop, then this request resumed.
+        assert received["t"] <= fsync["started"] <= fsync["entered"]
+        assert fsync["entered"] <= fsync["flushed"] <= fsync["finished"]
         assert fsync["finished"] <= fsync["t"] <= handled["t"]
         rounds[correlation_id] = (fsync["started"], fsync["flushed"], fsync["finished"])
     assert rounds[2] == rounds[3]
