@@ -549,7 +549,7 @@ class SharePartitionManager:
             if prepared.acknowledged:
                 self._acknowledged(prepared, acks[w.key], ack_results, released)
             if prepared.acquired is not None:
-                fetched[w.key] = self._acquired(w.key, w.sp, prepared)
+                fetched[w.key] = self._acquired(w.key, prepared)
             self._arm(w.key, w.sp)
 
         order = list(keys) + [key for key in acks if key not in fetching]
@@ -708,12 +708,12 @@ class SharePartitionManager:
         budget[0] -= result.record_count
         budget[1] -= len(prepared.records)
 
-    def _acquired(self, key: ShareStateKey, sp: SharePartition, p: _Prepared) -> FetchedPartition:
-        """An acquisition now durable: count it, arm its lock timer, hand it out."""
+    def _acquired(self, key: ShareStateKey, p: _Prepared) -> FetchedPartition:
+        """An acquisition now durable: count it and hand it out (the caller arms the
+        partition's lock timer once for the whole change)."""
         if not p.acquired:
             return FetchedPartition()
         self.metrics.acquired(key, p.acquired)
-        self._arm(key, sp)
         return FetchedPartition(records=p.records, acquired=list(p.acquired))
 
     # -- acknowledge --------------------------------------------------------------
