@@ -17,9 +17,9 @@
   acknowledgement, commit_async), latency from produce timestamp to poll return.
 - disk: the floor under both: append a small record to two files in turn and
   fdatasync each, at the same pace, where the broker keeps its data (`--dir`); prints
-  the fdatasync percentiles. A record's way to a consumer waits for two such syncs (its
-  log's, then the share-state write of its acquisition), so a disk whose p99.9 sync
-  stalls for tens of ms puts that into the record latencies' p99.
+  the fdatasync percentiles. A record's way to a consumer waits for its log's sync (an
+  acquisition is not written, as KIP-932 has it; acknowledgements are), so a disk whose
+  p99.9 sync stalls for tens of ms puts that into the record latencies' p99.
 
 Records are durable before they are delivered and acknowledgements durable before they
 are answered (the broker's defaults). The machine is shared: run several times and
@@ -548,12 +548,8 @@ PRODUCE_STEPS = (
 )
 FETCH_STEPS = (
     ("ShareFetch woken / received (< 0: on append)", ""),
-    ("acquired in memory, state write", ""),
-    ("state fsync round started", ""),
-    ("state fsync thread running (wake-up, GIL)", ""),
-    ("state fsync done (fsync thread)", ""),
-    ("state fsync seen on loop (hand-off)", ""),
-    ("state write durable", ""),
+    ("acquired in memory (and any ack write)", ""),
+    ("records durable in their log (waited)", ""),
     ("handler returned", ""),
     ("response encoded", ""),
     ("written to socket", ""),
@@ -640,20 +636,13 @@ def _produce_times(events: list[dict[str, Any]], offset: int) -> list[int | None
 
 
 def _fetch_times(events: list[dict[str, Any]], acquired: dict[str, Any]) -> list[int | None]:
-    """Anchored on the acquisition: its durable write, that write's fsync round and
-    start, and the wake-up (or arrival) before it; then the response's way out."""
-    durable = _last_before(events, "state_durable", acquired["t"])
-    if durable is None:
+    """Anchored on the fetch round that handed the record out: the wake-up (or arrival)
+    before it, its acquisition in memory (with the write of any acknowledgements it
+    carried), its wait for the records' log fsync, then the response's way out."""
+    in_memory = _last_before(events, "acquire_done", acquired["t"])
+    if in_memory is None:
         return [None] * len(FETCH_STEPS)
-    write = _last_before(events, "state_write", durable["t"])
-    rounds = [
-        e
-        for e in events
-        if e["e"] == "fsync" and e["log"] == "share-state" and e["t"] <= durable["t"]
-    ]
-    fsync = rounds[-1] if rounds else None
-    start = None if write is None else write["t"]
-    woken = _last_before(events, "share_fetch_woken", start or durable["t"])
+    woken = _last_before(events, "share_fetch_woken", in_memory["t"])
     if woken is None:
         # Not parked: the fetch arrived after the records were there.
         woken = _first(events, "request_received")
@@ -661,13 +650,8 @@ def _fetch_times(events: list[dict[str, Any]], acquired: dict[str, Any]) -> list
     handled, encoded, written = (_first(after, n) for n in ("handled", "encoded", "written"))
     return [
         None if woken is None else woken["t"],
-        start,
-        *(
-            (None,) * 4
-            if fsync is None
-            else (fsync["started"], fsync["entered"], fsync["flushed"], fsync["finished"])
-        ),
-        durable["t"],
+        in_memory["t"],
+        acquired["t"],
         *(None if e is None else e["t"] for e in (handled, encoded, written)),
     ]
 

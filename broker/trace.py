@@ -3,9 +3,10 @@
 Set `SPOOL_TRACE=<file>` in the broker's environment and each step of a record's path
 is timestamped (`time.perf_counter_ns`, monotonic, the same clock in every thread):
 produce request received, append, the fsync round that covered it (started, begun and
-done on the fsync thread, seen on the event loop), high-watermark advance, the wake-up of a parked
-ShareFetch, the acquisition's share-state write and its fsync round, the handler's
-return, response encoding and the socket write. Events are JSON lines, buffered and
+done on the fsync thread, seen on the event loop), high-watermark advance, the wake-up
+of a parked ShareFetch, its acquisition in memory (with the share-state write of any
+acknowledgements it carries, and that write's fsync round), the handler's return,
+response encoding and the socket write. Events are JSON lines, buffered and
 written when the broker exits; `bench/latency.py` joins them per record and prints the
 gap between each step.
 

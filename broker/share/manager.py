@@ -11,6 +11,8 @@ manager writes its StateUpdate through the persister, then commits it, or rolls 
 back when the write fails, so memory is never ahead of the share coordinator. Changes
 of one share partition are serialized (one lock per partition held from the call into
 the core until commit or rollback), so none is built on one that may yet be undone.
+An acquisition alone changes nothing durable (KIP-932: the Acquired state is transient)
+and commits at once: a ShareFetch writes only the acknowledgements it carries.
 Time comes from an injected `Clock`.
 """
 
@@ -456,8 +458,8 @@ class SharePartitionManager:
     ) -> FetchedPartition:
         """Acquire records of one partition for a member and read their batches.
 
-        Nothing is delivered unless the acquisition is durable: when the write fails the
-        records stay as they were and the partition carries the error.
+        The acquisition itself is not written (KIP-932); records are handed out only once
+        durable in their log, and a failed log fsync is the partition's error.
         """
         fetched = await self.acquire_many(
             [key], member_id, max_records=max_records, batch_size=batch_size, max_bytes=max_bytes
@@ -473,9 +475,10 @@ class SharePartitionManager:
         batch_size: int,
         max_bytes: int,
     ) -> dict[ShareStateKey, FetchedPartition]:
-        """`acquire` over several partitions, in order, sharing MaxRecords and MaxBytes,
-        with all the acquisitions persisted as one share-state write (one fsync).
-        Partitions left out once MaxRecords or MaxBytes is used up are not in the result."""
+        """`acquire` over several partitions, in order, sharing MaxRecords and MaxBytes;
+        what changes durably with them (archived gaps, a moved SPSO) is one share-state
+        write. Partitions left out once MaxRecords or MaxBytes is used up are not in the
+        result."""
         _, fetched = await self.acknowledge_and_acquire(
             {}, keys, member_id, max_records=max_records, batch_size=batch_size, max_bytes=max_bytes
         )
@@ -492,8 +495,9 @@ class SharePartitionManager:
         max_bytes: int = 0,
     ) -> tuple[dict[ShareStateKey, AckOutcome], dict[ShareStateKey, FetchedPartition]]:
         """A ShareFetch's work: apply the member's acknowledgements (`acks`), then acquire on
-        `keys` in order, sharing MaxRecords and MaxBytes; everything is persisted as one
-        share-state write (one fsync) before either result is reported.
+        `keys` in order, sharing MaxRecords and MaxBytes; whatever changed durably is
+        persisted as one share-state write (one fsync) before either result is reported.
+        Acquisitions alone change nothing durable (KIP-932) and need no write.
 
         On a partition with both, the acquisition is stacked on the acknowledgement
         (`SharePartition.stack_on`): one change, so a failed write undoes both and each
@@ -554,6 +558,8 @@ class SharePartitionManager:
 
         order = list(keys) + [key for key in acks if key not in fetching]
         await self._batched(order, prepare, written, skip)
+        if trace.ENABLED:
+            trace.event("acquire_done")
         # Once the locks are let go: fetches parked on these partitions may take them.
         for key in released:
             self._notify(key)
@@ -563,11 +569,11 @@ class SharePartitionManager:
     async def _until_durable(self, fetched: dict[ShareStateKey, FetchedPartition]) -> None:
         """Return once every record handed out is durable in its log.
 
-        A fetch acquires records as soon as they are appended, so that the acquisition's
-        share-state write and the records' own fsync run side by side; nothing is handed
-        out before the high watermark has passed it. When the log's fsync failed, the
-        partition answers with the error and its records stay acquired until their lock
-        expires."""
+        A fetch acquires records as soon as they are appended, so that its work (and the
+        write of any acknowledgements it carries) is done while the records' own fsync
+        runs; nothing is handed out before the high watermark has passed it. When the
+        log's fsync failed, the partition answers with the error and its records stay
+        acquired until their lock expires."""
         for key, got in fetched.items():
             if not got.acquired:
                 continue
@@ -633,7 +639,7 @@ class SharePartitionManager:
         """Write the held partitions' changes (one write), then let their locks go."""
         async with stack:
             outcomes = await self._write_many(held)
-            if trace.ENABLED:
+            if trace.ENABLED and any(w.change.state_update is not None for w in held):
                 trace.event("state_durable")
             for w, error in zip(held, outcomes, strict=True):
                 written(w, error)
@@ -662,7 +668,7 @@ class SharePartitionManager:
             return
         committed_only = sp.config.isolation_level == "read_committed"
         # read_uncommitted acquires up to the log end: handed out once durable (see
-        # `_until_durable`), the records' fsync and the acquisition's run side by side.
+        # `_until_durable`), the fetch's work overlaps the records' fsync.
         upper = log_part.last_stable_offset if committed_only else log_part.log_end_offset
         offset = sp.next_fetch_offset()
         if offset >= upper:
@@ -709,7 +715,7 @@ class SharePartitionManager:
         budget[1] -= len(prepared.records)
 
     def _acquired(self, key: ShareStateKey, p: _Prepared) -> FetchedPartition:
-        """An acquisition now durable: count it and hand it out (the caller arms the
+        """An acquisition now committed: count it and hand it out (the caller arms the
         partition's lock timer once for the whole change)."""
         if not p.acquired:
             return FetchedPartition()

@@ -23,9 +23,15 @@ parallel arrays, ~40 bytes a range): acknowledgements of one type per offset lea
 per in-flight record (up to share.partition.max.record.locks of them, in every share
 partition), where Kafka too keeps per-offset state inside a fragmented batch.
 
-Durable view: ACQUIRED is written as AVAILABLE with its delivery count, so a
-crash redelivers rather than loses, and an offset of the window with no state batch means
-"AVAILABLE, never delivered" (delivery count 0), as Kafka reads gaps in persisted state.
+Durable view, as KIP-932 defines it: the ACQUIRED state is transient and never written.
+An ACQUIRED record is persisted as the AVAILABLE record it was before the acquisition, with
+the delivery count it had then (an acquired record with delivery count 1 is AVAILABLE with
+count 0), so an acquisition alone changes nothing durable and a fetch writes nothing; the
+new count is written when the record is released (lock timeout, RELEASE, a departing
+member) or reaches a final state. A crash redelivers what was in flight, never loses it,
+and forgets only the in-flight delivery itself, as Kafka 4.2's SharePartition does. An
+offset of the window with no state batch means "AVAILABLE, never delivered" (delivery
+count 0), as Kafka reads gaps in persisted state.
 """
 
 from __future__ import annotations
@@ -128,6 +134,8 @@ _ACKNOWLEDGE_EVENTS: Final[Mapping[int, Event]] = {
 }
 
 _DONE: Final = frozenset({_ACKNOWLEDGED, _ARCHIVED})
+# How an offset past SPEO (no state batch) reads: AVAILABLE, delivery count 0.
+_NEVER_DELIVERED: Final = (_AVAILABLE, 0)
 _PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED})
 
 UNINITIALIZED_START_OFFSET: Final = -1
@@ -462,8 +470,11 @@ def _transition(
 
 
 def _durable(record: InFlightRange) -> tuple[RecordState, int]:
-    """How a range is persisted: ACQUIRED as AVAILABLE with its delivery count."""
-    return (_AVAILABLE if record.state is _ACQUIRED else record.state, record.delivery_count)
+    """How a range is persisted: ACQUIRED as the AVAILABLE range it was before it was
+    acquired (KIP-932: the acquisition is transient; its delivery is forgotten in a crash)."""
+    if record.state is _ACQUIRED:
+        return _AVAILABLE, record.delivery_count - 1
+    return record.state, record.delivery_count
 
 
 def _merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -1059,9 +1070,11 @@ class SharePartition:
         return records
 
     def _add_range(self, record: InFlightRange) -> None:
-        """A new range past SPEO."""
+        """A new range past SPEO. Past SPEO nothing is persisted (AVAILABLE, never
+        delivered): only a range whose durable view differs from that is a change to write."""
         self._put(record)
-        self._mark_changed(record.first_offset, record.last_offset)
+        if _durable(record) != _NEVER_DELIVERED:
+            self._mark_changed(record.first_offset, record.last_offset)
         self._touch(record.first_offset, record.last_offset)
 
     def _split_before(self, offset: int) -> None:
@@ -1357,9 +1370,10 @@ class SharePartition:
             old = ranges[first]
             new = _transition(old, event, delivery_count_limit=limit)
             removed.append(old)
+            # Durably the range was AVAILABLE with the count before its acquisition: made
+            # AVAILABLE again it carries the delivery that was made, or it is ARCHIVED.
+            self._mark_changed(first, new.last_offset)
             if new.state is _ARCHIVED:
-                # ACQUIRED is persisted as AVAILABLE: only an archived range is a new state.
-                self._mark_changed(first, new.last_offset)
                 _extend_spans(archived, first, new.last_offset)
             else:
                 _extend_spans(available, first, new.last_offset)

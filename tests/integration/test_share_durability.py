@@ -321,10 +321,12 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
             delay = rng.uniform(0.2, 1.5)
             time.sleep(delay)
             broker.kill9()
+            kills.append(f"cycle {cycle}: kill -9 {delay:.2f}s into traffic")
+            # Deliveries the consumer records until the new broker serves came from the old
+            # one (librdkafka hands out what it had fetched before the kill): same life.
+            broker.start()
             with ledger.lock:
                 ledger.life += 1
-            kills.append(f"cycle {cycle}: kill -9 {delay:.2f}s into traffic")
-            broker.start()
         finally:
             stop.set()
             join_consumer(thread, failures)
@@ -352,22 +354,28 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
     assert final == ends, f"share-partition start offsets {final}, expected {ends}{context}"
     at_limit = {k: ledger.counts(k) for k in everything if max(ledger.counts(k)) >= COUNT_LIMIT}
     assert not at_limit, f"records reached the delivery count limit: {at_limit}{context}"
-    # 3. Delivery counts carry over: every redelivery of a record, across crashes too,
-    #    has a higher count than the delivery before it.
-    not_increasing = {
+    # 3. Delivery counts carry over. Within one broker life every redelivery has a
+    #    higher count than the delivery before it. Across a crash the count never goes
+    #    back: the acquisition in flight is not recorded (KIP-932: Acquired is transient,
+    #    persisted as Available with the count before it), so the record comes back with
+    #    that delivery's count again, or higher if its release was written first.
+    wrong = {
         k: [(s.cycle, s.life, s.count) for s in seen]
         for k, seen in ledger.deliveries.items()
-        if any(b.count <= a.count for a, b in itertools.pairwise(seen))
+        if any(
+            b.count <= a.count if a.life == b.life else b.count < a.count
+            for a, b in itertools.pairwise(seen)
+        )
     }
-    assert not not_increasing, (
-        f"{len(not_increasing)} records redelivered without a higher delivery count "
-        f"((cycle, broker life, count) per delivery): "
-        f"{dict(list(not_increasing.items())[:15])}{context}"
+    assert not wrong, (
+        f"{len(wrong)} records redelivered with a delivery count that went back, or did not "
+        f"go up within a broker life ((cycle, broker life, count) per delivery): "
+        f"{dict(list(wrong.items())[:15])}{context}"
     )
     across_crash = [
         k
         for k, seen in ledger.deliveries.items()
-        if any(b.life > a.life and b.count > 1 for a, b in itertools.pairwise(seen))
+        if any(b.life > a.life for a, b in itertools.pairwise(seen))
     ]
     assert across_crash, f"no record was in flight at a crash and redelivered after it{context}"
     released = [k for k in everything if k[1] % 10 == 3]

@@ -460,30 +460,52 @@ def test_a_state_epoch_bumped_by_an_admin_reaches_the_member_as_not_leader_or_fo
     assert not log_lines(broker, "request_failed"), log_lines(broker, "request_failed")[:3]
 
 
-def test_a_fetch_whose_state_write_is_fenced_gets_not_leader_or_follower(
+def test_a_lock_expiry_whose_state_write_is_fenced_drops_the_partition_for_the_new_state(
     broker_factory: Callable[..., Broker],
 ) -> None:
-    broker = broker_factory({"group.share.record.lock.duration.ms": "60000"})
-    create_topic(broker, "fenced-fetch", partitions=1)
-    earliest(broker, "g-fenced-fetch")
-    produce_values(broker, "fenced-fetch", [b"first"])
+    """An acquisition writes nothing (KIP-932), so the first write after an admin's
+    InitializeShareGroupState is the lock expiry's release: it is fenced, the leader drops
+    its view, and the next fetch serves the admin's state, where the expired delivery was
+    never recorded (delivery count 1 again), with no UNKNOWN_SERVER_ERROR on the way."""
+    broker = broker_factory(
+        {
+            "group.share.min.record.lock.duration.ms": "1000",
+            "group.share.record.lock.duration.ms": "1000",
+        }
+    )
+    create_topic(broker, "fenced-expiry", partitions=1)
+    earliest(broker, "g-fenced-expiry")
+    produce_values(broker, "fenced-expiry", [b"first"])
 
     async def scenario(client: KafkaClient) -> None:
-        g, m = "g-fenced-fetch", "m-fenced-fetch"
-        assert (await heartbeat(client, g, m, 0, ["fenced-fetch"])).error_code == 0
-        tid = await topic_id(client, "fenced-fetch")
+        g, m = "g-fenced-expiry", "m-fenced-expiry"
+        assert (await heartbeat(client, g, m, 0, ["fenced-expiry"])).error_code == 0
+        tid = await topic_id(client, "fenced-expiry")
         tps = {(tid, 0): []}
         epoch, r = await fetch_until_acquired(client, g, m, 0, tps)
         assert acquired(r) == {(tid, 0): [(0, 0, 1)]}
         assert (await initialize_state(client, g, tid, 0, 3, 0)).error_code == 0
-        produce_values(broker, "fenced-fetch", [b"second"])
-        # Acquiring the new record writes share state with the old state epoch.
-        r = await client.request(FETCH, 1, fetch_body(g, m, epoch, tps, max_wait=300))
-        part = partitions_of(r)[(tid, 0)]
-        assert part.error_code == ErrorCode.not_leader_or_follower, part
-        assert part.acquired_records == ()
+        # The lock (1 s) expires; releasing the record writes with the old state epoch.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not log_lines(
+            broker, "share_state_write_failed", "operation=lock_expiry"
+        ):
+            await asyncio.sleep(0.1)
+        fenced = log_lines(broker, "share_state_write_failed", "operation=lock_expiry")
+        assert fenced and "error=not_leader_or_follower" in fenced[0], fenced
+        produce_values(broker, "fenced-expiry", [b"second"])
+        got: dict[tuple[uuid.UUID, int], list[tuple[int, int, int]]] = {}
+        codes = []
+        while not got and time.monotonic() < deadline:
+            r = await client.request(FETCH, 1, fetch_body(g, m, epoch, tps, max_wait=300))
+            epoch += 1
+            codes.append(partitions_of(r)[(tid, 0)].error_code)
+            got = acquired(r)
+        assert ErrorCode.unknown_server_error not in codes, codes
+        assert got == {(tid, 0): [(0, 1, 1)]}, (got, codes)
 
     run_wire(broker, scenario)
+    assert not log_lines(broker, "request_failed"), log_lines(broker, "request_failed")[:3]
 
 
 # --- 3. ShareGroupHeartbeat validation -------------------------------------------------

@@ -30,6 +30,7 @@ from broker.metrics import (
     ShareMetrics,
     collect,
 )
+from broker.share.manager import EXPIRY_RETRY_BACKOFF_MS
 from coordinator.share_state import ShareStateKey
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
@@ -196,12 +197,13 @@ def test_acquisitions_record_each_records_delivery_count() -> None:
     assert s.delivery_counts.counts[:4] == [10, 0, 2, 0]
 
 
-# -- the share-partition manager counts only what is durable ---------------------------------
+# -- the share-partition manager counts what it hands out, and only changes it wrote ---------
 
 
-async def test_manager_counts_acquired_and_accepted_records_once_written() -> None:
-    mgr, _, _ = manager()
+async def test_manager_counts_acquired_records_handed_out_and_accepted_ones_written() -> None:
+    mgr, persister, _ = manager()
     await fetch(mgr)
+    assert persister.writes == 1  # the start offset: the acquisition is counted unwritten
     assert await mgr.acknowledge(KEY, "m", [(0, 5, (ACCEPT,))]) == (ErrorCode.none, None)
     s = mgr.metrics.partition(KEY)
     assert (s.acquired, s.acknowledged[ACCEPT]) == (10, 6)
@@ -209,16 +211,36 @@ async def test_manager_counts_acquired_and_accepted_records_once_written() -> No
 
 
 async def test_manager_counts_nothing_for_a_write_that_failed() -> None:
-    mgr, persister, _ = manager()
+    mgr, persister, clock = manager()
     persister.fail_next(STORAGE, after_successes=1)  # the initialization succeeds
-    await fetch(mgr)
-    assert mgr.metrics.partition(KEY).acquired == 0
-    await fetch(mgr)
-    persister.fail_next(STORAGE)
+    # A plain fetch writes nothing, so the queued failure does not touch it: counted.
+    assert [tuple(r) for r in (await fetch(mgr)).acquired] == [(0, 9, 1)]
+    s = mgr.metrics.partition(KEY)
+    assert (s.acquired, s.delivery_counts.counts[:3]) == (10, [10, 0, 0])  # delivery 1
+    assert persister.failures[KEY] == [STORAGE]
+    # The acknowledgement meets it: not counted.
     code, _ = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
     assert code == ErrorCode.kafka_storage_error
-    s = mgr.metrics.partition(KEY)
     assert (s.acquired, s.acknowledged[ACCEPT]) == (10, 0)
+    # A fetch carrying acknowledgements whose write fails: neither the released records
+    # nor their re-acquisition is counted.
+    persister.fail_next(STORAGE)
+    acked, got = await mgr.acknowledge_and_acquire(
+        {KEY: [(0, 9, (RELEASE,))]}, [KEY], "m", max_records=100, batch_size=100, max_bytes=1 << 20
+    )
+    assert (acked[KEY][0], got[KEY].error_code) == (ErrorCode.kafka_storage_error,) * 2
+    assert (s.acquired, s.acknowledged[RELEASE], s.released_acknowledged) == (10, 0, 0)
+    assert s.delivery_counts.counts[:3] == [10, 0, 0]  # no delivery 2
+    # A lock expiry whose release fails: no timeout counted until the retry is written.
+    persister.fail_next(STORAGE)
+    clock.advance(30_000)  # share.record.lock.duration.ms
+    await mgr.settle()
+    assert (s.lock_timeouts, s.released_lock_timeout) == (0, 0)
+    assert mgr.partitions[KEY].acquired_count == 10
+    clock.advance(EXPIRY_RETRY_BACKOFF_MS)
+    await mgr.settle()
+    assert (s.lock_timeouts, s.released_lock_timeout) == (10, 10)
+    assert persister.failures[KEY] == []
     mgr.stop()
 
 

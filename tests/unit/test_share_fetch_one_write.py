@@ -1,7 +1,10 @@
-"""A share fetch over many partitions persists its acquisitions, and a request's
-acknowledgements over many partitions persist theirs, with one share-state write: one
-append and one fsync round of the share coordinator's log, whatever the number of
-partitions; a failed write fails every partition and leaves each as it was.
+"""A share fetch over many partitions that only acquires writes no share state at all
+(KIP-932: the ACQUIRED state is transient, so an acquisition changes nothing durable): no
+append, no fsync, and a failing disk does not stop it. A request's acknowledgements over
+many partitions, and a fetch carrying them (its acquisitions stacked on them), persist
+with one share-state write: one append and one fsync round of the share coordinator's log,
+whatever the number of partitions; a failed write fails every partition and leaves each as
+it was.
 
 The share coordinator is the durable one (`DurablePersister` on a tmp dir, a real
 `GroupCommit`), and its disk fails on demand (test_runtime's `Disk`).
@@ -36,6 +39,7 @@ TOPIC = uuid.UUID(int=3)
 PARTITIONS = 8
 KEYS = [ShareStateKey("g", TOPIC, p) for p in range(PARTITIONS)]
 ACCEPT = 1
+RELEASE = 2
 
 
 @dataclass
@@ -93,31 +97,68 @@ def _summary(f: FetchedPartition) -> tuple[int, int, int] | ErrorCode:
     return r.first_offset, r.last_offset, r.delivery_count
 
 
-async def test_acquisitions_on_every_partition_are_one_append_and_one_fsync(
-    setup: Setup,
+async def test_a_fetch_over_every_partition_that_only_acquires_writes_nothing(
+    setup: Setup, disk: Disk
 ) -> None:
-    rounds = setup.commit.rounds
+    stored = {key: setup.persister.shard.state(key) for key in KEYS}
+    rounds, fsyncs = setup.commit.rounds, disk.flushes_started
     assert await fetch(setup.mgr) == {key: (0, 9, 1) for key in KEYS}
-    assert setup.commit.rounds - rounds == 1
-    assert setup.appends == [PARTITIONS]
+    assert (setup.commit.rounds - rounds, disk.flushes_started - fsyncs) == (0, 0)
+    assert setup.appends == []
+    assert {key: setup.persister.shard.state(key) for key in KEYS} == stored
     for key in KEYS:
         state = setup.persister.shard.state(key)
-        assert state is not None and [tuple(b) for b in state.batches] == [(0, 9, 0, 1)]
+        assert state is not None and (state.start_offset, list(state.batches)) == (0, [])
+        sp = setup.mgr.partitions[key]
+        assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (0, 10, 10, False)
 
 
 @pytest.mark.parametrize("stage", STAGES)
-async def test_a_failed_shared_write_fails_every_partition_and_rolls_each_back(
+async def test_a_failing_disk_does_not_stop_a_plain_fetch_and_fails_the_next_shared_write(
     setup: Setup, disk: Disk, stage: str
 ) -> None:
     stored = {key: setup.persister.shard.state(key) for key in KEYS}
     disk.fail(stage, errno.EIO)
-    assert await fetch(setup.mgr) == {key: ErrorCode.kafka_storage_error for key in KEYS}
+    # The fetch only acquires: it never touches the disk, and every partition gets its records.
+    assert await fetch(setup.mgr) == {key: (0, 9, 1) for key in KEYS}
+    assert setup.appends == []
+    armed = disk.append_error if stage == "append" else disk.fsync_error
+    assert armed == errno.EIO  # the fault still waits for the next write
+    held = {key: setup.mgr.partitions[key].in_flight_ranges() for key in KEYS}
+    # The next write is a fetch carrying acknowledgements: 0-9 released and, stacked on
+    # that, acquired again. It fails every partition, on both results, and undoes both.
+    acks = {key: [(0, 9, (RELEASE,))] for key in KEYS}
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
+    )
+    assert {key: code for key, (code, _) in acked.items()} == {
+        key: ErrorCode.kafka_storage_error for key in KEYS
+    }
+    assert {key: _summary(f) for key, f in got.items()} == {
+        key: ErrorCode.kafka_storage_error for key in KEYS
+    }
+    assert all(f.records == b"" and f.acquired == [] for f in got.values())
+    assert setup.appends == [PARTITIONS]  # one write for all of them, and it failed
     for key in KEYS:
         sp = setup.mgr.partitions[key]
-        assert (sp.acquired_count, sp.next_fetch_offset(), sp.change_pending) == (0, 0, False)
+        # Still acquired by "m", delivery count 1, under the same lock.
+        assert sp.in_flight_ranges() == held[key]
+        assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (0, 10, 10, False)
     assert {key: setup.persister.shard.state(key) for key in KEYS} == stored
-    # The disk is back: the same records are acquired, for the first time.
-    assert await fetch(setup.mgr) == {key: (0, 9, 1) for key in KEYS}
+    # The disk is back: the same request succeeds as a whole, with one append and one fsync.
+    setup.appends.clear()
+    rounds = setup.commit.rounds
+    acked, got = await setup.mgr.acknowledge_and_acquire(
+        acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
+    )
+    assert acked == {key: (ErrorCode.none, None) for key in KEYS}
+    assert {key: _summary(f) for key, f in got.items()} == {key: (0, 9, 2) for key in KEYS}
+    assert (setup.commit.rounds - rounds, setup.appends) == (1, [PARTITIONS])
+    for key in KEYS:
+        # The release is written (the delivery made); the new acquisition is not.
+        state = setup.persister.shard.state(key)
+        assert state is not None and state.start_offset == 0
+        assert [tuple(b) for b in state.batches] == [(0, 9, 0, 1)]
 
 
 async def test_two_fetches_over_the_same_partitions_in_opposite_orders_split_the_records(
@@ -170,9 +211,6 @@ async def test_a_failed_shared_acknowledgement_write_keeps_every_partition_acqui
     assert set(results.values()) == {(ErrorCode.none, None)}
 
 
-RELEASE = 2
-
-
 def grow_log_to_20(log: FakeLog) -> None:
     """The log now holds one batch of offsets 0-19 (FakeLog's has 0-9)."""
     log.high_watermark = log.last_stable_offset = 20
@@ -180,7 +218,7 @@ def grow_log_to_20(log: FakeLog) -> None:
     log.read = lambda offset, max_bytes, **_: batch  # type: ignore[method-assign]
 
 
-async def test_a_fetch_carrying_acknowledgements_persists_them_and_its_acquisitions_in_one_write(
+async def test_a_fetch_carrying_acknowledgements_persists_them_in_one_write_not_its_acquisitions(
     setup: Setup,
 ) -> None:
     await fetch(setup.mgr)
@@ -200,9 +238,12 @@ async def test_a_fetch_carrying_acknowledgements_persists_them_and_its_acquisiti
     assert setup.commit.rounds - rounds == 1
     assert setup.appends == [PARTITIONS]
     for key in KEYS:
+        # What the acknowledgements changed: SPSO past the accepted 0-4, the released 5-9
+        # AVAILABLE with the delivery made. The acquisitions (5-9 again, 10-19 new) are
+        # transient and add nothing: 10-19 has no state batch, as never delivered.
         state = setup.persister.shard.state(key)
         assert state is not None and state.start_offset == 5
-        assert [tuple(b) for b in state.batches] == [(5, 9, 0, 2), (10, 19, 0, 1)]
+        assert [tuple(b) for b in state.batches] == [(5, 9, 0, 1)]
         sp = setup.mgr.partitions[key]
         assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (5, 20, 15, False)
 

@@ -3,6 +3,10 @@
 Share-state writes fail on demand (as a full or broken disk, or a fenced epoch, makes them
 fail): whatever the operation, the partition must be left exactly as before the failed
 write, the error must reach the caller, and the next attempt must succeed.
+
+A fetch that only acquires writes nothing (KIP-932: the ACQUIRED state is transient, an
+acquired record is persisted as the AVAILABLE record it was), so it never meets such a
+failure; acknowledgements, releases and lock expiries write, and meet it.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ class FakeLog:
 
     async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
         assert last_offset < self.high_watermark  # this log is durable up to its end
+
+
+# What a fetch of any of offsets 0-9 hands out: FakeLog's one batch.
+LOG_BATCH = FakeLog().read(0, 1 << 20)
 
 
 class FakeGroups:
@@ -223,8 +231,51 @@ async def test_failed_acknowledgement_write_then_lock_expiry_redelivers() -> Non
     mgr.stop()
 
 
-async def test_failed_acquisition_write_delivers_nothing_and_changes_nothing() -> None:
-    mgr, persister, _ = manager()
+async def test_failed_write_of_a_fetch_carrying_acks_delivers_nothing_and_changes_nothing() -> None:
+    mgr, persister, clock = manager()
+    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    sp = mgr.partitions[KEY]
+    clock.advance(1_000)
+    before, stored, writes = observable(sp), durable(persister), persister.writes
+    assert (stored, writes) == ((0, []), 1)  # the start offset only: the fetch wrote nothing
+    # The previous delivery's acknowledgements ride on the next fetch: 0-4 released (and
+    # acquired again by the fetch, stacked on them), 5-9 accepted.
+    acks = {KEY: [(0, 4, (RELEASE,)), (5, 9, (ACCEPT,))]}
+    persister.fail_next(EIO)
+    acked, got = await mgr.acknowledge_and_acquire(
+        acks, [KEY], "m", max_records=100, batch_size=100, max_bytes=1 << 20
+    )
+    # Both results carry the error; nothing is delivered.
+    [(code, message)] = acked.values()
+    assert (list(acked), code) == ([KEY], ErrorCode.kafka_storage_error) and message
+    failed = got[KEY]
+    assert list(got) == [KEY]
+    assert failed == FetchedPartition(
+        error_code=ErrorCode.kafka_storage_error, error_message=failed.error_message
+    )
+    assert failed.error_message and failed.records == b"" and failed.acquired == []
+    # Both undone: 0-9 still acquired by "m", delivery count 1, under their first lock.
+    assert observable(sp) == before
+    assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() - 1_000 + LOCK_MS)
+    assert (durable(persister), persister.writes, persister.failures[KEY]) == (stored, writes, [])
+    # Retried, the request succeeds as a whole, with one write: 0-4 delivered again.
+    acked, got = await mgr.acknowledge_and_acquire(
+        acks, [KEY], "m", max_records=100, batch_size=100, max_bytes=1 << 20
+    )
+    assert acked == {KEY: (ErrorCode.none, None)}
+    assert spans(got[KEY]) == [(0, 4, 2)] and got[KEY].records == LOG_BATCH
+    assert sp.record_state(0) == InFlightRange(0, 4, Q, 2, "m", clock.now_ms() + LOCK_MS)
+    # Written: the release (AVAILABLE, the delivery made) and the acceptance; the
+    # re-acquisition of 0-4 is transient.
+    assert persister.writes == writes + 1
+    assert durable(persister) == (0, [PersistedBatch(0, 4, 0, 1), PersistedBatch(5, 9, 2, 1)])
+    mgr.stop()
+
+
+async def test_a_plain_fetch_writes_nothing_so_a_failing_store_fails_only_the_acknowledgement() -> (
+    None
+):
+    mgr, persister, clock = manager()
     assert spans(await fetch(mgr)) == [(0, 9, 1)]
     assert await mgr.acknowledge(KEY, "m", [(0, 4, (RELEASE,)), (5, 9, (ACCEPT,))]) == (
         ErrorCode.none,
@@ -232,41 +283,70 @@ async def test_failed_acquisition_write_delivers_nothing_and_changes_nothing() -
     )
     sp = mgr.partitions[KEY]
     assert sp.record_state(0) == InFlightRange(0, 4, A, 1)
-    before, stored, writes = observable(sp), durable(persister), persister.writes
-    persister.fail_next(EIO)
-    failed = await fetch(mgr)
-    assert failed == FetchedPartition(
-        error_code=ErrorCode.kafka_storage_error, error_message=failed.error_message
+    stored, writes = durable(persister), persister.writes
+    assert stored == (0, [PersistedBatch(0, 4, 0, 1), PersistedBatch(5, 9, 2, 1)])
+    persister.fail_next(EIO)  # the store's next write fails
+    fetched = await fetch(mgr)
+    # The fetch hands out exactly the released records, delivery 2, and their batch...
+    assert fetched == FetchedPartition(records=LOG_BATCH, acquired=fetched.acquired)
+    assert spans(fetched) == [(0, 4, 2)]
+    assert sp.record_state(0) == InFlightRange(0, 4, Q, 2, "m", clock.now_ms() + LOCK_MS)
+    # ...without a write: the failure still waits for the next one, nothing new is stored.
+    assert (persister.failures[KEY], persister.writes, durable(persister)) == (
+        [EIO],
+        writes,
+        stored,
     )
-    assert failed.records == b"" and failed.acquired == []
-    assert observable(sp) == before  # still AVAILABLE, delivery count 1, SPEO unchanged
-    assert (durable(persister), persister.writes) == (stored, writes)
-    assert spans(await fetch(mgr)) == [(0, 4, 2)]
+    before = observable(sp)
+    # The acknowledgement on the same store is the next write: it fails, the records stay
+    # acquired by "m" under their lock.
+    code, message = await mgr.acknowledge(KEY, "m", [(0, 4, (ACCEPT,))])
+    assert code == ErrorCode.kafka_storage_error and message
+    assert observable(sp) == before
+    assert (persister.failures[KEY], persister.writes, durable(persister)) == ([], writes, stored)
+    assert await mgr.acknowledge(KEY, "m", [(0, 4, (ACCEPT,))]) == (ErrorCode.none, None)
+    assert (sp.spso, sp.acquired_count, durable(persister)) == (10, 0, (10, []))
     mgr.stop()
 
 
-async def test_failed_initializing_and_first_acquisition_writes_leave_nothing_behind() -> None:
-    mgr, persister, _ = manager()
+async def test_failed_initializing_write_leaves_nothing_and_a_first_fetch_writes_nothing() -> None:
+    mgr, persister, clock = manager()
     persister.fail_next(STORAGE)  # writing the start offset resolved by auto.offset.reset
     failed = await fetch(mgr)
     assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
     assert KEY not in mgr.partitions  # not loaded: the next use starts again
-    # This time the start offset is written, and the acquisition's write fails.
+    assert (durable(persister), persister.writes) == ((-1, []), 0)  # still no start offset
+    # This time the start offset is written; the write after it would fail, but the first
+    # acquisition makes none: the records are handed out and the failure stays queued.
     persister.fail_next(STORAGE, after_successes=1)
-    failed = await fetch(mgr)
-    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    fetched = await fetch(mgr)
+    assert fetched == FetchedPartition(records=LOG_BATCH, acquired=fetched.acquired)
+    assert spans(fetched) == [(0, 9, 1)]
     sp = mgr.partitions[KEY]
-    assert (sp.spso, sp.speo, sp.acquired_count, sp.next_lock_deadline()) == (0, 0, 0, None)
-    assert durable(persister) == (0, [])
-    assert not persister.failures[KEY]
-    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    deadline = clock.now_ms() + LOCK_MS
+    assert (sp.spso, sp.speo, sp.acquired_count, sp.next_lock_deadline()) == (0, 10, 10, deadline)
+    assert (durable(persister), persister.writes, persister.failures[KEY]) == (
+        (0, []),
+        1,
+        [STORAGE],
+    )
+    # The failure hits the next write, the lock expiry's release: the records stay acquired.
+    clock.advance(LOCK_MS)
+    await mgr.settle()
+    assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", deadline)
+    assert (durable(persister), persister.writes, persister.failures[KEY]) == ((0, []), 1, [])
+    # Retried, the release writes them AVAILABLE with the delivery that was made.
+    clock.advance(EXPIRY_RETRY_BACKOFF_MS)
+    await mgr.settle()
+    assert sp.record_state(0) == InFlightRange(0, 9, A, 1)
+    assert (durable(persister), persister.writes) == ((0, [PersistedBatch(0, 9, 0, 1)]), 2)
+    assert spans(await fetch(mgr)) == [(0, 9, 2)]
     mgr.stop()
 
 
 async def last_delivery(mgr: SharePartitionManager) -> SharePartition:
     """Records 0-9 acquired by "m" for the last time (delivery count 2 of 2): giving them back
-    archives them, a change that has to be written (a plain release needs no write, as
-    ACQUIRED is stored as AVAILABLE with its delivery count)."""
+    archives them (and moves SPSO past them), a change that has to be written."""
     await fetch(mgr)
     assert await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))]) == (ErrorCode.none, None)
     assert spans(await fetch(mgr)) == [(0, 9, 2)]
@@ -315,26 +395,58 @@ async def test_fenced_share_state_is_not_leader_or_follower_and_the_partition_is
 ) -> None:
     mgr, persister, _ = manager()
     await fetch(mgr)
+    assert await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))]) == (ErrorCode.none, None)
+    assert spans(await fetch(mgr)) == [(0, 9, 2)]
     stale = mgr.partitions[KEY]
+    # Durable: the first delivery (written by its release), not the second (in flight).
+    stored = (0, [PersistedBatch(0, 9, 0, 1)])
+    assert durable(persister) == stored
     persister.fail_next(KafkaError(code, "state epoch 0 is older than 1"))
     result = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
     assert result[0] == ErrorCode.not_leader_or_follower
     assert KEY not in mgr.partitions  # dropped: the next use reads the state afresh
     assert stale.acquired_count == 10 and not stale.change_pending
-    # Read again: what was durable (acquired is stored as available) is delivered again.
+    assert durable(persister) == stored
+    # Read again: the in-flight delivery was never written and is forgotten, so 0-9 go out
+    # as delivery 2 again (not 3), to a partition read from the share coordinator.
     assert spans(await fetch(mgr)) == [(0, 9, 2)]
     assert mgr.partitions[KEY] is not stale
     mgr.stop()
 
 
-async def test_fenced_acquisition_write_is_not_leader_or_follower() -> None:
-    mgr, persister, _ = manager()
+async def test_a_fenced_state_is_met_by_the_next_write_not_by_a_plain_fetch() -> None:
+    mgr, persister, clock = manager()
     await fetch(mgr, OTHER_KEY)
-    await mgr.acknowledge(OTHER_KEY, "m", [(0, 9, (RELEASE,))])
-    persister.fail_next(KafkaError(ErrorCode.fenced_state_epoch), key=OTHER_KEY)
-    failed = await fetch(mgr, OTHER_KEY)
-    assert failed.error_code == ErrorCode.not_leader_or_follower and not failed.acquired
-    assert OTHER_KEY not in mgr.partitions
+    assert await mgr.acknowledge(OTHER_KEY, "m", [(0, 9, (RELEASE,))]) == (ErrorCode.none, None)
+    stale = mgr.partitions[OTHER_KEY]
+    stored = (0, [PersistedBatch(0, 9, 0, 1)])
+    assert durable(persister, OTHER_KEY) == stored
+    fenced = KafkaError(ErrorCode.fenced_state_epoch)
+    persister.fail_next(fenced, key=OTHER_KEY)
+    # The fetch writes nothing, so it does not meet the fence: it hands the records out.
+    fetched = await fetch(mgr, OTHER_KEY)
+    assert fetched == FetchedPartition(records=LOG_BATCH, acquired=fetched.acquired)
+    assert spans(fetched) == [(0, 9, 2)]
+    assert mgr.partitions[OTHER_KEY] is stale and persister.failures[OTHER_KEY] == [fenced]
+    # The next write does: the release of the expired lock.
+    with capture_logs() as logs:
+        clock.advance(LOCK_MS)
+        await mgr.settle()
+    assert persister.failures[OTHER_KEY] == []
+    failure = next(e for e in logs if e["event"] == "share_state_write_failed")
+    assert (failure["operation"], failure["error"], failure["partition"]) == (
+        "lock_expiry",
+        "not_leader_or_follower",
+        1,
+    )
+    assert [e["partition"] for e in logs if e["event"] == "share_partition_fenced"] == [1]
+    assert OTHER_KEY not in mgr.partitions  # dropped, and no expiry retry is armed for it
+    assert clock.pending_timers == 0
+    assert stale.acquired_count == 10 and not stale.change_pending  # the release undone
+    assert durable(persister, OTHER_KEY) == stored
+    # Read afresh: delivery 2 was never written, so it is made again.
+    assert spans(await fetch(mgr, OTHER_KEY)) == [(0, 9, 2)]
+    assert mgr.partitions[OTHER_KEY] is not stale
     mgr.stop()
 
 
@@ -382,26 +494,46 @@ def test_share_coordinator_errors_map_as_kafka_tells_share_clients(
 # -- changes of one partition are serialized -------------------------------------------------
 
 
-async def test_fetch_waits_for_an_uncommitted_acquisition_and_gets_what_a_failure_left() -> None:
-    mgr, persister, _ = manager()
-    await fetch(mgr)
-    await mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))])
+@pytest.mark.parametrize("write_fails", [False, True], ids=["written", "failed"])
+async def test_fetch_waits_for_an_acknowledgement_write_in_flight_and_gets_what_it_left(
+    write_fails: bool,
+) -> None:
+    mgr, persister, clock = manager()
+    assert spans(await fetch(mgr)) == [(0, 9, 1)]
+    sp = mgr.partitions[KEY]
+    held = sp.record_state(0)
+    assert held == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() + LOCK_MS)
     persister.gate = asyncio.Event()
-    persister.fail_next(STORAGE)
-    first = asyncio.ensure_future(fetch(mgr))
+    if write_fails:
+        persister.fail_next(STORAGE)
+    release = asyncio.ensure_future(mgr.acknowledge(KEY, "m", [(0, 9, (RELEASE,))]))
+    await asyncio.sleep(0)
+    # Released in memory, not durable yet: the write holds the partition's lock.
+    assert sp.change_pending and sp.record_state(0) == InFlightRange(0, 9, A, 1)
     second = asyncio.ensure_future(
         mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
     )
-    await asyncio.sleep(0)
-    assert mgr.partitions[KEY].change_pending  # the first fetch's change waits for its write
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # The fetch waits instead of acquiring records the write may yet give back to "m".
+    assert not second.done()
+    assert sp.change_pending and sp.acquired_count == 0
     persister.gate.set()
-    failed, got = await first, await second
-    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
-    # Built on the rolled back state, not on the failed acquisition: delivery count 2, not 3.
-    assert spans(got) == [(0, 9, 2)]
-    assert mgr.partitions[KEY].record_state(0) == InFlightRange(
-        0, 9, Q, 2, "m2", mgr.clock.now_ms() + LOCK_MS
-    )
+    acked, got = await release, await second
+    assert not sp.change_pending
+    if write_fails:
+        assert acked[0] == ErrorCode.kafka_storage_error
+        # The release was undone: 0-9 are "m"'s again, and "m2" gets nothing, no error.
+        assert got == FetchedPartition()
+        assert sp.record_state(0) == held
+        assert (durable(persister), persister.writes) == ((0, []), 1)
+    else:
+        assert acked == (ErrorCode.none, None)
+        # Built on the committed release: delivery 2, to "m2"; the fetch wrote nothing.
+        assert got == FetchedPartition(records=LOG_BATCH, acquired=got.acquired)
+        assert spans(got) == [(0, 9, 2)]
+        assert sp.record_state(0) == InFlightRange(0, 9, Q, 2, "m2", clock.now_ms() + LOCK_MS)
+        assert (durable(persister), persister.writes) == ((0, [PersistedBatch(0, 9, 0, 1)]), 2)
     mgr.stop()
 
 
@@ -636,17 +768,26 @@ class SyncingLog(FakeLog):
 
 async def test_records_are_acquired_while_their_fsync_runs_and_handed_out_once_durable() -> None:
     log = SyncingLog()
-    mgr, persister, _ = manager(log)
+    mgr, persister, clock = manager(log)
     fetching = asyncio.create_task(fetch(mgr))
     for _ in range(20):
         await asyncio.sleep(0)
-    # The acquisition is already durable in the share coordinator (as AVAILABLE with
-    # its delivery count), but the records are not handed out: their log is not synced.
-    assert durable(persister) == (0, [PersistedBatch(0, 9, 0, 1)])
+    # Acquired in memory, but not handed out: their log is not synced. Nothing is written
+    # for the acquisition (the share coordinator holds the start offset only).
     assert not fetching.done()
+    sp = mgr.partitions[KEY]
+    assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() + LOCK_MS)
+    assert (durable(persister), persister.writes) == ((0, []), 1)
+    # The wait holds no lock of the partition: another member's fetch is answered meanwhile
+    # (nothing is left for it to acquire).
+    other = mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
+    assert await asyncio.wait_for(other, 5) == FetchedPartition()
     log.synced()
     fetched = await asyncio.wait_for(fetching, 5)
-    assert spans(fetched) == [(0, 9, 1)] and fetched.records
+    assert fetched == FetchedPartition(records=LOG_BATCH, acquired=fetched.acquired)
+    assert spans(fetched) == [(0, 9, 1)]
+    assert (durable(persister), persister.writes) == ((0, []), 1)
+    mgr.stop()
 
 
 async def test_a_failed_log_fsync_answers_the_error_and_the_records_stay_acquired() -> None:
@@ -657,19 +798,23 @@ async def test_a_failed_log_fsync_answers_the_error_and_the_records_stay_acquire
         await asyncio.sleep(0)
     log.failed()
     fetched = await asyncio.wait_for(fetching, 5)
-    # The client gets the storage error and no records; the acquisition stays (durable,
-    # delivery count 1) until its lock expires, as after a crash it would be redelivered.
+    # The client gets the storage error and no records; the acquisition stays, in memory
+    # only (never written), until its lock expires.
     assert (fetched.error_code, fetched.records, fetched.acquired) == (
         ErrorCode.kafka_storage_error,
         b"",
         [],
     )
     sp = mgr.partitions[KEY]
-    assert sp.acquired_count == 10
-    assert durable(persister) == (0, [PersistedBatch(0, 9, 0, 1)])
-    clock.advance(30_000)
+    assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() + LOCK_MS)
+    assert (durable(persister), persister.writes) == ((0, []), 1)
+    clock.advance(LOCK_MS)
     await mgr.settle()
+    # The expiry releases them and writes the delivery that was made.
     assert sp.acquired_count == 0 and sp.next_fetch_offset() == 0
+    assert sp.record_state(0) == InFlightRange(0, 9, A, 1)
+    assert (durable(persister), persister.writes) == ((0, [PersistedBatch(0, 9, 0, 1)]), 2)
+    mgr.stop()
 
 
 async def test_read_committed_acquires_only_below_the_last_stable_offset() -> None:

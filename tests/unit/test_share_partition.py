@@ -111,6 +111,37 @@ def whole_state(sp: SharePartition) -> tuple[object, ...]:
     return (sp.spso, sp.speo, sp.snapshot_state(), sp.in_flight_ranges(), sp.acquired_count)
 
 
+class Stored:
+    """What the share coordinator holds for one share partition: the StateUpdates written,
+    replayed as it does (newer batches win per offset, offsets below the start offset go)."""
+
+    def __init__(
+        self, start_offset: int = 0, batches: tuple[tuple[int, int, int, int], ...] = ()
+    ) -> None:
+        self.start_offset = start_offset
+        self.offsets: dict[int, tuple[int, int]] = {}
+        self._merge(batches)
+
+    def _merge(self, batches: tuple[tuple[int, int, int, int], ...]) -> None:
+        for first, last, state, count in batches:
+            for offset in range(max(first, self.start_offset), last + 1):
+                self.offsets[offset] = (state, count)
+
+    def write(self, update: StateUpdate | None) -> None:
+        if update is None:
+            return
+        self.start_offset = update.start_offset
+        self._merge(update.state_batches)
+        self.offsets = {o: v for o, v in self.offsets.items() if o >= update.start_offset}
+
+    def batches(self) -> tuple[tuple[int, int, int, int], ...]:
+        return tuple((o, o, *self.offsets[o]) for o in sorted(self.offsets))
+
+    def reload(self, *, limit: int = 5) -> SharePartition:
+        """The partition a new leader builds from what was written (after a crash)."""
+        return make(self.start_offset, self.batches(), limit=limit)
+
+
 # -- the transition table -------------------------------------------------------------------
 
 
@@ -220,11 +251,27 @@ def test_acquire_new_records_from_speo() -> None:
     assert sp.next_fetch_offset() == 10
 
 
-def test_acquire_persists_acquired_as_available_with_delivery_count() -> None:
+def test_acquire_of_new_records_writes_nothing_and_a_crash_redelivers_them() -> None:
+    # KIP-932: ACQUIRED is transient; acquired with delivery count 1 is AVAILABLE with 0,
+    # which past SPEO has no state batch at all.
+    stored = Stored()
     sp = make()
     result = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0))
-    assert result.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),))
-    assert sp.snapshot_state() == (0, [PersistedBatch(0, 9, 0, 1)])
+    assert result.acquired == (AcquiredRange(0, 9, 1),)
+    assert result.state_update is None
+    assert states(sp) == [(0, 9, Q, 1, "m1")]
+    assert sp.snapshot_state() == (0, [])
+    # A crash now forgets the in-flight delivery, not the records: delivered again as first.
+    crashed = stored.reload()
+    assert (crashed.spso, crashed.speo) == (0, 0)
+    assert fetch(crashed, "m2", [(0, 9)]) == [AcquiredRange(0, 9, 1)]
+    # The release writes the delivery that was made: AVAILABLE with count 1.
+    released = committed(sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0))
+    assert released.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),), 0)
+    stored.write(released.state_update)
+    reloaded = stored.reload()
+    assert states(reloaded) == [(0, 9, A, 1, None)]
+    assert fetch(reloaded, "m2", [(0, 9)]) == [AcquiredRange(0, 9, 2)]
 
 
 def test_acquire_finishes_log_batch_beyond_max_records() -> None:
@@ -271,7 +318,8 @@ def test_acquire_returns_ranges_of_about_batch_size_on_log_batch_boundaries() ->
 def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one() -> None:
     sp = make()
     fetch(sp, "m1", [(0, 9)])
-    committed(sp.acknowledge("m1", [(2, 4, RELEASE)], now_ms=0))
+    released = committed(sp.acknowledge("m1", [(2, 4, RELEASE)], now_ms=0))
+    assert released.state_update == StateUpdate(0, (PersistedBatch(2, 4, 0, 1),), 0)
     assert sp.next_fetch_offset() == 2
     result = committed(
         sp.acquire("m2", [(0, 9), (10, 19)], max_records=100, batch_size=100, now_ms=5)
@@ -283,9 +331,17 @@ def test_acquire_reacquires_available_records_first_with_delivery_count_plus_one
         (5, 9, Q, 1, "m1"),
         (10, 19, Q, 1, "m2"),
     ]
-    assert result.state_update == StateUpdate(
-        0, (PersistedBatch(2, 4, 0, 2), PersistedBatch(10, 19, 0, 1))
-    )
+    # Re-acquiring AVAILABLE(1) and acquiring new records changes nothing durable: 2-4 are
+    # still stored as the release wrote them, AVAILABLE with count 1.
+    assert result.state_update is None
+    assert sp.snapshot_state() == (0, [PersistedBatch(2, 4, 0, 1)])
+    reloaded = make(*sp.snapshot_state())
+    assert states(reloaded) == [(0, 1, A, 0, None), (2, 4, A, 1, None)]
+    assert fetch(reloaded, "m3", [(0, 9), (10, 19)]) == [
+        AcquiredRange(0, 1, 1),
+        AcquiredRange(2, 4, 2),
+        AcquiredRange(5, 19, 1),
+    ]
 
 
 def test_acquire_of_available_records_respects_max_records() -> None:
@@ -299,7 +355,15 @@ def test_acquire_archives_available_records_at_delivery_limit() -> None:
     result = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0))
     assert result.acquired == (AcquiredRange(5, 9, 2),)
     assert sp.spso == 5
-    assert result.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 2),))
+    assert states(sp) == [(5, 9, Q, 2, "m1")]
+    # 0-4 archived moves SPSO over them (no batch left for them); the acquisition of 5-9
+    # is not written: they stay stored as AVAILABLE with count 1.
+    assert result.state_update == StateUpdate(5, (), 0)
+    stored = Stored(0, ((0, 4, 0, 3), (5, 9, 0, 1)))
+    stored.write(result.state_update)
+    assert (stored.start_offset, stored.batches()) == (5, tuple((o, o, 0, 1) for o in range(5, 10)))
+    assert sp.snapshot_state() == (5, [PersistedBatch(5, 9, 0, 1)])
+    assert fetch(stored.reload(limit=3), "m2", [(0, 9)]) == [AcquiredRange(5, 9, 2)]
 
 
 def test_acquire_archives_gaps_and_never_delivers_them() -> None:
@@ -329,7 +393,10 @@ def test_acquire_leading_gap_moves_spso() -> None:
     )
     assert result.acquired == (AcquiredRange(5, 9, 1),)
     assert sp.spso == 5
-    assert result.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 1),))
+    assert states(sp) == [(5, 9, Q, 1, "m1")]
+    # Only SPSO is written: 5-9 acquired for the first time are AVAILABLE with count 0.
+    assert result.state_update == StateUpdate(5, (), 0)
+    assert sp.snapshot_state() == (5, [])
 
 
 def test_acquire_archives_offsets_missing_before_first_batch() -> None:
@@ -423,16 +490,23 @@ def test_adjacent_acknowledged_ranges_merge() -> None:
     assert states(sp) == [(0, 0, Q, 1, "m1"), (1, 9, K, 1, None)]
 
 
-def test_release_makes_records_available_with_same_delivery_count() -> None:
-    sp = make()
-    fetch(sp, "m1", [(0, 9)])
+def test_release_writes_records_available_with_the_delivery_count_made() -> None:
+    sp = make(0, ((0, 4, 0, 2),))
+    stored = Stored(0, ((0, 4, 0, 2),))
+    acquired = committed(sp.acquire("m1", [(0, 9)], max_records=100, batch_size=100, now_ms=0))
+    assert acquired.acquired == (AcquiredRange(0, 4, 3), AcquiredRange(5, 9, 1))
+    assert acquired.state_update is None
     result = committed(sp.acknowledge("m1", [(0, 9, RELEASE)], now_ms=0))
     assert result.error_code == ErrorCode.none
     assert result.released == 10
-    assert states(sp) == [(0, 9, A, 1, None)]
+    assert states(sp) == [(0, 4, A, 3, None), (5, 9, A, 1, None)]
     assert sp.next_fetch_offset() == 0
-    # Acquired was already persisted as Available with delivery count 1.
-    assert result.state_update is None
+    # The acquisition was not written: the release writes each count with its delivery.
+    assert result.state_update == StateUpdate(
+        0, (PersistedBatch(0, 4, 0, 3), PersistedBatch(5, 9, 0, 1)), 0
+    )
+    stored.write(result.state_update)
+    assert states(stored.reload()) == states(sp)
 
 
 def test_release_at_delivery_limit_archives() -> None:
@@ -597,10 +671,39 @@ def test_lock_expiry_makes_records_available() -> None:
     result = committed(sp.expire_locks(100 + LOCK_MS))
     assert result.available == (OffsetRange(0, 9),)
     assert result.released == 10
-    assert result.state_update is None
+    # Released with the delivery made; m2's 10-19, still acquired, are not written.
+    assert result.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),), 0)
     assert states(sp) == [(0, 9, A, 1, None), (10, 19, Q, 1, "m2")]
+    assert sp.snapshot_state() == (0, [PersistedBatch(0, 9, 0, 1)])
     assert sp.next_lock_deadline() == 200 + LOCK_MS
     assert sp.next_fetch_offset() == 0
+
+
+def test_acquisitions_write_nothing_while_expiry_and_rejection_write_the_counts() -> None:
+    sp = make()
+    stored = Stored()
+    first = committed(sp.acquire("m1", [(0, 9)], max_records=10, batch_size=10, now_ms=0))
+    assert first.acquired == (AcquiredRange(0, 9, 1),)
+    assert first.state_update is None
+    expired = committed(sp.expire_locks(LOCK_MS))
+    assert (expired.available, expired.archived) == ((OffsetRange(0, 9),), ())
+    assert expired.state_update == StateUpdate(0, (PersistedBatch(0, 9, 0, 1),), 0)
+    stored.write(expired.state_update)
+    again = committed(sp.acquire("m2", [(0, 9)], max_records=10, batch_size=10, now_ms=LOCK_MS))
+    assert again.acquired == (AcquiredRange(0, 9, 2),)
+    assert again.state_update is None
+    assert states(sp) == [(0, 9, Q, 2, "m2")]
+    # A crash now redelivers 0-9 with the count they had before this acquisition.
+    assert fetch(stored.reload(), "m3", [(0, 9)]) == [AcquiredRange(0, 9, 2)]
+    rejected = committed(sp.acknowledge("m2", [(5, 9, REJECT)], now_ms=LOCK_MS))
+    assert rejected.state_update == StateUpdate(0, (PersistedBatch(5, 9, 4, 2),), 5)
+    stored.write(rejected.state_update)
+    rejected = committed(sp.acknowledge("m2", [(0, 4, REJECT)], now_ms=LOCK_MS))
+    # All archived: SPSO moves over them and the stored batches below it go.
+    assert rejected.state_update == StateUpdate(10, (), 0)
+    assert (sp.spso, sp.speo, sp.range_count, sp.acquired_count) == (10, 10, 0, 0)
+    stored.write(rejected.state_update)
+    assert (stored.start_offset, stored.batches()) == (10, ())
 
 
 def test_lock_expiry_at_delivery_limit_archives() -> None:
@@ -705,11 +808,17 @@ def test_log_start_onto_done_records_moves_spso_further() -> None:
 # -- persistence -----------------------------------------------------------------------------
 
 
-def test_snapshot_writes_acquired_as_available() -> None:
-    sp = make()
-    fetch(sp, "m1", [(0, 9)])
+def test_snapshot_writes_acquired_as_available_with_the_count_before_acquisition() -> None:
+    sp = make(0, ((10, 14, 0, 2),))
+    assert fetch(sp, "m1", [(0, 19)]) == [
+        AcquiredRange(0, 9, 1),
+        AcquiredRange(10, 14, 3),
+        AcquiredRange(15, 19, 1),
+    ]
     committed(sp.acknowledge("m1", [(5, 9, ACCEPT)], now_ms=0))
-    assert sp.snapshot_state() == (0, [PersistedBatch(0, 4, 0, 1), PersistedBatch(5, 9, 2, 1)])
+    # 0-4 and 15-19 acquired with count 1 were never delivered before: no batch; 10-14
+    # acquired with count 3 are AVAILABLE with 2.
+    assert sp.snapshot_state() == (0, [PersistedBatch(5, 9, 2, 1), PersistedBatch(10, 14, 0, 2)])
 
 
 def test_snapshot_roundtrips_through_constructor() -> None:

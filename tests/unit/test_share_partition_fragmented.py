@@ -40,11 +40,14 @@ def test_alternating_accept_release_leaves_one_range_per_offset_and_persists_eac
     assert result.released == N // 2
     update = result.state_update
     assert update is not None
-    # Offset 0 is accepted: SPSO moves over it. Only the accepted offsets are written: a
-    # released record was already persisted as AVAILABLE with delivery count 1.
+    # Offset 0 is accepted: SPSO moves over it. Every offset is written, one batch each:
+    # accepted ACKNOWLEDGED, released AVAILABLE with the delivery made (count 1), as the
+    # acquisition itself wrote nothing.
     assert update.start_offset == 1
     assert update.delivery_complete_count == N // 2 - 1
-    assert update.state_batches == tuple(PersistedBatch(o, o, 2, 1) for o in range(2, N, 2))
+    assert update.state_batches == tuple(
+        PersistedBatch(o, o, 2 if o % 2 == 0 else 0, 1) for o in range(1, N)
+    )
     result.change.commit()
     assert sp.range_count == N - 1
     assert [(r.first_offset, r.last_offset, r.state) for r in sp.in_flight_ranges()[:2]] == [
@@ -55,8 +58,25 @@ def test_alternating_accept_release_leaves_one_range_per_offset_and_persists_eac
     again = sp.acquire("m", [(0, N - 1)], max_records=N, batch_size=N, now_ms=20)
     assert sum(r.last_offset - r.first_offset + 1 for r in again.acquired) == N // 2
     assert {r.delivery_count for r in again.acquired} == {2}
+    # Acquiring the released half again changes nothing durable: nothing to write.
+    assert again.state_update is None
     again.change.commit()
     assert sp.acquired_count == N // 2
+    assert sp.snapshot_state() == (1, list(update.state_batches))
+    # Reloaded from what was written, the released half is delivered again with count 2.
+    reloaded = SharePartition(
+        "group",
+        uuid.UUID(int=7),
+        0,
+        config=sp.config,
+        state_epoch=0,
+        start_offset=update.start_offset,
+        state_batches=update.state_batches,
+    )
+    redelivered = reloaded.acquire("m", [(0, N - 1)], max_records=N, batch_size=N, now_ms=30)
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in redelivered.acquired] == [
+        (o, o, 2) for o in range(1, N, 2)
+    ]
 
 
 def test_per_offset_types_of_a_batch_reaching_below_spso_apply_to_their_own_offsets() -> None:

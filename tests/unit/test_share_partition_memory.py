@@ -26,7 +26,7 @@ from broker.share.partition import (
     _RangeTable,
 )
 from coordinator.share_coordinator import ShareCoordinatorShard
-from coordinator.share_state import ShareStateKey
+from coordinator.share_state import PersistedBatch, ShareStateKey
 
 N = 2_000
 MEMBER = "member-0123456789abcdef"
@@ -126,14 +126,21 @@ def _traced_bytes(build: Callable[[], object]) -> tuple[object, int]:
 def test_a_fragmented_partition_and_its_coordinator_state_fit_in_100_bytes_an_offset() -> None:
     partitions = 5
     updates = []
+    # What the coordinator is sent: the acquisitions write nothing (KIP-932: ACQUIRED is
+    # transient); the acknowledgement writes every offset from SPSO 1, one batch each,
+    # ACKNOWLEDGED and AVAILABLE (released, delivery count 1) in turn.
+    expected_batches = tuple(PersistedBatch(o, o, 2 if o % 2 == 0 else 0, 1) for o in range(1, N))
     for p in range(partitions):
         sp = _fragmented_partition(p)
         ack = sp.acknowledge(MEMBER, [(0, N - 1, ALTERNATING)], now_ms=10)
         ack.change.commit()
         again = sp.acquire(MEMBER, [(0, N - 1)], max_records=N, batch_size=N, now_ms=20)
         again.change.commit()
-        assert ack.state_update is not None and again.state_update is not None
-        updates.append((ack.state_update, again.state_update))
+        assert again.state_update is None
+        assert ack.state_update is not None
+        assert ack.state_update.start_offset == 1
+        assert ack.state_update.state_batches == expected_batches
+        updates.append((ack.state_update,))
 
     def leaders() -> list[SharePartition]:
         built = []
@@ -173,7 +180,8 @@ def test_a_fragmented_partition_and_its_coordinator_state_fit_in_100_bytes_an_of
     shard, coordinator_bytes = _traced_bytes(coordinator)
     assert isinstance(shard, ShareCoordinatorShard)
     state = shard.state(keys[0])
-    assert state is not None and len(state.batches) == N - 1
+    # The coordinator holds the fragmented state: one batch per offset of [1, N).
+    assert state is not None and list(state.batches) == list(expected_batches)
     per_offset_leader = leader_bytes / partitions / N
     per_offset_coordinator = coordinator_bytes / partitions / N
     # Measured: ~40 and ~20 (a sorted map of range objects cost ~240, tuples ~90).

@@ -7,7 +7,8 @@ applies only the committed changes. After every step both must agree, and KIP-93
 share-partition invariants must hold: every offset of [spso, speo) in exactly one state,
 spso only moving forward and only over done records, delivery counts within the limit,
 refused acknowledgements changing nothing, and the committed StateUpdates replaying (from
-the first snapshot) to exactly `snapshot_state()`.
+the first snapshot) to exactly `snapshot_state()` and to KIP-932's durable view of the
+model (ACQUIRED is transient: stored as the AVAILABLE record it was before the acquisition).
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def replay(durable: Durable, update: StateUpdate) -> Durable:
         for offset in range(first, last + 1):
             merged[offset] = (state, count)
     return {o: v for o, v in merged.items() if o >= update.start_offset}
+
+
+def kip_durable(model: dict[int, Offset]) -> Durable:
+    """What KIP-932 stores for the model's offsets: an ACQUIRED record with delivery count n
+    as AVAILABLE with n - 1, and nothing for AVAILABLE with count 0 (never delivered)."""
+    out: Durable = {}
+    for offset, (state, count, _member, _deadline) in model.items():
+        value = (int(A), count - 1) if state is Q else (int(state), count)
+        if value != (int(A), 0):
+            out[offset] = value
+    return out
 
 
 per_offset_persisted = st.one_of(
@@ -462,6 +474,12 @@ class SharePartitionMachine(RuleBasedStateMachine):
         start, batches = self.sp.snapshot_state()
         assert durable_of(start, batches) == self.durable
         assert min(self.durable, default=start) >= start
+
+    @invariant()
+    def replayed_updates_are_the_kip_932_durable_view_of_the_model(self) -> None:
+        # Independent of the machine's own durable view: an acquisition that wrote its
+        # ACQUIRED records, or a release that did not write the delivery made, shows here.
+        assert self.durable == kip_durable(self.model)
 
 
 SharePartitionMachine.TestCase.settings = settings(

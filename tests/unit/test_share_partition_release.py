@@ -5,7 +5,10 @@ kept here is the way they worked before: `_apply` on each ACQUIRED range, one at
 then `_finish`. Both must leave the same in-flight state and write the same StateUpdate,
 whatever the fragmentation (per-offset KIP-932 acknowledge types, several members, locks
 taken at different times, records at share.delivery.count.limit), and a failed write must
-put back exactly what was there.
+put back exactly what was there. What is stored, before and after the update is written
+over it, is checked against KIP-932's durable view worked out here (`kip_durable`), not
+by the code under test: ACQUIRED is transient, so every released record is written, as
+AVAILABLE with the delivery made or ARCHIVED at the limit.
 """
 
 from __future__ import annotations
@@ -108,6 +111,21 @@ def written(stored: dict[int, tuple[int, int]], update: StateUpdate) -> dict[int
     return {offset: value for offset, value in merged.items() if offset >= update.start_offset}
 
 
+def kip_durable(sp: SharePartition) -> dict[int, tuple[int, int]]:
+    """Per offset (state, delivery count) KIP-932 stores for the in-flight state: an
+    ACQUIRED record with count n as AVAILABLE with n - 1 (the acquisition is transient),
+    and no state batch for AVAILABLE with count 0 (never delivered)."""
+    out: dict[int, tuple[int, int]] = {}
+    for r in sp.in_flight_ranges():
+        if r.state is _Q:
+            value = (int(_A), r.delivery_count - 1)
+        else:
+            value = (int(r.state), r.delivery_count)
+        if value != (int(_A), 0):
+            out.update(dict.fromkeys(range(r.first_offset, r.last_offset + 1), value))
+    return out
+
+
 def joined(spans: list[OffsetRange] | tuple[OffsetRange, ...]) -> list[OffsetRange]:
     out: list[OffsetRange] = []
     for first, last in spans:
@@ -156,13 +174,17 @@ def assert_same_as_range_by_range(
     oracle = copy.deepcopy(sp)
     before = state(sp)
     stored = durable(*sp.snapshot_state())
+    assert stored == kip_durable(sp)
     result = release(sp)
     available, archived, oracle_change = release_range_by_range(oracle, event, holds)
     assert state(sp) == state(oracle)
     # The update, written over what was stored, is the new durable state.
     if result.change.state_update is not None:
         stored = written(stored, result.change.state_update)
-    assert stored == durable(*sp.snapshot_state())
+    assert stored == kip_durable(sp) == durable(*sp.snapshot_state())
+    # Releasing always changes what is stored (the delivery made is now counted): there
+    # is an update exactly when something was released.
+    assert (result.change.state_update is None) == (not result.available and not result.archived)
     assert result.change.state_update == oracle_change.state_update
     assert joined(result.available) == available
     assert joined(result.archived) == archived
@@ -186,13 +208,32 @@ def test_release_member_of_alternating_acks_matches_range_by_range_and_keeps_cou
         Event.MEMBER_RELEASE,
         lambda r: r.member_id == "m",
     )
-    # Delivery count 2 < limit 5: AVAILABLE again, persisted as it was: nothing to write.
-    assert update is None
+    # Delivery count 2 < limit 5: AVAILABLE again, written with the count of the delivery
+    # made (the acquisition was stored as AVAILABLE with 1). "other"'s offset 0, still
+    # acquired, is not written; the 1,000 accepted offsets above SPSO are done.
+    assert update == StateUpdate(
+        0, tuple(PersistedBatch(o, o, int(_A), 2) for o in range(1, 2_000, 2)), 1_000
+    )
     result = sp.release_member("m", 30)
     assert result.released == 1_000 and result.archived == ()
     result.change.commit()
     assert sp.acquired_count == 1  # "other" keeps offset 0
     assert {r.delivery_count for r in sp.in_flight_ranges() if r.state is _A} == {2}
+    # A new leader loading what is stored delivers the released half with count 3.
+    stored = durable(*sp.snapshot_state())
+    reloaded = SharePartition(
+        "group",
+        uuid.UUID(int=9),
+        0,
+        config=sp.config,
+        state_epoch=0,
+        start_offset=0,
+        state_batches=[(o, o, *value) for o, value in sorted(stored.items())],
+    )
+    redelivered = reloaded.acquire("n", [(0, 2_000)], max_records=2_001, batch_size=1, now_ms=0)
+    assert [tuple(r) for r in redelivered.acquired] == [(0, 0, 1)] + [
+        (o, o, 3) for o in range(1, 2_000, 2)
+    ]
 
 
 def test_release_member_at_the_delivery_limit_archives_in_one_write() -> None:
@@ -225,15 +266,18 @@ def test_expiry_of_fragmented_locks_on_a_manual_clock_matches_range_by_range() -
     clock.advance(LOCK_MS - 1)
     nothing = sp.expire_locks(clock.now_ms())
     assert (nothing.available, nothing.archived, nothing.change.pending) == ((), (), False)
-    clock.advance(1)  # "other"'s lock only: offset 0 AVAILABLE, count 1 is what is stored
-    assert expire_now(lambda r: r.member_id == "other") is None
+    clock.advance(1)  # "other"'s lock only: offset 0 AVAILABLE, its delivery written
+    assert expire_now(lambda r: r.member_id == "other") == StateUpdate(
+        0, (PersistedBatch(0, 0, int(_A), 1),), 1_000
+    )
     assert sp.acquired_count == 1_000 and sp.next_lock_deadline() == 20 + LOCK_MS
     clock.advance(19)
     assert sp.expire_locks(clock.now_ms()).change.pending is False
     clock.advance(1)  # "m"'s 1,000 single-offset locks, at the delivery limit: archived
     update = expire_now(lambda r: r.member_id == "m")
-    assert update is not None and update.start_offset == 0
-    assert update.state_batches == tuple((o, o, int(_X), 2) for o in range(1, 2_001, 2))
+    assert update == StateUpdate(
+        0, tuple(PersistedBatch(o, o, int(_X), 2) for o in range(1, 2_001, 2)), 2_000
+    )
     assert sp.next_lock_deadline() is None and sp.acquired_count == 0
     assert sp.in_flight_ranges()[:3] == [
         InFlightRange(0, 0, _A, 1),
@@ -270,6 +314,7 @@ def test_released_ranges_merge_with_equal_neighbours_into_one() -> None:
     )
     result = sp.release_member("m", 50)
     assert result.available == (OffsetRange(0, 99),)
+    assert result.state_update == StateUpdate(0, (PersistedBatch(0, 99, int(_A), 1),), 0)
     result.change.commit()
     assert sp.in_flight_ranges() == [InFlightRange(0, 99, _A, 1)]
 

@@ -9,7 +9,17 @@ import pytest
 
 from broker.share.partition import NO_CHANGE, ChangePending, SharePartition, StateUpdate
 from coordinator.share_state import PersistedBatch
-from tests.unit.test_share_partition import ACCEPT, RELEASE, A, Q, fetch, make, states
+from tests.unit.test_share_partition import (
+    ACCEPT,
+    RELEASE,
+    A,
+    Q,
+    Stored,
+    X,
+    fetch,
+    make,
+    states,
+)
 
 
 def _setup() -> SharePartition:
@@ -18,10 +28,12 @@ def _setup() -> SharePartition:
     return sp
 
 
-def _ack_then_acquire(sp: SharePartition) -> tuple[object, object]:
+def _ack_then_acquire(
+    sp: SharePartition, gaps: tuple[tuple[int, int], ...] = ()
+) -> tuple[object, object]:
     ack = sp.acknowledge("m", [(0, 4, ACCEPT), (5, 9, RELEASE)], now_ms=100)
     sp.stack_on(ack.change)
-    got = sp.acquire("m", [(0, 19)], max_records=100, batch_size=100, now_ms=100)
+    got = sp.acquire("m", [(0, 19)], max_records=100, batch_size=100, now_ms=100, gaps=gaps)
     return ack, got
 
 
@@ -31,13 +43,35 @@ def test_a_stacked_acquisition_and_its_acknowledgements_are_one_state_update() -
     assert [tuple(r) for r in got.acquired] == [(5, 9, 2), (10, 19, 1)]  # type: ignore[attr-defined]
     change = got.change  # type: ignore[attr-defined]
     assert change.pending and not ack.change.pending  # type: ignore[attr-defined]
-    # The acknowledgements moved SPSO to 5; the update holds both changes' batches.
-    assert change.state_update == StateUpdate(
-        5, (PersistedBatch(5, 9, 0, 2), PersistedBatch(10, 19, 0, 1)), 0
-    )
+    # The acknowledgements moved SPSO to 5 and released 5-9 with the delivery made
+    # (AVAILABLE, count 1). The acquisition on top writes nothing of its own: 5-9 acquired
+    # again with count 2 read as AVAILABLE with 1, 10-19 (count 1) as never delivered.
+    assert change.state_update == StateUpdate(5, (PersistedBatch(5, 9, 0, 1),), 0)
     change.commit()
     assert states(sp) == [(5, 9, Q, 2, "m"), (10, 19, Q, 1, "m")]
     assert not sp.change_pending
+    assert sp.snapshot_state() == (5, [PersistedBatch(5, 9, 0, 1)])
+    # A crash after the write redelivers what the acquisition handed out, with the counts
+    # from before it.
+    stored = Stored()
+    stored.write(change.state_update)
+    assert fetch(stored.reload(), "n", [(0, 19)]) == [(5, 9, 2), (10, 19, 1)]
+
+
+def test_a_stacked_acquisition_that_writes_rewrites_the_acknowledged_spans_from_now() -> None:
+    sp = _setup()
+    ack, got = _ack_then_acquire(sp, gaps=((15, 15),))
+    assert [tuple(r) for r in got.acquired] == [(5, 9, 2), (10, 14, 1), (16, 19, 1)]  # type: ignore[attr-defined]
+    change = got.change  # type: ignore[attr-defined]
+    assert change.pending and not ack.change.pending  # type: ignore[attr-defined]
+    # The acquisition archives the gap at 15 (its own write); the acknowledgement's span
+    # 5-9, acquired again since, is written as it durably is: AVAILABLE with count 1.
+    assert change.state_update == StateUpdate(
+        5, (PersistedBatch(5, 9, 0, 1), PersistedBatch(15, 15, int(X), 0)), 1
+    )
+    change.rollback()
+    assert states(sp) == [(0, 9, Q, 1, "m")]
+    assert (sp.spso, sp.speo, sp.acquired_count, sp.change_pending) == (0, 10, 10, False)
 
 
 def test_rolling_back_a_stacked_change_undoes_both() -> None:
