@@ -19,7 +19,7 @@ Nothing is applied before its fsync succeeded, so no request ever sees a change 
 crash could take back.
 
 `run_many` runs the operations of one request on several keys (WriteShareGroupState
-naming 500 partitions, a ShareFetch acquiring on many) under all their locks and writes
+naming 500 partitions, a ShareFetch acknowledging on many) under all their locks and writes
 their records as one batch with one fsync; a failed write fails every one of them.
 
 Kafka's CoordinatorRuntime applies records before they are committed and keeps its

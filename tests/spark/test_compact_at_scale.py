@@ -1,8 +1,9 @@
 """`spool compact` on a share-state log a real broker wrote under share traffic at scale.
 
 A member of a share group on 64 partitions takes waves of records: each wave is one
-record produced to every partition, one ShareFetch that acquires all 64 (one share-state
-record each) and the acknowledgements of all 64 carried by the next ShareFetch (one more
+record produced to every partition, a ShareFetch that acquires all 64 (an acquisition is
+not written, KIP-932), a ShareAcknowledge releasing them (one share-state record each),
+a ShareFetch that acquires them again and a ShareAcknowledge accepting them (one more
 each). 1,700 waves write over 200,000 share-state records; the broker is killed with -9
 half way and the member carries on after the restart. The stopped broker's closed
 segments then compact to a small fraction of their size, the broker adopts the output
@@ -43,6 +44,7 @@ PRODUCE = 0
 SHARE_FETCH = 78
 SHARE_ACK = 79
 ACCEPT = 1
+RELEASE = 2
 
 SETTINGS = {
     "share.coordinator.state.topic.segment.bytes": str(1 << 20),
@@ -94,9 +96,7 @@ async def _waves(broker: Broker, first: int, last: int) -> None:
             pending = set(range(PARTITIONS))
             for _ in range(20):
                 if any(acks.values()):
-                    # Acknowledged alone, as librdkafka's commit_async does: a ShareFetch
-                    # carrying them would persist them with its acquisitions in one
-                    # record, and the log would grow half as fast.
+                    # Acknowledged alone, as librdkafka's commit_async does.
                     ack_body = share_ack_body(
                         GROUP, member, epoch, {tp: b for tp, b in acks.items() if b}
                     )
@@ -116,14 +116,17 @@ async def _waves(broker: Broker, first: int, last: int) -> None:
                     for part in t.partitions:
                         assert part.error_code == 0 and part.acknowledge_error_code == 0, part
                         for a in part.acquired_records:
+                            # Released on its first delivery and accepted on its second:
+                            # two share-state records per record.
+                            kind = RELEASE if a.delivery_count == 1 else ACCEPT
                             acks[(tid, part.partition_index)].append(
                                 {
                                     "first_offset": a.first_offset,
                                     "last_offset": a.last_offset,
-                                    "acknowledge_types": [ACCEPT],
+                                    "acknowledge_types": [kind],
                                 }
                             )
-                            if a.last_offset >= wave:
+                            if a.last_offset >= wave and kind == ACCEPT:
                                 pending.discard(part.partition_index)
                 if not pending:
                     break
