@@ -409,6 +409,28 @@ async def initialize_state(
     return r.results[0].partitions[0]
 
 
+async def fetch_until_acquired_by(
+    client: KafkaClient,
+    group: str,
+    member: str,
+    epoch: int,
+    tps: dict[tuple[uuid.UUID, int], list[dict[str, Any]]],
+    deadline: float,
+    got: dict[tuple[uuid.UUID, int], list[tuple[int, int, int]]],
+    codes: list[int],
+) -> tuple[int, dict[tuple[uuid.UUID, int], list[tuple[int, int, int]]]]:
+    """ShareFetch (300 ms long polls) on one partition until something is acquired or
+    `deadline` passes; each response's partition error code goes to `codes`. Returns the
+    next session epoch and what was acquired."""
+    (tp,) = tps
+    while not got and time.monotonic() < deadline:
+        r = await client.request(FETCH, 1, fetch_body(group, member, epoch, tps, max_wait=300))
+        epoch += 1
+        codes.append(partitions_of(r)[tp].error_code)
+        got = acquired(r)
+    return epoch, got
+
+
 def test_a_state_epoch_bumped_by_an_admin_reaches_the_member_as_not_leader_or_follower(
     broker_factory: Callable[..., Broker],
 ) -> None:
@@ -448,11 +470,7 @@ def test_a_state_epoch_bumped_by_an_admin_reaches_the_member_as_not_leader_or_fo
         deadline = time.monotonic() + 15
         got = acquired(r)
         codes = [part.error_code]
-        while not got and time.monotonic() < deadline:
-            r = await client.request(FETCH, 1, fetch_body(g, m, epoch, tps, max_wait=300))
-            epoch += 1
-            codes.append(partitions_of(r)[(tid, 0)].error_code)
-            got = acquired(r)
+        epoch, got = await fetch_until_acquired_by(client, g, m, epoch, tps, deadline, got, codes)
         assert ErrorCode.unknown_server_error not in codes, codes
         assert got == {(tid, 0): [(1, 2, 1)]}, (got, codes)
 
@@ -496,11 +514,7 @@ def test_a_lock_expiry_whose_state_write_is_fenced_drops_the_partition_for_the_n
         produce_values(broker, "fenced-expiry", [b"second"])
         got: dict[tuple[uuid.UUID, int], list[tuple[int, int, int]]] = {}
         codes = []
-        while not got and time.monotonic() < deadline:
-            r = await client.request(FETCH, 1, fetch_body(g, m, epoch, tps, max_wait=300))
-            epoch += 1
-            codes.append(partitions_of(r)[(tid, 0)].error_code)
-            got = acquired(r)
+        epoch, got = await fetch_until_acquired_by(client, g, m, epoch, tps, deadline, got, codes)
         assert ErrorCode.unknown_server_error not in codes, codes
         assert got == {(tid, 0): [(0, 1, 1)]}, (got, codes)
 
