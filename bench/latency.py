@@ -56,6 +56,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def broker_cpu_s(broker: BrokerProcess) -> float:
+    """CPU seconds (user and system, every thread) the broker process has used so far,
+    from /proc; NaN where there is none. CPU per record is steadier than latency on a
+    shared machine, so a change to the path shows in it first."""
+    if broker.process is None:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{broker.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    # utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_summary(cpu_s: float, records: int) -> str:
+    if records == 0 or cpu_s != cpu_s:
+        return "broker CPU not measured"
+    return f"broker CPU {cpu_s * 1000 / records:.2f} ms/record"
+
+
 def summary(values_ms: list[float]) -> str:
     if not values_ms:
         return "no samples"
@@ -344,7 +364,7 @@ def _measure(
 ) -> None:
     """`once` against a fresh broker (traced with --trace), `--runs` times; prints each
     run, its per-step breakdown when traced, and the medians of the runs."""
-    p50s, p99s, maxes = [], [], []
+    p50s, p99s, maxes, cpus = [], [], [], []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
             trace_path = Path(tmp) / "trace.jsonl" if args.trace else None
@@ -355,19 +375,26 @@ def _measure(
             finally:
                 _trace_env(None)
             try:
+                cpu_before = broker_cpu_s(broker)
                 latencies, offsets = once(broker)
+                cpu_s = broker_cpu_s(broker) - cpu_before
             finally:
                 broker.stop()
+            cpus.append(cpu_s * 1000 / max(len(latencies), 1))
             p50s.append(percentile(latencies, 0.5))
             p99s.append(percentile(latencies, 0.99))
             maxes.append(max(latencies, default=float("nan")))
-            print(f"run {run + 1}: {summary(latencies)}", flush=True)
+            print(
+                f"run {run + 1}: {summary(latencies)}, {cpu_summary(cpu_s, len(latencies))}",
+                flush=True,
+            )
             if trace_path is not None and trace_path.exists():
                 print(format_breakdown(breakdown(trace_path, offsets)), flush=True)
                 print(gc_pauses(trace_path), flush=True)
     print(
         f"{what}, medians over {args.runs} runs: p50 {statistics.median(p50s):.2f} ms, "
-        f"p99 {statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms"
+        f"p99 {statistics.median(p99s):.2f} ms, max {statistics.median(maxes):.2f} ms; "
+        f"broker CPU {statistics.median(cpus):.2f} ms/record"
     )
 
 
@@ -498,11 +525,14 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
     records = min(ctx.records, 2000)
     started = time.perf_counter()
     topic = f"bench-{uuid.uuid4().hex[:8]}"
+    cpu_started = broker_cpu_s(ctx.broker)
     samples = asyncio.run(_broker_path_run(ctx.broker, records, 2.0, topic))
     broker_path = [(received - sent) / 1e6 for _, sent, received in samples]
     middle = time.perf_counter()
+    cpu_middle = broker_cpu_s(ctx.broker)
     e2e = _end_to_end_run(ctx.broker, records, 2.0, 2)
     ended = time.perf_counter()
+    cpu_ended = broker_cpu_s(ctx.broker)
     updates_per_s = asyncio.run(_write_state(ctx.broker, 500, 20))
     disk_started = time.perf_counter()
     disk = fdatasync_ms(ctx.broker.data_dir, 4 * records, 0.001)
@@ -517,9 +547,15 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
             len(broker_path),
             middle - started,
             0,
-            summary(broker_path),
+            f"{summary(broker_path)}, {cpu_summary(cpu_middle - cpu_started, len(broker_path))}",
         ),
-        Result("latency end to end (2 ShareConsumers)", len(e2e), ended - middle, 0, summary(e2e)),
+        Result(
+            "latency end to end (2 ShareConsumers)",
+            len(e2e),
+            ended - middle,
+            0,
+            f"{summary(e2e)}, {cpu_summary(cpu_ended - cpu_middle, len(e2e))}",
+        ),
         Result("disk floor: fdatasync, 2 files in turn", len(disk), disk_s, 0, disk_summary(disk)),
         Result(
             "WriteShareGroupState x500 partitions",
@@ -543,7 +579,7 @@ PRODUCE_STEPS = (
     ("fsync thread running (wake-up, GIL)", "fsync.entered"),
     ("fsync done (fsync thread)", "fsync.flushed"),
     ("fsync seen on loop (thread hand-off)", "fsync.finished"),
-    ("produce task resumed", "fsync"),
+    ("fsync's waiters told (on the loop)", "fsync"),
     ("high watermark advanced", "hw"),
 )
 FETCH_STEPS = (

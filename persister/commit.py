@@ -8,12 +8,19 @@ was written. The flushes run on worker threads, so the loop never blocks on disk
 target has at most one round running, but rounds of different targets (a topic
 partition's log and the share-state log) run side by side, so a record's fsync does
 not queue behind the share-state write of the record before it.
+
+`request(target, done, started=...)` is the same without a task: the round starts
+within the call, `done` is told the outcome on the loop, and `started` once a flush
+thread has begun the round (a topic partition wakes its parked fetches then, so their
+Python runs while the disk syncs rather than keeping the thread from starting).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import time
 from collections.abc import Callable
@@ -42,8 +49,22 @@ class RoundTimes:
     finished_ns: int = 0
 
 
-# Told, in the task of each writer whose `sync` returned, of the round that served it.
+# Told, in the context of each request whose flush succeeded, of the round that served it.
 SyncedHook = Callable[[Flushable, RoundTimes], None]
+
+
+# Told, on the loop, how the flush serving a request ended: None, or what it raised.
+Done = Callable[[BaseException | None], None]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """A request for a flush: told when the round serving it begins on its thread and
+    when it ends. `context` is the requester's (tracing reports the round there)."""
+
+    done: Done
+    started: Callable[[], None] | None
+    context: contextvars.Context | None
 
 
 @dataclass(slots=True)
@@ -51,10 +72,10 @@ class _Target:
     """Per-target round state; keeps a reference so the identity key stays valid."""
 
     target: Flushable
-    # Waiters for a flush that has not started yet.
-    pending: list[asyncio.Future[None]] = field(default_factory=list)
-    running: asyncio.Future[None] | None = None
-    # The times of the round the pending waiters will get (tracing only).
+    # Requests for a flush that has not started yet.
+    pending: list[_Waiter] = field(default_factory=list)
+    running: bool = False
+    # The times of the round the pending requests will get (tracing only).
     times: RoundTimes | None = None
 
 
@@ -83,9 +104,11 @@ class GroupCommit:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._targets: dict[int, _Target] = {}
         self._stopping = False
+        # Told when the last running round has ended (`stop` waits on it).
+        self._idle: asyncio.Event | None = None
         # Flush rounds started so far (tests count them: one request, one round).
         self.rounds = 0
-        # Tracing (broker.trace): told of each writer's round; None costs nothing.
+        # Tracing (broker.trace): told of each request's round; None costs nothing.
         self.on_synced: SyncedHook | None = None
 
     def start(self) -> None:
@@ -102,10 +125,8 @@ class GroupCommit:
         """Let the rounds already asked for finish, then stop the worker thread."""
         self._stopping = True
         while self._targets:
-            rounds = [s.running for s in self._targets.values() if s.running is not None]
-            if not rounds:
-                break
-            await asyncio.wait(rounds)
+            self._idle = asyncio.Event()
+            await self._idle.wait()
         if self._executor is not None:
             # Nothing is queued any more, so this does not wait on disk.
             self._executor.shutdown(wait=False)
@@ -113,79 +134,128 @@ class GroupCommit:
 
     async def sync(self, target: Flushable) -> None:
         """Return after a `target.flush()` that started after this call; raise what it raised."""
+        if self._loop is None:
+            raise RuntimeError("GroupCommit is not running")
+        waiter: asyncio.Future[None] = self._loop.create_future()
+
+        def done(error: BaseException | None) -> None:
+            # A cancelled writer cancels only its own waiter, never the round others share.
+            if waiter.done():
+                return
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+        self.request(target, done)
+        await waiter
+
+    def request(
+        self, target: Flushable, done: Done, *, started: Callable[[], None] | None = None
+    ) -> None:
+        """Ask for a `target.flush()` that starts after this call, without waiting: `done`
+        is called on the loop with None or what the flush raised. `started` is called on
+        the loop once that flush has begun on its thread: work the loop does from then on
+        overlaps the disk instead of keeping the thread from starting (the GIL).
+
+        A round starts at once when none of `target` is running, so the thread is woken
+        before the caller's task goes on."""
         if self._executor is None or self._loop is None or self._stopping:
             raise RuntimeError("GroupCommit is not running")
         key = id(target)
         state = self._targets.get(key)
         if state is None:
             state = self._targets[key] = _Target(target)
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        state.pending.append(waiter)
-        hook = self.on_synced
-        if hook is not None and state.times is None:
-            state.times = RoundTimes()
-        times = state.times
-        if state.running is None:
+        context = None
+        if self.on_synced is not None:
+            context = contextvars.copy_context()
+            if state.times is None:
+                state.times = RoundTimes()
+        state.pending.append(_Waiter(done, started, context))
+        if not state.running:
             self._start_round(key, state)
-        # A cancelled writer cancels only its own waiter, never the round others share.
-        await waiter
-        if hook is not None and times is not None:
-            hook(target, times)
 
     def _start_round(self, key: int, state: _Target) -> None:
         assert self._executor is not None and self._loop is not None
         waiters, state.pending = state.pending, []
         times, state.times = state.times, None
         self.rounds += 1
-        started = self._timer()
-        flush = state.target.flush
+        state.running = True
         if times is not None:
             times.started_ns = time.perf_counter_ns()
-            flush = functools.partial(_timed_flush, flush, times)
-        running = self._loop.run_in_executor(self._executor, flush)
-        state.running = running
-        running.add_done_callback(
-            lambda done: self._finish_round(key, state, waiters, done, started, times)
+        announce = [w.started for w in waiters if w.started is not None]
+        self._executor.submit(
+            _run_round,
+            self._loop,
+            state.target.flush,
+            times,
+            announce,
+            functools.partial(self._finish_round, key, state, waiters, self._timer(), times),
         )
 
     def _finish_round(
         self,
         key: int,
         state: _Target,
-        waiters: list[asyncio.Future[None]],
-        done: asyncio.Future[None],
+        waiters: list[_Waiter],
         started: float,
         times: RoundTimes | None,
+        error: BaseException | None,
     ) -> None:
         if times is not None:
             times.finished_ns = time.perf_counter_ns()
-        state.running = None
-        cancelled = done.cancelled()
-        error = None if cancelled else done.exception()
+        state.running = False
         if error is not None:
             log.error("flush_failed", target=repr(state.target), error=repr(error))
-        if self.on_flush is not None and not cancelled:
+        if self.on_flush is not None:
             self.on_flush(self._timer() - started, error is not None)
+        hook = self.on_synced
         for waiter in waiters:
-            if waiter.done():
-                continue
-            if cancelled:
-                waiter.cancel()
-            elif error is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(error)
+            try:
+                if waiter.context is None:
+                    waiter.done(error)
+                    continue
+                # Tracing: the round and what its requester does next belong to the
+                # request that asked for it.
+                if hook is not None and times is not None and error is None:
+                    waiter.context.run(hook, state.target, times)
+                waiter.context.run(waiter.done, error)
+            except Exception:  # one requester's bug must not strand the others
+                log.exception("flush_callback_failed", target=repr(state.target))
         if state.pending:
             self._start_round(key, state)
         else:
             del self._targets[key]
+            if not self._targets and self._idle is not None:
+                self._idle.set()
 
 
-def _timed_flush(flush: Callable[[], None], times: RoundTimes) -> None:
-    """On the fsync thread: note when it got here (the thread's wake-up and its wait for
-    the GIL, which the busy loop holds), flush, and note when the flush returned."""
-    times.entered_ns = time.perf_counter_ns()
+def _call_each(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()
+
+
+def _run_round(
+    loop: asyncio.AbstractEventLoop,
+    flush: Callable[[], None],
+    times: RoundTimes | None,
+    announce: list[Callable[[], None]],
+    finish: Callable[[BaseException | None], None],
+) -> None:
+    """On a flush thread: tell the loop the round has begun (`announce`), flush, and hand
+    the outcome back to the loop (`finish`). With `times` (tracing), note when the thread
+    got here (its wake-up and its wait for the GIL, which a busy loop holds) and when the
+    flush returned."""
+    if times is not None:
+        times.entered_ns = time.perf_counter_ns()
+    error: BaseException | None = None
     try:
+        if announce:
+            loop.call_soon_threadsafe(_call_each, announce)
         flush()
-    finally:
+    except BaseException as exc:  # handed to the waiters, as a failed flush
+        error = exc
+    if times is not None:
         times.flushed_ns = time.perf_counter_ns()
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+        loop.call_soon_threadsafe(finish, error)

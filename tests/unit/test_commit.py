@@ -174,3 +174,91 @@ async def test_group_commit_makes_log_appends_durable(commit: GroupCommit, tmp_p
     reopened = PartitionLog.open(tmp_path / "share-state", LogConfig(segment_bytes=500), NOW)
     assert read_all(reopened) == content
     reopened.close()
+
+
+class Calls:
+    """Records what a `request` is told, on the loop, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.errors: list[BaseException | None] = []
+
+    def started(self) -> None:
+        self.events.append("started")
+
+    def done(self, error: BaseException | None) -> None:
+        self.events.append("done")
+        self.errors.append(error)
+
+
+async def test_request_is_told_when_its_round_has_begun_on_the_thread_then_its_outcome(
+    commit: GroupCommit,
+) -> None:
+    target = GatedTarget()
+    calls = Calls()
+    commit.request(target, calls.done, started=calls.started)
+    # The round started within the call: the thread is already asked to flush.
+    assert commit.rounds == 1
+    await until(lambda: calls.events == ["started"])
+    assert target.started == 1 and target.finished == 0
+    target.gate(1).set()
+    await until(lambda: calls.events == ["started", "done"])
+    assert calls.errors == [None]
+
+
+async def test_request_during_a_round_is_told_when_the_next_round_begins(
+    commit: GroupCommit,
+) -> None:
+    target = GatedTarget()
+    first, second = Calls(), Calls()
+    commit.request(target, first.done, started=first.started)
+    await until(lambda: first.events == ["started"])
+    commit.request(target, second.done, started=second.started)
+    await asyncio.sleep(0.01)
+    assert second.events == []  # the running round may have begun before its data
+    target.gate(1).set()
+    await until(lambda: second.events == ["started"])
+    assert first.events == ["started", "done"]
+    assert target.started == 2
+    target.gate(2).set()
+    await until(lambda: second.events == ["started", "done"])
+    assert second.errors == [None]
+
+
+async def test_request_of_a_failing_flush_is_started_then_told_the_error(
+    commit: GroupCommit,
+) -> None:
+    target = GatedTarget()
+    target.errors[1] = OSError(28, "No space left on device")
+    calls = Calls()
+    commit.request(target, calls.done, started=calls.started)
+    target.gate(1).set()
+    await until(lambda: "done" in calls.events)
+    assert calls.events == ["started", "done"]
+    assert isinstance(calls.errors[0], OSError) and calls.errors[0].errno == 28
+
+
+async def test_a_callback_that_raises_does_not_strand_the_rounds_other_requests(
+    commit: GroupCommit,
+) -> None:
+    target = GatedTarget()
+
+    def broken(_error: BaseException | None) -> None:
+        raise ValueError("a requester's bug")
+
+    first = asyncio.create_task(commit.sync(target))
+    await until(lambda: target.started == 1)
+    # Both wait for round 2; the broken callback is told first.
+    commit.request(target, broken)
+    waiting = asyncio.create_task(commit.sync(target))
+    await asyncio.sleep(0)
+    target.gate(1).set()
+    await first
+    await until(lambda: target.started == 2)
+    target.gate(2).set()
+    await waiting
+    # The round ended cleanly: the next request gets a round of its own.
+    later = asyncio.create_task(commit.sync(target))
+    await until(lambda: target.started == 3)
+    target.gate(3).set()
+    await later

@@ -1,0 +1,132 @@
+"""A topic partition's append starts its fsync round at once; parked fetches are told of
+the append once that round has begun on its thread, and the high watermark moves only
+when it has ended well (flush.messages=1, the default)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.logs import LogManager, Partition, validate_produce_data
+from persister.clock import ManualClock
+from persister.commit import GroupCommit
+from protocol.errors import ErrorCode, KafkaError
+from protocol.records import NewRecord, build_batch
+
+
+class GatedFlush:
+    """Stands in for the log's flush: each round waits for the test to open it."""
+
+    def __init__(self, real: Callable[[], None]) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.error: OSError | None = None
+
+    def __call__(self) -> None:
+        self.entered.set()
+        self.gate.wait(10)
+        if self.error is not None:
+            raise self.error
+        self.real()
+
+    def flush(self) -> None:  # a flush target of its own
+        self()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never became true")
+
+
+@pytest.fixture
+async def commit() -> AsyncIterator[GroupCommit]:
+    # One flush thread: a test can keep it busy with another target's round.
+    group = GroupCommit(threads=1)
+    group.start()
+    yield group
+    await group.stop()
+
+
+@pytest.fixture
+async def partition(tmp_path: Path, commit: GroupCommit) -> AsyncIterator[Partition]:
+    logs = LogManager(tmp_path, BrokerConfig({}), commit, ManualClock(now_ms=1_000_000))
+    logs.open_topic("t", uuid.uuid4(), 1, {})
+    found = logs.get("t", 0)
+    assert found is not None
+    try:
+        yield found
+    finally:
+        vars(found.log).pop("flush", None)  # the real flush again, for the final one
+        await logs.flush_all()
+        logs.close()
+
+
+def append_one(partition: Partition) -> int:
+    data, batches = validate_produce_data(build_batch([NewRecord(key=None, value=b"v")]))
+    return partition.append(data, batches).last_offset
+
+
+async def test_fetches_hear_of_an_append_once_its_fsync_has_begun(
+    partition: Partition, commit: GroupCommit
+) -> None:
+    # The only flush thread is busy with another target's round.
+    other = GatedFlush(lambda: None)
+    busy = asyncio.create_task(commit.sync(other))
+    await until(other.entered.is_set)
+    flush = GatedFlush(partition.log.flush)
+    partition.log.flush = flush  # type: ignore[method-assign]
+    heard: list[int] = []
+    partition.appends.add_listener(lambda: heard.append(partition.high_watermark))
+
+    last = append_one(partition)
+    assert commit.rounds == 2  # asked for at once, within the append
+    await asyncio.sleep(0.05)
+    assert heard == []  # no thread has the round yet: parked fetches are not told
+    other.gate.set()
+    await busy
+    await until(lambda: bool(heard))
+    assert heard == [0]  # told while the fsync runs, before the record is visible
+    await until(flush.entered.is_set)
+    assert partition.high_watermark == 0
+    flush.gate.set()
+    await partition.wait_durable(last, timeout_s=10)
+    assert partition.high_watermark == last + 1
+
+
+async def test_a_failed_fsync_leaves_the_high_watermark_and_fails_acks_all(
+    partition: Partition,
+) -> None:
+    flush = GatedFlush(partition.log.flush)
+    flush.error = OSError(5, "Input/output error")
+    partition.log.flush = flush  # type: ignore[method-assign]
+    told: list[int] = []
+    partition.add_listener(lambda: told.append(partition.high_watermark))
+    last = append_one(partition)
+    flush.gate.set()
+    with pytest.raises(KafkaError) as failure:
+        await partition.wait_durable(last, timeout_s=10)
+    assert failure.value.code == ErrorCode.kafka_storage_error
+    assert partition.high_watermark == 0
+    assert told == [0]  # listeners (parked fetches) told of the failure
+
+
+async def test_an_append_while_the_flush_threads_stop_is_not_acknowledged(
+    partition: Partition, commit: GroupCommit
+) -> None:
+    await commit.stop()
+    last = append_one(partition)  # the flush is refused: the append itself still returns
+    with pytest.raises(KafkaError) as failure:
+        await partition.wait_durable(last, timeout_s=10)
+    assert failure.value.code == ErrorCode.kafka_storage_error
+    assert partition.high_watermark == 0
+    commit.start()  # for the fixture's final flush
