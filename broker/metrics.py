@@ -170,7 +170,7 @@ class ShareMetrics:
         return stats
 
     def acquired(self, key: ShareStateKey, ranges: Iterable[tuple[int, int, int]]) -> None:
-        """Acquired (first, last, delivery count) ranges, counted as the acquisition commits."""
+        """Acquired (first, last, delivery count) ranges, counted as they are handed out."""
         stats = self.partition(key)
         observe = stats.delivery_counts.observe
         for first, last, delivery_count in ranges:

@@ -573,13 +573,15 @@ class SharePartitionManager:
         write of any acknowledgements it carries) is done while the records' own fsync
         runs; nothing is handed out before the high watermark has passed it. When the
         log's fsync failed, the partition answers with the error and its records stay
-        acquired until their lock expires."""
+        acquired until their lock expires. Records are counted as acquired (metrics)
+        when they are handed out."""
         for key, got in fetched.items():
             if not got.acquired:
                 continue
             log_part = self.log_partition(key.topic_id, key.partition)
             last = got.acquired[-1].last_offset
             if log_part is None or log_part.high_watermark > last:
+                self.metrics.acquired(key, got.acquired)
                 continue
             try:
                 await log_part.wait_durable(last, DURABLE_WAIT_S)
@@ -594,6 +596,8 @@ class SharePartitionManager:
                     reason=exc.message,
                 )
                 fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
+            else:
+                self.metrics.acquired(key, got.acquired)
 
     async def _batched(
         self,
@@ -715,11 +719,10 @@ class SharePartitionManager:
         budget[1] -= len(prepared.records)
 
     def _acquired(self, key: ShareStateKey, p: _Prepared) -> FetchedPartition:
-        """An acquisition now committed: count it and hand it out (the caller arms the
-        partition's lock timer once for the whole change)."""
+        """An acquisition now committed, to hand out once its records are durable (the
+        caller arms the partition's lock timer once for the whole change)."""
         if not p.acquired:
             return FetchedPartition()
-        self.metrics.acquired(key, p.acquired)
         return FetchedPartition(records=p.records, acquired=list(p.acquired))
 
     # -- acknowledge --------------------------------------------------------------

@@ -34,7 +34,15 @@ from broker.share.manager import EXPIRY_RETRY_BACKOFF_MS
 from coordinator.share_state import ShareStateKey
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
-from tests.unit.test_share_manager import ACCEPT, KEY, RELEASE, STORAGE, fetch, manager
+from tests.unit.test_share_manager import (
+    ACCEPT,
+    KEY,
+    RELEASE,
+    STORAGE,
+    SyncingLog,
+    fetch,
+    manager,
+)
 
 REJECT = 3
 T = ShareStateKey("g", uuid.uuid4(), 0)
@@ -207,6 +215,33 @@ async def test_manager_counts_acquired_records_handed_out_and_accepted_ones_writ
     assert await mgr.acknowledge(KEY, "m", [(0, 5, (ACCEPT,))]) == (ErrorCode.none, None)
     s = mgr.metrics.partition(KEY)
     assert (s.acquired, s.acknowledged[ACCEPT]) == (10, 6)
+    mgr.stop()
+
+
+async def test_records_are_counted_acquired_when_handed_out_not_when_their_log_sync_fails() -> None:
+    log = SyncingLog()
+    mgr, _, _ = manager(log)
+    s = mgr.metrics.partition(KEY)
+    failing = asyncio.create_task(fetch(mgr))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert mgr.partitions[KEY].acquired_count == 10  # acquired in memory, not handed out
+    assert (s.acquired, s.delivery_counts.counts[:2]) == (0, [0, 0])
+    log.failed()
+    assert (await asyncio.wait_for(failing, 5)).error_code == ErrorCode.kafka_storage_error
+    assert (s.acquired, s.delivery_counts.counts[:2]) == (0, [0, 0])
+    mgr.stop()
+
+    log = SyncingLog()
+    mgr, _, _ = manager(log)
+    s = mgr.metrics.partition(KEY)
+    handing_out = asyncio.create_task(fetch(mgr))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert s.acquired == 0
+    log.synced()
+    assert [tuple(r) for r in (await asyncio.wait_for(handing_out, 5)).acquired] == [(0, 9, 1)]
+    assert (s.acquired, s.delivery_counts.counts[:2]) == (10, [10, 0])
     mgr.stop()
 
 
