@@ -337,8 +337,10 @@ class Partition:
                     functools.partial(self._synced, offset),
                     started=self.appends.notify,
                 )
-            except RuntimeError as exc:  # stopping: the flush is refused, as if it failed
-                self._synced(offset, exc)
+            except RuntimeError as exc:
+                # Stopping: the flush is refused, as if it failed. Told on the loop's next
+                # turn, once the appending task waits for it (wait_durable).
+                asyncio.get_running_loop().call_soon(self._synced, offset, exc)
         else:
             self._advance_hw(self.log.log_end_offset)
 
@@ -362,7 +364,6 @@ class Partition:
                 done.set_result(None)
 
         self.add_listener(on_change)
-        on_change()  # a flush may have failed already (refused within the append)
         try:
             await asyncio.wait_for(done, timeout_s)
         except TimeoutError:
