@@ -28,6 +28,7 @@ from broker.metrics import (
     Histogram,
     MetricsServer,
     ShareMetrics,
+    SharePartitionStats,
     collect,
 )
 from broker.share.manager import EXPIRY_RETRY_BACKOFF_MS
@@ -218,29 +219,28 @@ async def test_manager_counts_acquired_records_handed_out_and_accepted_ones_writ
     mgr.stop()
 
 
-async def test_records_are_counted_acquired_when_handed_out_not_when_their_log_sync_fails() -> None:
+async def fetch_while_log_syncs() -> tuple[Any, SyncingLog, SharePartitionStats, asyncio.Task[Any]]:
+    """A fetch that has acquired offsets 0-9 in memory and waits for their log's fsync."""
     log = SyncingLog()
     mgr, _, _ = manager(log)
-    s = mgr.metrics.partition(KEY)
-    failing = asyncio.create_task(fetch(mgr))
+    fetching = asyncio.create_task(fetch(mgr))
     for _ in range(20):
         await asyncio.sleep(0)
-    assert mgr.partitions[KEY].acquired_count == 10  # acquired in memory, not handed out
-    assert (s.acquired, s.delivery_counts.counts[:2]) == (0, [0, 0])
+    assert mgr.partitions[KEY].acquired_count == 10
+    return mgr, log, mgr.metrics.partition(KEY), fetching
+
+
+async def test_records_are_counted_acquired_when_handed_out_not_when_their_log_sync_fails() -> None:
+    mgr, log, s, fetching = await fetch_while_log_syncs()
+    assert (s.acquired, s.delivery_counts.counts[:2]) == (0, [0, 0])  # not handed out yet
     log.failed()
-    assert (await asyncio.wait_for(failing, 5)).error_code == ErrorCode.kafka_storage_error
+    assert (await asyncio.wait_for(fetching, 5)).error_code == ErrorCode.kafka_storage_error
     assert (s.acquired, s.delivery_counts.counts[:2]) == (0, [0, 0])
     mgr.stop()
 
-    log = SyncingLog()
-    mgr, _, _ = manager(log)
-    s = mgr.metrics.partition(KEY)
-    handing_out = asyncio.create_task(fetch(mgr))
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert s.acquired == 0
+    mgr, log, s, fetching = await fetch_while_log_syncs()
     log.synced()
-    assert [tuple(r) for r in (await asyncio.wait_for(handing_out, 5)).acquired] == [(0, 9, 1)]
+    assert [tuple(r) for r in (await asyncio.wait_for(fetching, 5)).acquired] == [(0, 9, 1)]
     assert (s.acquired, s.delivery_counts.counts[:2]) == (10, [10, 0])
     mgr.stop()
 

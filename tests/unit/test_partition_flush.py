@@ -18,6 +18,7 @@ from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NewRecord, build_batch
+from tests.unit.test_commit import until
 
 
 class GatedFlush:
@@ -38,14 +39,6 @@ class GatedFlush:
 
     def flush(self) -> None:  # a flush target of its own
         self()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never became true")
 
 
 @pytest.fixture
