@@ -200,7 +200,9 @@ async def test_request_is_told_when_its_round_has_begun_on_the_thread_then_its_o
     # The round started within the call: the thread is already asked to flush.
     assert commit.rounds == 1
     await until(lambda: calls.events == ["started"])
-    assert target.started == 1 and target.finished == 0
+    # Told just before the thread enters flush(): the flush is not over, nor is it told.
+    await until(lambda: target.started == 1)
+    assert target.finished == 0 and calls.events == ["started"]
     target.gate(1).set()
     await until(lambda: calls.events == ["started", "done"])
     assert calls.errors == [None]
@@ -219,7 +221,8 @@ async def test_request_during_a_round_is_told_when_the_next_round_begins(
     target.gate(1).set()
     await until(lambda: second.events == ["started"])
     assert first.events == ["started", "done"]
-    assert target.started == 2
+    await until(lambda: target.started == 2)
+    assert second.events == ["started"]
     target.gate(2).set()
     await until(lambda: second.events == ["started", "done"])
     assert second.errors == [None]
