@@ -20,6 +20,12 @@
   the fdatasync percentiles. A record's way to a consumer waits for its log's sync (an
   acquisition is not written, as KIP-932 has it; acknowledgements are), so a disk whose
   p99.9 sync stalls for tens of ms puts that into the record latencies' p99.
+- floor: the least a Python broker on this machine could take for the broker path: a
+  bare uvloop relay in its own process reads a 16-byte message from one TCP connection,
+  appends it to a file, fdatasyncs it (on a worker thread, as spool does; on the loop;
+  or not at all) and writes it to another connection, at the same pace. No Kafka
+  protocol and no share state: what is left is the disk, the thread hand-offs and the
+  two sockets.
 
 Records are durable before they are delivered and acknowledgements durable before they
 are answered (the broker's defaults). The machine is shared: run several times and
@@ -41,6 +47,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -519,6 +526,112 @@ def bench_disk(args: argparse.Namespace) -> None:
     print(f"{args.dir}: {disk_summary(fdatasync_ms(Path(args.dir), args.syncs, 0.001))}")
 
 
+# ------------------------------------------------------------------ the floor
+
+RELAY_SYNCS = ("thread", "inline", "none")
+
+
+def _relay_serve(directory: str, sync: str, ready: Any) -> None:
+    """A Python process that does only what the broker path cannot skip: read a 16-byte
+    message from the producing connection, append it to a file, fdatasync it (on a worker
+    thread as the broker does, on the loop, or not at all) and write it to every
+    receiving connection. No Kafka protocol, no share state. Runs until killed."""
+    import uvloop
+
+    async def serve() -> None:
+        fd = os.open(Path(directory) / "relay.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        pool = ThreadPoolExecutor(1)
+        loop = asyncio.get_running_loop()
+        receivers: list[asyncio.StreamWriter] = []
+
+        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if await reader.readexactly(1) == b"R":
+                receivers.append(writer)
+                return
+            while True:
+                message = await reader.readexactly(RELAY_MESSAGE.size)
+                os.write(fd, message)
+                if sync == "thread":
+                    await loop.run_in_executor(pool, os.fdatasync, fd)
+                elif sync == "inline":
+                    os.fdatasync(fd)
+                for receiver in receivers:
+                    receiver.write(message)
+
+        server = await asyncio.start_server(connected, "127.0.0.1", 0)
+        ready.put(server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+
+    uvloop.run(serve())
+
+
+RELAY_MESSAGE = struct.Struct(">qq")  # perf_counter_ns when sent, padding
+
+
+def relay_floor_ms(directory: Path, sync: str, records: int, interval_ms: float) -> list[float]:
+    """Latencies (ms) of `records` messages, one every `interval_ms`, through
+    `_relay_serve` in its own process: the least any Python broker on this machine could
+    take for a durable hand-over (TCP in, append, `sync`, TCP out)."""
+    import multiprocessing
+    import socket
+
+    context = multiprocessing.get_context("spawn")
+    ready = context.Queue()
+    relay = context.Process(target=_relay_serve, args=(str(directory), sync, ready), daemon=True)
+    relay.start()
+    try:
+        port = ready.get(timeout=30)
+        receiving = socket.create_connection(("127.0.0.1", port))
+        sending = socket.create_connection(("127.0.0.1", port))
+        for sock in (receiving, sending):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        receiving.sendall(b"R")
+        sending.sendall(b"S")
+        time.sleep(0.2)  # both connections accepted before the first timed message
+        latencies: list[float] = []
+
+        def receive() -> None:
+            pending = b""
+            while len(latencies) < records:
+                chunk = receiving.recv(65536)
+                if not chunk:
+                    return
+                now = time.perf_counter_ns()
+                pending += chunk
+                while len(pending) >= RELAY_MESSAGE.size:
+                    sent, _ = RELAY_MESSAGE.unpack_from(pending)
+                    pending = pending[RELAY_MESSAGE.size :]
+                    latencies.append((now - sent) / 1e6)
+
+        receiver = threading.Thread(target=receive, daemon=True)
+        receiver.start()
+        next_at = time.perf_counter()
+        for _ in range(records):
+            next_at += interval_ms / 1000
+            pause = next_at - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            sending.sendall(RELAY_MESSAGE.pack(time.perf_counter_ns(), 0))
+        receiver.join(60)
+        sending.close()
+        receiving.close()
+        return latencies
+    finally:
+        relay.kill()
+        relay.join(10)
+        (directory / "relay.log").unlink(missing_ok=True)
+
+
+def bench_floor(args: argparse.Namespace) -> None:
+    for sync in args.sync or RELAY_SYNCS:
+        with tempfile.TemporaryDirectory(prefix="spool-bench-", dir=args.dir) as tmp:
+            latencies = relay_floor_ms(Path(tmp), sync, args.records, args.interval_ms)
+        print(f"python relay, fdatasync {_SYNC_WORDS[sync]}: {summary(latencies)}", flush=True)
+
+
+_SYNC_WORDS = {"thread": "on a worker thread", "inline": "on the event loop", "none": "skipped"}
+
+
 def bench_latency(ctx: BenchContext) -> list[Result]:
     """For `python -m bench --only latency`: one broker-path and one end-to-end (two
     ShareConsumers) measurement against the harness's broker, as LATENCY_FIGURES."""
@@ -537,6 +650,9 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
     disk_started = time.perf_counter()
     disk = fdatasync_ms(ctx.broker.data_dir, 4 * records, 0.001)
     disk_s = time.perf_counter() - disk_started
+    floor_started = time.perf_counter()
+    floor = relay_floor_ms(ctx.broker.data_dir, "thread", records, 2.0)
+    floor_s = time.perf_counter() - floor_started
     ctx.figures["latency.broker_p50_ms"] = percentile(broker_path, 0.5)
     ctx.figures["latency.broker_p99_ms"] = percentile(broker_path, 0.99)
     ctx.figures["latency.consumer_p99_ms"] = percentile(e2e, 0.99)
@@ -557,6 +673,13 @@ def bench_latency(ctx: BenchContext) -> list[Result]:
             f"{summary(e2e)}, {cpu_summary(cpu_ended - cpu_middle, len(e2e))}",
         ),
         Result("disk floor: fdatasync, 2 files in turn", len(disk), disk_s, 0, disk_summary(disk)),
+        Result(
+            "floor: Python relay, fdatasync thread",
+            len(floor),
+            floor_s,
+            0,
+            summary(floor),
+        ),
         Result(
             "WriteShareGroupState x500 partitions",
             10_000,
@@ -759,6 +882,14 @@ def main(argv: list[str] | None = None) -> int:
     dk.add_argument("--dir", default=tempfile.gettempdir())
     dk.add_argument("--syncs", type=int, default=8000)
     dk.set_defaults(run=bench_disk)
+    fl = sub.add_parser(
+        "floor", help="a bare Python relay (append, fdatasync, forward): the path's floor"
+    )
+    fl.add_argument("--records", type=int, default=2000)
+    fl.add_argument("--interval-ms", type=float, default=2.0)
+    fl.add_argument("--sync", action="append", choices=RELAY_SYNCS)
+    fl.add_argument("--dir", default=tempfile.gettempdir())
+    fl.set_defaults(run=bench_floor)
     args = parser.parse_args(argv)
     args.run(args)
     return 0
