@@ -26,6 +26,11 @@
   or not at all) and writes it to another connection, at the same pace. No Kafka
   protocol and no share state: what is left is the disk, the thread hand-offs and the
   two sockets.
+- cold: the CPU time one Produce takes in the broker's dispatch (in process, no
+  sockets) back to back and after the event loop has idled 0.5, 2 or 5 ms. Where the
+  machine makes code run slower after the CPU has idled (a shared VM), a request 2 ms after the
+  last costs several times a back-to-back one, and the latency bench's pace is one
+  record every 2 ms.
 
 Records are durable before they are delivered and acknowledgements durable before they
 are answered (the broker's defaults). The machine is shared: run several times and
@@ -632,6 +637,75 @@ def bench_floor(args: argparse.Namespace) -> None:
 _SYNC_WORDS = {"thread": "on a worker thread", "inline": "on the event loop", "none": "skipped"}
 
 
+# ------------------------------------------------------------------ cold requests
+
+
+async def _dispatch_cpu_us(
+    directory: Path, gaps_ms: list[float], requests: int
+) -> dict[float, float]:
+    """Median CPU time (µs, this thread) of one Produce (acks=1, one record) through the
+    broker's dispatch, in process with no sockets, when requests come back to back and
+    when the loop idles `gap` ms before each."""
+    from bench import free_port
+    from broker import logging as spool_logging
+    from broker.broker import Broker, Endpoint
+    from broker.config import BrokerConfig
+    from broker.server import RequestContext
+    from protocol import api
+    from protocol.records import NewRecord, build_batch
+
+    spool_logging.configure("console", "warning")
+
+    def request(key: int, version: int, body: dict[str, Any]) -> tuple[Any, bytes, int]:
+        entity = api.build(api.request_class(key, version), body)
+        frame = api.encode_request(key, version, 1, "spool-bench-cold", entity)[4:]
+        header, offset = api.decode_request_header(frame)
+        return RequestContext(header, "127.0.0.1", 1), frame, offset
+
+    broker = Broker(BrokerConfig({}), directory, Endpoint("127.0.0.1", free_port()))
+    await broker.start()
+    try:
+        topics = {"topics": [{"name": "cold", "num_partitions": 1, "replication_factor": 1}]}
+        await broker.dispatch(*request(19, 4, {**topics, "timeout": 30000}))
+        batch = build_batch([NewRecord(key=None, value=bytes(8))], default_timestamp=0)
+        produce = request(
+            0,
+            10,
+            {
+                "acks": 1,
+                "timeout": 30000,
+                "topic_data": [
+                    {"name": "cold", "partition_data": [{"index": 0, "records": batch}]}
+                ],
+            },
+        )
+        for _ in range(requests):  # warm: every code path taken once
+            await broker.dispatch(*produce)
+        medians = {}
+        for gap in gaps_ms:
+            took = []
+            for _ in range(requests):
+                if gap:
+                    await asyncio.sleep(gap / 1000)
+                started = time.thread_time_ns()
+                await broker.dispatch(*produce)
+                took.append((time.thread_time_ns() - started) / 1000)
+            medians[gap] = statistics.median(took)
+        return medians
+    finally:
+        await broker.stop()
+
+
+def bench_cold(args: argparse.Namespace) -> None:
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
+        medians = uvloop.run(_dispatch_cpu_us(Path(tmp) / "data", args.gap_ms, args.requests))
+    for gap, us in medians.items():
+        when = "back to back" if not gap else f"after {gap:g} ms idle"
+        print(f"Produce dispatch CPU, {when}: median {us:.0f} us", flush=True)
+
+
 def bench_latency(ctx: BenchContext) -> list[Result]:
     """For `python -m bench --only latency`: one broker-path and one end-to-end (two
     ShareConsumers) measurement against the harness's broker, as LATENCY_FIGURES."""
@@ -890,7 +964,15 @@ def main(argv: list[str] | None = None) -> int:
     fl.add_argument("--sync", action="append", choices=RELAY_SYNCS)
     fl.add_argument("--dir", default=tempfile.gettempdir())
     fl.set_defaults(run=bench_floor)
+    cd = sub.add_parser(
+        "cold", help="CPU of one Produce in the broker: back to back, and after the loop idles"
+    )
+    cd.add_argument("--gap-ms", type=float, action="append")
+    cd.add_argument("--requests", type=int, default=400)
+    cd.set_defaults(run=bench_cold)
     args = parser.parse_args(argv)
+    if args.mode == "cold" and not args.gap_ms:
+        args.gap_ms = [0.0, 0.5, 2.0, 5.0]
     args.run(args)
     return 0
 
