@@ -7,21 +7,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from broker.cluster import Topic
-from broker.handlers.requests import (
-    ApiVersionsRequest,
-    DescribeClusterRequest,
-    FindCoordinatorBatchRequest,
-    FindCoordinatorRequest,
-    InitProducerIdRequest,
-    MetadataRequest,
-)
 from broker.handlers.topics import TopicStores, auto_create_topic
 from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
     from broker.broker import Endpoint
+    from broker.handlers.requests import (
+        ApiVersionsRequest,
+        DescribeClusterRequest,
+        FindCoordinatorBatchRequest,
+        FindCoordinatorRequest,
+        InitProducerIdRequest,
+        MetadataRequest,
+    )
 
 log = structlog.get_logger("spool.handlers")
 
@@ -141,6 +143,11 @@ async def describe_cluster(
     }
 
 
+def _batched(req: FindCoordinatorRequest) -> TypeIs[FindCoordinatorBatchRequest]:
+    """FindCoordinator v4+ (KIP-699) asks for several coordinators at once."""
+    return req.__version__ >= 4
+
+
 async def find_coordinator(
     ctx: RequestContext, req: FindCoordinatorRequest, broker: ClusterBroker
 ) -> dict[str, Any]:
@@ -152,7 +159,7 @@ async def find_coordinator(
     else:
         code, message = ErrorCode.none, None
     node = broker.node_id if code == ErrorCode.none else -1
-    if isinstance(req, FindCoordinatorBatchRequest):
+    if _batched(req):
         return {
             "coordinators": [
                 {

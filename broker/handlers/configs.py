@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
 
@@ -17,7 +17,6 @@ from broker.config import (
     format_value,
     parse_value,
 )
-from broker.handlers.requests import DescribeConfigsRequest, IncrementalAlterConfigsRequest
 from broker.handlers.topics import validate_topic_configs
 from broker.logs import LogManager
 from broker.server import RequestContext
@@ -25,6 +24,9 @@ from coordinator.group_config import AlterConfigOp
 from coordinator.group_coordinator import GroupCoordinator
 from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.handlers.requests import DescribeConfigsRequest, IncrementalAlterConfigsRequest
 
 log = structlog.get_logger("spool.configs")
 

@@ -5,24 +5,28 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
 
 from broker.cluster import MetadataStore
-from broker.handlers.requests import (
-    DeleteRecordsRequest,
-    FetchRequest,
-    FetchSessionRequest,
-    ListOffsetsRequest,
-    ProduceRequest,
-)
 from broker.handlers.transactions import verify_produce
 from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
 from coordinator.transactions import TransactionCoordinator
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from broker.handlers.requests import (
+        DeleteRecordsRequest,
+        FetchRequest,
+        FetchSessionRequest,
+        ListOffsetsRequest,
+        ProduceRequest,
+    )
 
 log = structlog.get_logger("spool.data")
 
@@ -144,10 +148,15 @@ async def produce(
     return {"responses": responses, "throttle_time": 0}
 
 
+def _has_session(req: FetchRequest) -> TypeIs[FetchSessionRequest]:
+    """Fetch v7+ (KIP-227) carries a fetch session id and epoch."""
+    return req.__version__ >= 7
+
+
 async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> dict[str, Any]:
     committed_only = req.isolation_level == READ_COMMITTED
     deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
-    if isinstance(req, FetchSessionRequest) and (req.session_id != 0 or req.session_epoch > 0):
+    if _has_session(req) and (req.session_id != 0 or req.session_epoch > 0):
         # spool answers every fetch in full and never creates a fetch session
         # (KIP-227 allows session id 0); a client asking for one it was never
         # given gets Kafka's error and falls back to full fetches.

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from broker import trace
 from broker.cluster import MetadataStore
-from broker.handlers.requests import (
-    ListGroupsRequest,
-    ShareAcknowledgeRequest,
-    ShareFetchRequest,
-    ShareGroupDescribeRequest,
-    ShareGroupHeartbeatRequest,
-)
 from broker.logs import Partition, Subscribable, Wakeup
 from broker.server import RequestContext
 from broker.share.manager import AckBatches, SharePartitionManager
@@ -26,6 +19,15 @@ from coordinator.share_group import member_id_valid
 from coordinator.share_state import ShareStateKey
 from persister.clock import Clock
 from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.handlers.requests import (
+        ListGroupsRequest,
+        ShareAcknowledgeRequest,
+        ShareFetchRequest,
+        ShareGroupDescribeRequest,
+        ShareGroupHeartbeatRequest,
+    )
 
 log = structlog.get_logger("spool.share")
 

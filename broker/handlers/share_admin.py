@@ -12,20 +12,22 @@ errors are per group, DeleteGroups results per group.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker.handlers.requests import (
-    AlterShareGroupOffsetsRequest,
-    DeleteGroupsRequest,
-    DeleteShareGroupOffsetsRequest,
-    DescribeShareGroupOffsetsRequest,
-)
 from broker.logs import Partition
 from broker.server import RequestContext
 from coordinator.group_coordinator import GroupCoordinator, PartitionOffsets, TopicResult
 from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.handlers.requests import (
+        AlterShareGroupOffsetsRequest,
+        DeleteGroupsRequest,
+        DeleteShareGroupOffsetsRequest,
+        DescribeShareGroupOffsetsRequest,
+    )
 
 log = structlog.get_logger("spool.groups")
 

@@ -9,22 +9,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
-from broker.handlers.requests import (
-    DeleteShareGroupStateRequest,
-    DeleteStatePartition,
-    InitializeShareGroupStateRequest,
-    InitializeStatePartition,
-    ReadShareGroupStateRequest,
-    ReadShareGroupStateSummaryRequest,
-    ReadStatePartition,
-    ReadStateSummaryPartition,
-    WriteShareGroupStateRequest,
-    WriteStatePartition,
-)
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.share_persister import StateWrite, write_states
@@ -35,6 +23,20 @@ from coordinator.share_state import (
     ShareStateKey,
 )
 from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.handlers.requests import (
+        DeleteShareGroupStateRequest,
+        DeleteStatePartition,
+        InitializeShareGroupStateRequest,
+        InitializeStatePartition,
+        ReadShareGroupStateRequest,
+        ReadShareGroupStateSummaryRequest,
+        ReadStatePartition,
+        ReadStateSummaryPartition,
+        WriteShareGroupStateRequest,
+        WriteStatePartition,
+    )
 
 log = structlog.get_logger("spool.share_coordinator")
 

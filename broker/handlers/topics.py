@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from broker.cluster import MetadataStore, Topic, topic_record, validate_topic_name
 from broker.config import TOPIC_KEYS, BrokerConfig, format_value, parse_value
-from broker.handlers.requests import (
-    CreatePartitionsRequest,
-    CreateTopicsRequest,
-    DeleteTopicsByIdRequest,
-    DeleteTopicsRequest,
-)
 from broker.logs import LogManager
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from broker.handlers.requests import (
+        CreatePartitionsRequest,
+        CreateTopicsRequest,
+        DeleteTopicsByIdRequest,
+        DeleteTopicsRequest,
+    )
 
 log = structlog.get_logger("spool.topics")
 
@@ -191,12 +195,17 @@ async def create_topics(
     return {"throttle_time": 0, "topics": results}
 
 
+def _by_id(req: DeleteTopicsRequest) -> TypeIs[DeleteTopicsByIdRequest]:
+    """DeleteTopics v6+ (KIP-516) names topics by id or name."""
+    return req.__version__ >= 6
+
+
 async def delete_topics(
     ctx: RequestContext, req: DeleteTopicsRequest, broker: TopicsBroker
 ) -> dict[str, Any]:
     state = broker.metadata.state
     wanted: list[tuple[str | None, uuid.UUID | None]]
-    if isinstance(req, DeleteTopicsByIdRequest):
+    if _by_id(req):
         wanted = [(t.name, t.topic_id) for t in req.topics]
     else:
         wanted = [(name, None) for name in req.topic_names]

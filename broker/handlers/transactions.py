@@ -22,14 +22,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker.handlers.requests import (
-    AddOffsetsToTxnRequest,
-    AddPartitionsToTxnBatchRequest,
-    AddPartitionsToTxnRequest,
-    EndTxnRequest,
-    InitProducerIdRequest,
-    TxnOffsetCommitRequest,
-)
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.transactions import (
@@ -42,7 +34,17 @@ from protocol.errors import ErrorCode, KafkaError
 from protocol.records import BatchHeader
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
     from broker.cluster import MetadataStore
+    from broker.handlers.requests import (
+        AddOffsetsToTxnRequest,
+        AddPartitionsToTxnBatchRequest,
+        AddPartitionsToTxnRequest,
+        EndTxnRequest,
+        InitProducerIdRequest,
+        TxnOffsetCommitRequest,
+    )
     from broker.logs import LogManager, Partition
 
 log = structlog.get_logger("spool.transactions")
@@ -172,11 +174,16 @@ async def _add_one(
     return dict.fromkeys(wanted, ErrorCode.none)
 
 
+def _batched(req: AddPartitionsToTxnRequest) -> TypeIs[AddPartitionsToTxnBatchRequest]:
+    """AddPartitionsToTxn v4+ (KIP-890) is the batched broker-to-broker form."""
+    return req.__version__ >= 4
+
+
 async def add_partitions_to_txn(
     ctx: RequestContext, req: AddPartitionsToTxnRequest, broker: TxnBroker
 ) -> dict[str, Any]:
     client = ctx.header.client_id or ""
-    if not isinstance(req, AddPartitionsToTxnBatchRequest):
+    if not _batched(req):
         errors = await _add_one(
             broker,
             req.v3_and_below_transactional_id,
