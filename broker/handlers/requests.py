@@ -4,10 +4,15 @@ A handler's request parameter is the union of the classes of exactly the version
 is registered for (`broker/handlers/__init__.py`; a unit test keeps the two in step).
 A union rather than the newest version's class keeps the code honest: mypy accepts
 `req.field` only if every served version has that field, so a field that older
-versions lack must be read as such, with `isinstance` against the versions that have
-it (the aliases below the unions) or `getattr(req, name, default)` naming the value
-Kafka assumes for those versions. Reading the newest class would let a field missing
-in v0 pass the type checker and fail (AttributeError) on the wire.
+versions lack must be read as such, through a `TypeIs` guard on the entity's
+`__version__` narrowing to the versions that have it (the aliases below the unions) or
+`getattr(req, name, default)` naming the value Kafka assumes for those versions.
+Reading the newest class would let a field missing in v0 pass the type checker and
+fail (AttributeError) on the wire.
+
+The handlers import this module for type checking only: importing it loads every
+served version's kio classes, which took most of a broker's start. At run time a
+version's classes are loaded by its first request (`protocol.api.request_class`).
 """
 
 from __future__ import annotations
