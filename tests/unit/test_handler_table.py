@@ -3,6 +3,7 @@ request classes of the versions it is registered for."""
 
 from __future__ import annotations
 
+import pkgutil
 import types
 import typing
 from pathlib import Path
@@ -47,3 +48,25 @@ def test_the_broker_serves_exactly_the_table() -> None:
     )
     served = [(e.api_key, e.min_version, e.max_version) for e in broker.table.entries()]
     assert served == sorted((a.key, a.min_version, a.max_version) for a in APIS)
+
+
+@pytest.mark.parametrize(
+    ("guard", "api_key", "narrowed"),
+    [
+        ("broker.handlers.cluster:_batched", 10, requests.FindCoordinatorBatchRequest),
+        ("broker.handlers.produce_fetch:_has_session", 1, requests.FetchSessionRequest),
+        ("broker.handlers.topics:_by_id", 20, requests.DeleteTopicsByIdRequest),
+        ("broker.handlers.transactions:_batched", 24, requests.AddPartitionsToTxnBatchRequest),
+    ],
+)
+def test_version_guards_pick_exactly_the_narrowed_versions(
+    guard: str, api_key: int, narrowed: typing.Any
+) -> None:
+    # The handlers tell versions apart by kio's `__version__` (the unions are for type
+    # checking only): each guard holds for exactly the classes of its narrowed union.
+    check = pkgutil.resolve_name(guard)
+    entry = next(a for a in APIS if a.key == api_key)
+    members = set(typing.get_args(narrowed)) or {narrowed}
+    for version in range(entry.min_version, entry.max_version + 1):
+        request = api.build(api.request_class(api_key, version), {})
+        assert check(request) == (type(request) in members), version
