@@ -534,6 +534,8 @@ def bench_disk(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the floor
 
 RELAY_SYNCS = ("thread", "inline", "none")
+# Named like the disk probe's files: `make bench` points both at the broker's data dir.
+RELAY_FILE = "spool-relay-probe"
 
 
 def _relay_serve(directory: str, sync: str, ready: Any) -> None:
@@ -544,7 +546,7 @@ def _relay_serve(directory: str, sync: str, ready: Any) -> None:
     import uvloop
 
     async def serve() -> None:
-        fd = os.open(Path(directory) / "relay.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(Path(directory) / RELAY_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         pool = ThreadPoolExecutor(1)
         loop = asyncio.get_running_loop()
         receivers: list[asyncio.StreamWriter] = []
@@ -624,7 +626,7 @@ def relay_floor_ms(directory: Path, sync: str, records: int, interval_ms: float)
     finally:
         relay.kill()
         relay.join(10)
-        (directory / "relay.log").unlink(missing_ok=True)
+        (directory / RELAY_FILE).unlink(missing_ok=True)
 
 
 def bench_floor(args: argparse.Namespace) -> None:
