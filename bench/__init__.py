@@ -82,6 +82,20 @@ class BrokerProcess:
         self.process.wait(timeout=10)
         raise RuntimeError(f"broker did not accept connections within {timeout}s")
 
+    def wait_warm(self, timeout: float = 30.0) -> None:
+        """Wait for the broker's `schemas_loaded` log line: the Kafka schema classes it
+        loads between requests after a start are loaded, so a benchmark measures the
+        broker as it runs from then on, not its first seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                if "schemas_loaded" in self.log_path.read_text(errors="replace"):
+                    return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}")
+            time.sleep(0.05)
+        raise RuntimeError(f"broker did not log schemas_loaded within {timeout}s")
+
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait; returns the exit code (kills after `timeout`)."""
         if self.process is None or self.process.poll() is not None:

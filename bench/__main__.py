@@ -238,6 +238,7 @@ def main(argv: list[str]) -> int:
         broker = BrokerProcess(Path(tmp) / "data", settings)
         try:
             broker.start()
+            broker.wait_warm()
         except RuntimeError as e:
             print(f"broker failed to start: {e}\n{broker.log_tail()}", file=sys.stderr)
             return 1

@@ -162,6 +162,7 @@ def bench_write_state(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
             broker = BrokerProcess(Path(tmp) / "data")
             broker.start()
+            broker.wait_warm()
             try:
                 rate = asyncio.run(_write_state(broker, args.partitions, args.requests))
             finally:
@@ -387,6 +388,7 @@ def _measure(
             finally:
                 _trace_env(None)
             try:
+                broker.wait_warm()
                 cpu_before = broker_cpu_s(broker)
                 latencies, offsets = once(broker)
                 cpu_s = broker_cpu_s(broker) - cpu_before

@@ -304,6 +304,7 @@ def bench_memory(ctx: BenchContext) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="spool-bench-memory-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data", {**ctx.broker.settings, **BROKER_SETTINGS})
         broker.start()
+        broker.wait_warm()
         own = dataclasses.replace(ctx, broker=broker, endpoint=None, produced={})
         try:
             progress(f"memory: opening {IDLE_CONNECTIONS} idle connections")

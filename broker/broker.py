@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +141,30 @@ class Broker:
             advertised=f"{self.advertised.host}:{self.advertised.port}",
             topics=len(self.metadata.state.topics),
         )
+
+    async def warm_up(self) -> int:
+        """Load the Kafka schema classes of every version this broker serves, one version
+        per turn of the event loop, and return how many versions that was.
+
+        A start does not load them (they are about 900 classes, 0.7 s of a restart): a
+        request loads its version's classes itself. Run once the broker serves, this
+        keeps a client's first request of a version from paying for that import on its
+        way (tens of ms for a first Produce), while requests go on between the steps.
+        """
+        started = time.perf_counter()
+        versions = 0
+        for entry in self.table.entries():
+            for version in range(entry.max_version, entry.min_version - 1, -1):
+                api.request_class(entry.api_key, version)
+                api.response_class(entry.api_key, version)
+                versions += 1
+                await asyncio.sleep(0)
+        log.info(
+            "schemas_loaded",
+            versions=versions,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return versions
 
     def _start_share_groups(self) -> None:
         persister = self.share_persister = DurablePersister(

@@ -332,48 +332,82 @@ def _zero(plan: _FieldPlan) -> Any:
     return 0
 
 
+def _sibling_modules(cls: type[Any]) -> tuple[str, str, list[int]] | None:
+    """kio generates one module per API, version and kind (`kio.schema.fetch.v18.
+    response`); the same entity name in its sibling version packages is the same
+    entity at another version. The package, kind and sibling versions of `cls`, newest
+    first, or None for a class outside that layout."""
+    package, _, rest = cls.__module__.rpartition(".v")
+    version, _, kind = rest.partition(".")
+    if not (package and version.isdigit() and kind):
+        return None
+    versions = [
+        int(sub.name[1:])
+        for sub in pkgutil.iter_modules(importlib.import_module(package).__path__)
+        if sub.name.startswith("v") and sub.name[1:].isdigit()
+    ]
+    return package, kind, sorted(versions, reverse=True)
+
+
+def _version_fields(package: str, kind: str, version: int, name: str) -> frozenset[str]:
+    try:
+        module = importlib.import_module(f"{package}.v{version}.{kind}")
+    except ModuleNotFoundError:
+        return frozenset()
+    other = getattr(module, name, None)
+    if isinstance(other, type) and dataclasses.is_dataclass(other):
+        return frozenset(f.name for f in dataclasses.fields(other))
+    return frozenset()
+
+
 _field_names: dict[tuple[str, str], frozenset[str]] = {}
 
 
 def field_names(cls: type[Any]) -> frozenset[str]:
     """Every field name any version of entity `cls` has (cached per entity name).
 
-    kio generates one module per API, version and kind (`kio.schema.fetch.v18.
-    response`); the same entity name in its sibling version packages is the same
-    entity at another version.
+    This imports every version's module of the entity's API: request handling uses
+    `_check_keys`, which imports only as many as it needs.
     """
-    package, _, rest = cls.__module__.rpartition(".v")
-    version, _, kind = rest.partition(".")
-    if not (package and version.isdigit() and kind):
+    siblings = _sibling_modules(cls)
+    if siblings is None:
         return frozenset(f.name for f in dataclasses.fields(cls))
+    package, kind, versions = siblings
     key = (f"{package}.{kind}", cls.__name__)
     names = _field_names.get(key)
     if names is None:
         found: set[str] = set()
-        for sub in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            if not (sub.name.startswith("v") and sub.name[1:].isdigit()):
-                continue
-            try:
-                module = importlib.import_module(f"{package}.{sub.name}.{kind}")
-            except ModuleNotFoundError:
-                continue
-            other = getattr(module, cls.__name__, None)
-            if isinstance(other, type) and dataclasses.is_dataclass(other):
-                found.update(f.name for f in dataclasses.fields(other))
+        for version in versions:
+            found |= _version_fields(package, kind, version, cls.__name__)
         names = _field_names[key] = frozenset(found)
     return names
 
 
+# Per entity class: the keys known to be a field of some version of it. Starts as the
+# class's own fields and grows by the keys a handler writes for newer (or older)
+# versions, so a request's first response imports sibling versions only when its
+# handler writes a key this version lacks, and only until that key is found.
 _known_by_class: dict[type[Any], frozenset[str]] = {}
 
 
 def _check_keys(cls: type[Any], data: Mapping[str, Any]) -> None:
     known = _known_by_class.get(cls)
     if known is None:
-        known = _known_by_class[cls] = field_names(cls)
-    if not known.issuperset(data):  # the common case costs one set scan, no new set
-        unknown = ", ".join(sorted(data.keys() - known))
+        known = _known_by_class[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    if known.issuperset(data):  # the common case costs one set scan, no new set
+        return
+    missing = set(data.keys() - known)
+    siblings = _sibling_modules(cls)
+    if siblings is not None:
+        package, kind, versions = siblings
+        for version in versions:  # handlers write the newest fields: look there first
+            missing -= _version_fields(package, kind, version, cls.__name__)
+            if not missing:
+                break
+    if missing:
+        unknown = ", ".join(sorted(missing))
         raise ValueError(f"{cls.__module__}.{cls.__name__} has no field {unknown} in any version")
+    _known_by_class[cls] = known | data.keys()
 
 
 def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
@@ -423,7 +457,8 @@ def error_response(
     cls = response_class(api_key, version)
     data = {"error_code": code, "error_message": message}
     # Not every response has both (Metadata has neither): give it those it has.
-    return build(cls, {k: v for k, v in data.items() if k in field_names(cls)})
+    own = {f.name for f in dataclasses.fields(cls)}
+    return build(cls, {k: v for k, v in data.items() if k in own})
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +170,37 @@ def test_error_response_gives_only_the_error_fields_the_response_has() -> None:
     # DeleteRecords has neither a top-level error code nor message in any version.
     body = api.error_response(21, 0, ErrorCode.unsupported_version, "nope")
     assert body.topics == ()
+
+
+def test_a_key_only_newer_versions_have_loads_no_more_versions_than_it_takes() -> None:
+    # A fresh interpreter (this one has loaded every version by now). Produce v9's
+    # response lacks `node_endpoints` (v10+), which the handler writes for every
+    # version: checking that key loads the newest version, not all thirteen.
+    script = (
+        "import sys\n"
+        "from protocol import api\n"
+        "body = api.build_response(0, 9, {'throttle_time': 5, 'node_endpoints': []})\n"
+        "assert body.throttle_time.total_seconds() == 0.005\n"
+        "print(sorted(m for m in sys.modules if m.startswith('kio.schema.produce.v')"
+        " and m.endswith('.response')))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr
+    newest = max(api.schema_versions(0) or (0, 0))
+    assert run.stdout.strip() == str(
+        sorted({"kio.schema.produce.v9.response", f"kio.schema.produce.v{newest}.response"})
+    )
+
+
+def test_a_key_found_in_another_version_is_remembered_and_a_wrong_one_still_refused() -> None:
+    data = {"cluster_authorized_operations": 0}  # Metadata v8-10 only
+    api.build_response(3, 0, data)
+    api.build_response(3, 0, data)  # known now: accepted without another search
+    with pytest.raises(ValueError, match=r"MetadataResponse has no field brokerz in any version$"):
+        api.build_response(3, 0, {**data, "brokerz": []})

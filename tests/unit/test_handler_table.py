@@ -3,7 +3,10 @@ request classes of the versions it is registered for."""
 
 from __future__ import annotations
 
+import json
 import pkgutil
+import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -70,3 +73,56 @@ def test_version_guards_pick_exactly_the_narrowed_versions(
     for version in range(entry.min_version, entry.max_version + 1):
         request = api.build(api.request_class(api_key, version), {})
         assert check(request) == (type(request) in members), version
+
+
+# A fresh interpreter for what a start loads: this test process has loaded every
+# served version's classes by now (the tests above build them).
+_WARM_UP = """
+import asyncio, json, sys
+from pathlib import Path
+from broker.broker import Broker, Endpoint
+from broker.config import BrokerConfig, load_static
+from kio.schema.index import api_key_map, schema_name_map
+
+broker = Broker(BrokerConfig(load_static(None, [])), Path("/nonexistent"), Endpoint("127.0.0.1", 0))
+served = [(e.api_key, v) for e in broker.table.entries()
+          for v in range(e.min_version, e.max_version + 1)]
+
+def loaded():
+    return [(key, v) for key, v in served
+            if all(schema_name_map[api_key_map[key]][v][kind].rpartition(".")[0] in sys.modules
+                   for kind in schema_name_map[api_key_map[key]][v])]
+
+before = loaded()
+ticks = 0
+async def main():
+    global ticks
+    warming = asyncio.ensure_future(broker.warm_up())
+    while not warming.done():
+        ticks += 1
+        await asyncio.sleep(0)
+    return warming.result()
+
+count = asyncio.run(main())
+print(json.dumps({"served": len(served), "before": len(before), "after": len(loaded()),
+                  "count": count, "ticks": ticks}))
+"""
+
+
+def test_warm_up_loads_every_served_version_and_lets_the_loop_run_between() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _WARM_UP],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.splitlines()[-1])
+    # A broker that is built but not warmed has loaded few versions' classes (those
+    # the handler modules use at import): a start does not pay for the rest.
+    assert got["before"] < got["served"] // 4
+    assert got["count"] == got["served"]
+    assert got["after"] == got["served"]
+    # One version per turn of the loop: another task ran between every two versions.
+    assert got["ticks"] >= got["served"] - 1
