@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import struct
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from protocol import api
 from protocol.errors import ErrorCode
+from tests.unit.fresh import run_fresh
 
 
 def test_build_response_ignores_fields_a_version_lacks() -> None:
@@ -184,16 +182,9 @@ def test_a_key_only_newer_versions_have_loads_no_more_versions_than_it_takes() -
         "print(sorted(m for m in sys.modules if m.startswith('kio.schema.produce.v')"
         " and m.endswith('.response')))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert run.returncode == 0, run.stderr
+    loaded = run_fresh(script)
     newest = max(api.schema_versions(0) or (0, 0))
-    assert run.stdout.strip() == str(
+    assert loaded == str(
         sorted({"kio.schema.produce.v9.response", f"kio.schema.produce.v{newest}.response"})
     )
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import pkgutil
-import subprocess
-import sys
 import types
 import typing
 from pathlib import Path
@@ -17,6 +15,7 @@ from broker.broker import Broker, Endpoint
 from broker.config import BrokerConfig, load_static
 from broker.handlers import APIS, requests
 from protocol import api
+from tests.unit.fresh import run_fresh
 
 
 def test_each_api_is_listed_once() -> None:
@@ -75,8 +74,6 @@ def test_version_guards_pick_exactly_the_narrowed_versions(
         assert check(request) == (type(request) in members), version
 
 
-# A fresh interpreter for what a start loads: this test process has loaded every
-# served version's classes by now (the tests above build them).
 _WARM_UP = """
 import asyncio, json, sys
 from pathlib import Path
@@ -110,15 +107,7 @@ print(json.dumps({"served": len(served), "before": len(before), "after": len(loa
 
 
 def test_warm_up_loads_every_served_version_and_lets_the_loop_run_between() -> None:
-    run = subprocess.run(
-        [sys.executable, "-c", _WARM_UP],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert run.returncode == 0, run.stderr
-    got = json.loads(run.stdout.splitlines()[-1])
+    got = json.loads(run_fresh(_WARM_UP))
     # A broker that is built but not warmed has loaded few versions' classes (those
     # the handler modules use at import): a start does not pay for the rest.
     assert got["before"] < got["served"] // 4
