@@ -360,29 +360,6 @@ def _version_fields(package: str, kind: str, version: int, name: str) -> frozens
     return frozenset()
 
 
-_field_names: dict[tuple[str, str], frozenset[str]] = {}
-
-
-def field_names(cls: type[Any]) -> frozenset[str]:
-    """Every field name any version of entity `cls` has (cached per entity name).
-
-    This imports every version's module of the entity's API: request handling uses
-    `_check_keys`, which imports only as many as it needs.
-    """
-    siblings = _sibling_modules(cls)
-    if siblings is None:
-        return frozenset(f.name for f in dataclasses.fields(cls))
-    package, kind, versions = siblings
-    key = (f"{package}.{kind}", cls.__name__)
-    names = _field_names.get(key)
-    if names is None:
-        found: set[str] = set()
-        for version in versions:
-            found |= _version_fields(package, kind, version, cls.__name__)
-        names = _field_names[key] = frozenset(found)
-    return names
-
-
 # Per entity class: the keys known to be a field of some version of it. Starts as the
 # class's own fields and grows by the keys a handler writes for newer (or older)
 # versions, so a request's first response imports sibling versions only when its
