@@ -61,21 +61,27 @@ MIN_FREE_FILES = 64
 
 
 class Listeners:
-    """Callbacks to run when something happens (a `Subscribable`)."""
+    """Callbacks to run when something happens (a `Subscribable`), in the order they were
+    added; those added with `first` (deliveries to consumers) before the others."""
 
-    __slots__ = ("_listeners",)
+    __slots__ = ("_first", "_rest")
 
     def __init__(self) -> None:
-        self._listeners: set[Listener] = set()
+        # dicts, not sets: the order callbacks run in is the order their waiters resume.
+        self._first: dict[Listener, None] = {}
+        self._rest: dict[Listener, None] = {}
 
-    def add_listener(self, listener: Listener) -> None:
-        self._listeners.add(listener)
+    def add_listener(self, listener: Listener, *, first: bool = False) -> None:
+        (self._first if first else self._rest)[listener] = None
 
     def remove_listener(self, listener: Listener) -> None:
-        self._listeners.discard(listener)
+        self._first.pop(listener, None)
+        self._rest.pop(listener, None)
 
     def notify(self) -> None:
-        for listener in list(self._listeners):
+        for listener in list(self._first):
+            listener()
+        for listener in list(self._rest):
             listener()
 
 
@@ -142,8 +148,8 @@ class Partition:
 
     # -- listeners --------------------------------------------------------------
 
-    def add_listener(self, listener: Listener) -> None:
-        self._listeners.add_listener(listener)
+    def add_listener(self, listener: Listener, *, first: bool = False) -> None:
+        self._listeners.add_listener(listener, first=first)
 
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove_listener(listener)
@@ -352,26 +358,43 @@ class Partition:
             return
         self._advance_hw(offset)
 
-    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
-        """Wait until `last_offset` is below the high watermark (acks=all)."""
+    async def wait_durable(
+        self, last_offset: int, timeout_s: float, *, delivery: bool = False
+    ) -> None:
+        """Wait until `last_offset` is below the high watermark (acks=all).
+
+        A `delivery` (records handed to a consumer once durable) resumes before the
+        producers waiting on the same fsync: as Kafka completes a partition's delayed
+        fetches before its delayed produces when the high watermark moves, so a record
+        reaches its consumer without waiting for its producer's response to be encoded
+        and written. Others resume in the order they began waiting."""
         if self.high_watermark > last_offset:
             return
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[None] = loop.create_future()
 
         def on_change() -> None:
             if (self.high_watermark > last_offset or self._hw_error) and not done.done():
                 done.set_result(None)
 
-        self.add_listener(on_change)
+        def timed_out() -> None:
+            if not done.done():
+                done.set_exception(
+                    KafkaError(
+                        ErrorCode.request_timed_out,
+                        f"Write to {self.topic}-{self.index} was not flushed within the "
+                        "request timeout",
+                    )
+                )
+
+        # The listener sets the future the awaiting task resumes on, with no task or
+        # callback in between (asyncio.wait_for would add two turns of the loop).
+        self.add_listener(on_change, first=delivery)
+        timer = loop.call_later(timeout_s, timed_out)
         try:
-            await asyncio.wait_for(done, timeout_s)
-        except TimeoutError:
-            raise KafkaError(
-                ErrorCode.request_timed_out,
-                f"Write to {self.topic}-{self.index} was not flushed within the request timeout",
-            ) from None
+            await done
         finally:
+            timer.cancel()
             self.remove_listener(on_change)
         if self._hw_error is not None and self.high_watermark <= last_offset:
             raise KafkaError(ErrorCode.kafka_storage_error, f"fsync failed: {self._hw_error}")

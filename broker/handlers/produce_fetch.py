@@ -133,7 +133,15 @@ async def produce(
                 entry.update(error_code=exc.code, error_message=exc.message)
             parts.append(entry)
         responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
-    if waits:
+    if len(waits) == 1:
+        # One partition (the usual produce): awaited in this task, not a gathered one.
+        _, part, last = waits[0]
+        try:
+            await part.wait_durable(last, timeout_s)
+            results: list[BaseException | None] = [None]
+        except KafkaError as exc:
+            results = [exc]
+    elif waits:
         results = await asyncio.gather(
             *(part.wait_durable(last, timeout_s) for _, part, last in waits),
             return_exceptions=True,

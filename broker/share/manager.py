@@ -158,7 +158,9 @@ class LogPartition(Protocol):
         committed_only: bool = False,
         beyond_high_watermark: bool = False,
     ) -> bytes: ...
-    async def wait_durable(self, last_offset: int, timeout_s: float) -> None: ...
+    async def wait_durable(
+        self, last_offset: int, timeout_s: float, *, delivery: bool = False
+    ) -> None: ...
     def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]: ...
 
 
@@ -584,7 +586,7 @@ class SharePartitionManager:
                 self.metrics.acquired(key, got.acquired)
                 continue
             try:
-                await log_part.wait_durable(last, DURABLE_WAIT_S)
+                await log_part.wait_durable(last, DURABLE_WAIT_S, delivery=True)
             except KafkaError as exc:
                 log.error(
                     "acquired_records_not_durable",

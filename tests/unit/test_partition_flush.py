@@ -123,3 +123,59 @@ async def test_an_append_while_the_flush_threads_stop_is_not_acknowledged(
     assert failure.value.code == ErrorCode.kafka_storage_error
     assert partition.high_watermark == 0
     commit.start()  # for the fixture's final flush
+
+
+async def test_deliveries_resume_before_the_producers_waiting_on_the_same_fsync(
+    partition: Partition,
+) -> None:
+    # As Kafka completes a partition's delayed fetches before its delayed produces when
+    # the high watermark moves: a share fetch's records go out before the producers'
+    # acks=all responses are built, however late the fetch began to wait.
+    flush = GatedFlush(partition.log.flush)
+    partition.log.flush = flush  # type: ignore[method-assign]
+    last = append_one(partition)
+    resumed: list[str] = []
+
+    async def wait(name: str, *, delivery: bool) -> None:
+        await partition.wait_durable(last, timeout_s=10, delivery=delivery)
+        resumed.append(name)
+
+    waiters = [
+        asyncio.create_task(wait("producer 1", delivery=False)),
+        asyncio.create_task(wait("producer 2", delivery=False)),
+    ]
+    await asyncio.sleep(0)
+    waiters += [
+        asyncio.create_task(wait("delivery 1", delivery=True)),
+        asyncio.create_task(wait("delivery 2", delivery=True)),
+    ]
+    await asyncio.sleep(0)
+    assert resumed == []
+    flush.gate.set()
+    await asyncio.gather(*waiters)
+    assert resumed == ["delivery 1", "delivery 2", "producer 1", "producer 2"]
+
+
+async def test_a_wait_for_an_fsync_that_does_not_end_times_out_and_stops_listening(
+    partition: Partition,
+) -> None:
+    flush = GatedFlush(partition.log.flush)
+    partition.log.flush = flush  # type: ignore[method-assign]
+    last = append_one(partition)
+    for delivery in (False, True):
+        with pytest.raises(KafkaError) as failure:
+            await partition.wait_durable(last, timeout_s=0.01, delivery=delivery)
+        assert failure.value.code == ErrorCode.request_timed_out
+        assert "t-0" in (failure.value.message or "")
+    assert not partition._listeners._first and not partition._listeners._rest
+    # A waiter cancelled with its request stops listening too.
+    cancelled = asyncio.create_task(partition.wait_durable(last, timeout_s=10, delivery=True))
+    await asyncio.sleep(0)
+    assert partition._listeners._first
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not partition._listeners._first
+    flush.gate.set()
+    await partition.wait_durable(last, timeout_s=10)
+    assert partition.high_watermark == last + 1

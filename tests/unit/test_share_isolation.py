@@ -54,7 +54,9 @@ class TxnLog:
     def log_end_offset(self) -> int:
         return self.next_offset
 
-    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+    async def wait_durable(
+        self, last_offset: int, timeout_s: float, *, delivery: bool = False
+    ) -> None:
         assert last_offset < self.high_watermark  # every append is durable at once
 
     def data(self, count: int, *, pid: int = -1) -> tuple[int, int]:

@@ -71,7 +71,9 @@ class FakeLog:
     ) -> bytes:
         return build_batch([NewRecord(None, f"v{i}".encode()) for i in range(10)])
 
-    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+    async def wait_durable(
+        self, last_offset: int, timeout_s: float, *, delivery: bool = False
+    ) -> None:
         assert last_offset < self.high_watermark  # this log is durable up to its end
 
 
@@ -760,7 +762,9 @@ class SyncingLog(FakeLog):
         self._error = KafkaError(ErrorCode.kafka_storage_error, "fsync failed: EIO")
         self._done.set()
 
-    async def wait_durable(self, last_offset: int, timeout_s: float) -> None:
+    async def wait_durable(
+        self, last_offset: int, timeout_s: float, *, delivery: bool = False
+    ) -> None:
         await self._done.wait()
         if self._error is not None:
             raise self._error
