@@ -28,9 +28,9 @@
   two sockets.
 - cold: the CPU time one Produce takes in the broker's dispatch (in process, no
   sockets) back to back and after the event loop has idled 0.5, 2 or 5 ms. Where the
-  machine makes code run slower after the CPU has idled (a shared VM), a request 2 ms after the
-  last costs several times a back-to-back one, and the latency bench's pace is one
-  record every 2 ms.
+  machine makes code run slower after time away from it (a shared VM), a request 2 ms
+  after the last costs several times a back-to-back one, and the latency bench's pace
+  is one record every 2 ms. `--spin` busy-waits the gaps instead, on the same thread.
 
 Records are durable before they are delivered and acknowledgements durable before they
 are answered (the broker's defaults). The machine is shared: run several times and
@@ -645,11 +645,12 @@ _SYNC_WORDS = {"thread": "on a worker thread", "inline": "on the event loop", "n
 
 
 async def _dispatch_cpu_us(
-    directory: Path, gaps_ms: list[float], requests: int
+    directory: Path, gaps_ms: list[float], requests: int, *, spin: bool = False
 ) -> dict[float, float]:
     """Median CPU time (µs, this thread) of one Produce (acks=1, one record) through the
     broker's dispatch, in process with no sockets, when requests come back to back and
-    when the loop idles `gap` ms before each."""
+    when the loop idles `gap` ms before each (`spin`: busy-waits it on this thread, so
+    the CPU never idles)."""
     from bench import free_port
     from broker import logging as spool_logging
     from broker.broker import Broker, Endpoint
@@ -689,7 +690,11 @@ async def _dispatch_cpu_us(
         for gap in gaps_ms:
             took = []
             for _ in range(requests):
-                if gap:
+                if gap and spin:
+                    until = time.perf_counter() + gap / 1000
+                    while time.perf_counter() < until:
+                        pass
+                elif gap:
                     await asyncio.sleep(gap / 1000)
                 started = time.thread_time_ns()
                 await broker.dispatch(*produce)
@@ -704,9 +709,12 @@ def bench_cold(args: argparse.Namespace) -> None:
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="spool-bench-") as tmp:
-        medians = uvloop.run(_dispatch_cpu_us(Path(tmp) / "data", args.gap_ms, args.requests))
+        medians = uvloop.run(
+            _dispatch_cpu_us(Path(tmp) / "data", args.gap_ms, args.requests, spin=args.spin)
+        )
     for gap, us in medians.items():
-        when = "back to back" if not gap else f"after {gap:g} ms idle"
+        idle = "busy-waiting" if args.spin else "idle"
+        when = "back to back" if not gap else f"after {gap:g} ms {idle}"
         print(f"Produce dispatch CPU, {when}: median {us:.0f} us", flush=True)
 
 
@@ -973,6 +981,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     cd.add_argument("--gap-ms", type=float, action="append")
     cd.add_argument("--requests", type=int, default=400)
+    cd.add_argument(
+        "--spin", action="store_true", help="busy-wait the gaps: the CPU runs this thread"
+    )
     cd.set_defaults(run=bench_cold)
     args = parser.parse_args(argv)
     if args.mode == "cold" and not args.gap_ms:
