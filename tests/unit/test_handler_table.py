@@ -115,3 +115,33 @@ def test_warm_up_loads_every_served_version_and_lets_the_loop_run_between() -> N
     assert got["after"] == got["served"]
     # One version per turn of the loop: another task ran between every two versions.
     assert got["ticks"] >= got["served"] - 1
+
+
+async def test_a_failed_warm_up_is_logged_and_freezes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # e.g. no descriptor left to import a schema module: each request then loads its own
+    # version's classes when it comes, and the broker goes on serving.
+    from structlog.testing import capture_logs
+
+    from broker import cli
+
+    class FailingBroker:
+        async def warm_up(self) -> int:
+            raise OSError(24, "Too many open files")
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(cli.gc, "freeze", lambda: frozen.append(True))
+    with capture_logs() as logs:
+        await cli._warm_up(FailingBroker())
+    assert [e["event"] for e in logs] == ["schema_warm_up_failed"]
+    assert "Too many open files" in logs[0]["error"]
+    assert frozen == []
+
+    class WarmBroker:
+        async def warm_up(self) -> int:
+            return 145
+
+    with capture_logs() as logs:
+        await cli._warm_up(WarmBroker())
+    assert frozen == [True]  # once warm, the classes leave the collector's reach
