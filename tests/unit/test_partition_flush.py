@@ -64,6 +64,13 @@ async def partition(tmp_path: Path, commit: GroupCommit) -> AsyncIterator[Partit
         logs.close()
 
 
+def gate(partition: Partition) -> GatedFlush:
+    """Hold the partition's log flush until the test opens the gate."""
+    flush = GatedFlush(partition.log.flush)
+    partition.log.flush = flush  # type: ignore[method-assign]
+    return flush
+
+
 def append_one(partition: Partition) -> int:
     data, batches = validate_produce_data(build_batch([NewRecord(key=None, value=b"v")]))
     return partition.append(data, batches).last_offset
@@ -76,8 +83,7 @@ async def test_fetches_hear_of_an_append_once_its_fsync_has_begun(
     other = GatedFlush(lambda: None)
     busy = asyncio.create_task(commit.sync(other))
     await until(other.entered.is_set)
-    flush = GatedFlush(partition.log.flush)
-    partition.log.flush = flush  # type: ignore[method-assign]
+    flush = gate(partition)
     heard: list[int] = []
     partition.appends.add_listener(lambda: heard.append(partition.high_watermark))
 
@@ -99,9 +105,8 @@ async def test_fetches_hear_of_an_append_once_its_fsync_has_begun(
 async def test_a_failed_fsync_leaves_the_high_watermark_and_fails_acks_all(
     partition: Partition,
 ) -> None:
-    flush = GatedFlush(partition.log.flush)
+    flush = gate(partition)
     flush.error = OSError(5, "Input/output error")
-    partition.log.flush = flush  # type: ignore[method-assign]
     told: list[int] = []
     partition.add_listener(lambda: told.append(partition.high_watermark))
     last = append_one(partition)
@@ -131,8 +136,7 @@ async def test_deliveries_resume_before_the_producers_waiting_on_the_same_fsync(
     # As Kafka completes a partition's delayed fetches before its delayed produces when
     # the high watermark moves: a share fetch's records go out before the producers'
     # acks=all responses are built, however late the fetch began to wait.
-    flush = GatedFlush(partition.log.flush)
-    partition.log.flush = flush  # type: ignore[method-assign]
+    flush = gate(partition)
     last = append_one(partition)
     resumed: list[str] = []
 
@@ -159,8 +163,7 @@ async def test_deliveries_resume_before_the_producers_waiting_on_the_same_fsync(
 async def test_a_wait_for_an_fsync_that_does_not_end_times_out_and_stops_listening(
     partition: Partition,
 ) -> None:
-    flush = GatedFlush(partition.log.flush)
-    partition.log.flush = flush  # type: ignore[method-assign]
+    flush = gate(partition)
     last = append_one(partition)
     for delivery in (False, True):
         with pytest.raises(KafkaError) as failure:
