@@ -749,6 +749,8 @@ class SyncingLog(FakeLog):
         super().__init__(high_watermark=0, last_stable_offset=0)
         self._done = asyncio.Event()
         self._error: KafkaError | None = None
+        # Per wait_durable call: whether it waited as a delivery.
+        self.waits: list[bool] = []
 
     @property
     def log_end_offset(self) -> int:
@@ -765,6 +767,7 @@ class SyncingLog(FakeLog):
     async def wait_durable(
         self, last_offset: int, timeout_s: float, *, delivery: bool = False
     ) -> None:
+        self.waits.append(delivery)
         await self._done.wait()
         if self._error is not None:
             raise self._error
@@ -788,6 +791,8 @@ async def test_records_are_acquired_while_their_fsync_runs_and_handed_out_once_d
     assert await asyncio.wait_for(other, 5) == FetchedPartition()
     log.synced()
     fetched = await asyncio.wait_for(fetching, 5)
+    # Waited as a delivery: resumed ahead of the producers on the same fsync.
+    assert log.waits == [True]
     assert fetched == FetchedPartition(records=LOG_BATCH, acquired=fetched.acquired)
     assert spans(fetched) == [(0, 9, 1)]
     assert (durable(persister), persister.writes) == ((0, []), 1)
