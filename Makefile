@@ -68,6 +68,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict protocol persister coordinator broker
+	$(BIN)/lint-imports --no-cache
 
 format: install
 	$(BIN)/ruff format .
