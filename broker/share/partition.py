@@ -64,6 +64,7 @@ __all__ = [
     "PendingChange",
     "RecordState",
     "ReleaseResult",
+    "ShareAcquireMode",
     "SharePartition",
     "SharePartitionConfig",
     "StateUpdate",
@@ -91,6 +92,17 @@ class Event(enum.Enum):
     LOCK_TIMEOUT = "lock_timeout"  # share.record.lock.duration.ms elapsed
     MEMBER_RELEASE = "member_release"  # member left, timed out or closed its share session
     SKIP = "skip"  # a fetch passes over it: delivery limit reached, aborted or control record
+
+
+class ShareAcquireMode(enum.IntEnum):
+    """ShareFetch v2's ShareAcquireMode (KIP-1206); the values are Kafka's wire ids, the
+    names those of the share consumer's share.acquire.mode config."""
+
+    # MaxRecords is a soft limit: the last range is finished at its log batch boundary.
+    BATCH_OPTIMIZED = 0
+    # MaxRecords is a hard limit: a log batch may be cut at any offset; the response still
+    # carries whole batches and the client skips the offsets it did not acquire.
+    RECORD_LIMIT = 1
 
 
 _AVAILABLE: Final = RecordState.AVAILABLE
@@ -760,19 +772,27 @@ class SharePartition:
         batch_size: int,
         now_ms: int,
         gaps: Sequence[tuple[int, int]] = (),
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
     ) -> AcquireResult:
         """Acquire records for `member_id` within the log batches the caller read.
 
         `batches` are the (base_offset, last_offset) of the record batches read from the log
         starting at `next_fetch_offset()`, ascending. AVAILABLE in-flight records inside them
         are acquired first (delivery count +1; those already at the delivery limit are archived
-        instead), then records past SPEO (delivery count 1). `max_records` is a soft limit: the
-        last range is finished at its log batch boundary, as Kafka does, so the response carries
-        whole batches; SPEO - SPSO never exceeds share.partition.max.record.locks, even if that
-        cuts a batch. `batch_size` shapes the returned AcquiredRecords (ranges of about that
-        many records, cut at log batch boundaries). `gaps` are offset ranges never to deliver
-        (aborted transactions, control batches): archived as they are met. Each acquisition
-        holds a lock until now_ms + share.record.lock.duration.ms.
+        instead), then records past SPEO (delivery count 1). SPEO - SPSO never exceeds
+        share.partition.max.record.locks, even if that cuts a batch. `gaps` are offset ranges
+        never to deliver (aborted transactions, control batches): archived as they are met.
+        Each acquisition holds a lock until now_ms + share.record.lock.duration.ms.
+
+        `mode` is ShareFetch v2's ShareAcquireMode (KIP-1206). BATCH_OPTIMIZED: `max_records`
+        is a soft limit, the last range is finished at its log batch boundary, as Kafka does,
+        so the response carries whole batches, and `batch_size` shapes the returned
+        AcquiredRecords (ranges of about that many records, cut at log batch boundaries).
+        RECORD_LIMIT: at most `max_records` records are acquired, cutting a log batch
+        wherever the limit falls (no decompression: only offsets are involved); the rest of
+        the batch stays AVAILABLE (records past SPEO stay past it) for the next fetch, and
+        `batch_size` is not applied, as Kafka 4.2's SharePartition splits no batch in that
+        mode.
         """
         self._require_initialized()
         self._start()
@@ -786,6 +806,15 @@ class SharePartition:
         span_last = batches[-1][1]
         acquired: list[AcquiredRange] = []
         remaining = max_records
+        hard_limit = mode is ShareAcquireMode.RECORD_LIMIT
+
+        def cut(first: int, last: int) -> int:
+            """Where a range [first, last] ends within the `remaining` records."""
+            if last - first + 1 <= remaining:
+                return last
+            if hard_limit:
+                return first + remaining - 1
+            return _batch_end(batches, first + remaining - 1, last)
 
         # 1. In-flight AVAILABLE records the read covers.
         reacquire_last = min(span_last, self._speo - 1)
@@ -803,8 +832,7 @@ class SharePartition:
                     continue
                 if remaining <= 0:
                     break
-                if piece_last - piece_first + 1 > remaining:
-                    piece_last = _batch_end(batches, piece_first + remaining - 1, piece_last)
+                piece_last = cut(piece_first, piece_last)
                 self._apply(piece_first, piece_last, Event.ACQUIRE, member_id, deadline)
                 acquired.append(AcquiredRange(piece_first, piece_last, current.delivery_count + 1))
                 remaining -= piece_last - piece_first + 1
@@ -817,9 +845,7 @@ class SharePartition:
                 self._speo = batches[0][0]
                 self._advance_spso()
             new_first = self._speo
-            new_last = span_last
-            if new_last - new_first + 1 > remaining:
-                new_last = _batch_end(batches, new_first + remaining - 1, new_last)
+            new_last = cut(new_first, span_last)
             new_last = min(new_last, self._spso + self.config.max_in_flight_records - 1)
             if new_last >= new_first:
                 for piece_first, piece_last, in_gap in _split_by_gaps(new_first, new_last, gaps):
@@ -840,7 +866,8 @@ class SharePartition:
                 self._speo = new_last + 1
 
         change = self._finish()
-        return AcquireResult(_shape_acquired(acquired, batches, batch_size), change)
+        shape_size = 0 if hard_limit else batch_size
+        return AcquireResult(_shape_acquired(acquired, batches, shape_size), change)
 
     @_atomic
     def acknowledge(

@@ -32,6 +32,7 @@ from broker.share.partition import (
     ChangePending,
     PendingChange,
     RecordState,
+    ShareAcquireMode,
     SharePartition,
     SharePartitionConfig,
     StateUpdate,
@@ -221,10 +222,17 @@ class SharePartitionMachine(RuleBasedStateMachine):
         max_batches=st.integers(1, 6),
         max_records=st.integers(1, 20),
         batch_size=st.integers(1, 10),
+        mode=st.sampled_from(ShareAcquireMode),
         commit=st.booleans(),
     )
     def acquire(
-        self, member: str, max_batches: int, max_records: int, batch_size: int, commit: bool
+        self,
+        member: str,
+        max_batches: int,
+        max_records: int,
+        batch_size: int,
+        mode: ShareAcquireMode,
+        commit: bool,
     ) -> None:
         sp = self.sp
         fetch_offset = sp.next_fetch_offset()
@@ -240,8 +248,17 @@ class SharePartitionMachine(RuleBasedStateMachine):
             batch_size=batch_size,
             now_ms=self.now,
             gaps=self.gaps,
+            mode=mode,
         )
         after = expand(sp)
+        # Ascending, never overlapping or touching with the same delivery count.
+        for previous, current in zip(result.acquired, result.acquired[1:], strict=False):
+            assert previous.last_offset < current.first_offset
+            assert (
+                previous.last_offset + 1 < current.first_offset
+                or previous.delivery_count != current.delivery_count
+                or mode is ShareAcquireMode.BATCH_OPTIMIZED
+            )
         acquired = {
             o: r.delivery_count
             for r in result.acquired
@@ -272,6 +289,9 @@ class SharePartitionMachine(RuleBasedStateMachine):
         total = len(acquired)
         longest_batch = max(last - first + 1 for first, last in self.log)
         assert total < max_records + longest_batch
+        if mode is ShareAcquireMode.RECORD_LIMIT:
+            # KIP-1206: MaxRecords is a hard limit, whatever the log batches.
+            assert total <= max_records
         if sp.speo > speo_before:
             assert sp.speo - sp.spso <= sp.config.max_in_flight_records
         if could_acquire and batches:
