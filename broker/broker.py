@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -28,7 +28,7 @@ from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_persister import DurablePersister
 from coordinator.share_state import ShareStateKey
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
-from persister.clock import SYSTEM_CLOCK, Clock
+from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
 from persister.dirlock import DataDirLock
 from persister.record_log import RecordLog
@@ -43,6 +43,41 @@ def _offset_for_timestamp(part: LogPartition, timestamp: int) -> int | None:
     assert isinstance(part, Partition)
     found = part.offset_for_timestamp(timestamp)
     return found[0] if found else None
+
+
+async def retention_loop(logs: LogManager, clock: Clock, interval_ms: int) -> None:
+    """Kafka's log retention check (its LogManager's cleanupLogs): every
+    `log.retention.check.interval.ms` on `clock`, delete the segments past a topic's
+    retention.ms or retention.bytes. Timed by the broker's clock, so a ManualClock drives
+    it in tests."""
+    while True:
+        await sleep(clock, interval_ms)
+        try:
+            deleted = logs.enforce_retention()
+            if deleted:
+                log.info("retention_deleted_segments", segments=deleted)
+        except Exception:
+            log.exception("retention_failed")
+
+
+class Compactable(Protocol):
+    async def compact(self) -> int: ...
+
+
+async def compaction_loop(
+    persister: Compactable, clock: Clock, interval_ms: int, metrics: BrokerMetrics
+) -> None:
+    """Compact the share-state log's closed segments every `log.cleaner.backoff.ms` on
+    `clock` (Kafka's log cleaner backs off that long when it finds nothing to clean)."""
+    while True:
+        await sleep(clock, interval_ms)
+        try:
+            rewritten = await persister.compact()
+        except Exception:
+            metrics.compacted(None)
+            log.exception("share_state_compaction_failed")
+        else:
+            metrics.compacted(rewritten)
 
 
 @dataclass(slots=True, frozen=True)
@@ -130,8 +165,23 @@ class Broker:
         )
         self.server.on_disconnect = self._on_disconnect
         await self.server.start()
-        self._tasks.append(asyncio.create_task(self._retention_loop()))
-        self._tasks.append(asyncio.create_task(self._compaction_loop()))
+        self._tasks.append(
+            asyncio.create_task(
+                retention_loop(
+                    self.logs, self.clock, self.config.get("log.retention.check.interval.ms")
+                )
+            )
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                compaction_loop(
+                    self.share_persister,
+                    self.clock,
+                    self.config.get("log.cleaner.backoff.ms"),
+                    self.metrics,
+                )
+            )
+        )
         self.metrics.state = SERVING
         log.info(
             "broker_started",
@@ -279,29 +329,6 @@ class Broker:
         self._dir_lock.release()
         self.metrics.state = STOPPED
         log.info("broker_stopped")
-
-    async def _retention_loop(self) -> None:
-        interval = self.config.get("log.retention.check.interval.ms") / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                deleted = self.logs.enforce_retention()
-                if deleted:
-                    log.info("retention_deleted_segments", segments=deleted)
-            except Exception:
-                log.exception("retention_failed")
-
-    async def _compaction_loop(self) -> None:
-        interval = self.config.get("log.cleaner.backoff.ms") / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                rewritten = await self.share_persister.compact()
-            except Exception:
-                self.metrics.compacted(None)
-                log.exception("share_state_compaction_failed")
-            else:
-                self.metrics.compacted(rewritten)
 
     # -- dispatch ---------------------------------------------------------------
 

@@ -15,10 +15,8 @@ long-poll fetches use them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
-import math
 import os
 import resource
 import shutil
@@ -32,7 +30,7 @@ import structlog
 
 from broker import trace
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
-from persister.clock import SYSTEM_CLOCK, Clock
+from persister.clock import SYSTEM_CLOCK, Clock, ms_of
 from persister.commit import GroupCommit
 from persister.log import AppendResult, LogConfig, PartitionLog
 from persister.producer_state import CompletedTxn, ProducerStateManager
@@ -389,8 +387,10 @@ class Partition:
 
         # The listener sets the future the awaiting task resumes on, with no task or
         # callback in between (asyncio.wait_for would add two turns of the loop).
+        # The timeout is one of the partition's clock's timers (the broker's), so a
+        # ManualClock drives it in tests.
         self.add_listener(on_change, first=delivery)
-        timer = loop.call_later(timeout_s, timed_out)
+        timer = self.clock.call_at(self.clock.now_ms() + ms_of(timeout_s), timed_out)
         try:
             await done
         finally:
@@ -695,24 +695,18 @@ class Wakeup:
         if self._future is not None and not self._future.done():
             self._future.set_result(None)
 
-    async def wait(self, timeout_s: float, *, clock: Clock | None = None) -> None:
+    async def wait(self, timeout_s: float, *, clock: Clock) -> None:
         """Return once a source has called its listeners since the last wait returned (at
-        once if one already has), or after `timeout_s`. A listener resumes the waiter on
-        the loop's next turn (no timer involved). With a `clock` the timeout is one of its
-        timers (a ManualClock drives it in tests)."""
+        once if one already has), or once `clock` has moved `timeout_s` on. A listener
+        resumes the waiter on the loop's next turn (no timer involved); the timeout is one
+        of the clock's timers (the broker's; a ManualClock drives it in tests)."""
         if not self._woken:
             woken = self._future = asyncio.get_running_loop().create_future()
-            if clock is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken, timeout_s)
-            else:
-                timer = clock.call_at(
-                    clock.now_ms() + max(math.ceil(timeout_s * 1000), 0), self._timed_out
-                )
-                try:
-                    await woken
-                finally:
-                    timer.cancel()
+            timer = clock.call_at(clock.now_ms() + ms_of(timeout_s), self._timed_out)
+            try:
+                await woken
+            finally:
+                timer.cancel()
             self._future = None
         self._woken = False
 
@@ -732,9 +726,8 @@ class Wakeup:
         self.close()
 
 
-async def wait_for_any(
-    sources: Iterable[Subscribable], timeout_s: float, *, clock: Clock | None = None
-) -> None:
-    """Park until any source calls its listeners, or the timeout passes (long polls)."""
+async def wait_for_any(sources: Iterable[Subscribable], timeout_s: float, *, clock: Clock) -> None:
+    """Park until any source calls its listeners, or `clock` passes the timeout (long
+    polls)."""
     with Wakeup(sources) as wakeup:
         await wakeup.wait(timeout_s, clock=clock)

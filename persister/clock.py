@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -41,6 +42,33 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def ms_of(seconds: float) -> int:
+    """A timeout in seconds as whole milliseconds on a `Clock`, rounded up (a wait is
+    never cut short; float noise such as 1.1 * 1000 == 1100.0000000000002 is not a
+    millisecond more) and never negative."""
+    return max(math.ceil(round(seconds * 1000, 6)), 0)
+
+
+async def sleep(clock: Clock, ms: int) -> None:
+    """`asyncio.sleep` on `clock`: return once `clock.now_ms()` has moved `ms` on.
+
+    Built on `call_at`, so a loop that sleeps on the broker's clock runs on a
+    `ManualClock`'s `advance` in tests (the task resumes on the loop's next turn after
+    the timer fires), and on the event loop's timers otherwise. A cancelled sleep cancels
+    its timer."""
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = clock.call_at(clock.now_ms() + max(ms, 0), wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
 
 
 class _ManualTimer:

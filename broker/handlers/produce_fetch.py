@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -163,7 +162,10 @@ def _has_session(req: FetchRequest) -> TypeIs[FetchSessionRequest]:
 
 async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> dict[str, Any]:
     committed_only = req.isolation_level == READ_COMMITTED
-    deadline = time.monotonic() + max(req.max_wait.total_seconds(), 0)
+    # MaxWaitMs on the broker's clock (its logs'), so tests drive the long poll with a
+    # ManualClock.
+    clock = broker.logs.clock
+    deadline_ms = clock.now_ms() + max(round(req.max_wait.total_seconds() * 1000), 0)
     if _has_session(req) and (req.session_id != 0 or req.session_epoch > 0):
         # spool answers every fetch in full and never creates a fetch session
         # (KIP-227 allows session id 0); a client asking for one it was never
@@ -182,10 +184,10 @@ async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> d
             )
     while True:
         responses, total, errors = _fetch_once(broker.logs, req.max_bytes, wanted, committed_only)
-        remaining = deadline - time.monotonic()
-        if total >= req.min_bytes or errors or remaining <= 0 or not wanted:
+        remaining_ms = deadline_ms - clock.now_ms()
+        if total >= req.min_bytes or errors or remaining_ms <= 0 or not wanted:
             break
-        await _wait_for_data(broker.logs, wanted, remaining)
+        await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
@@ -323,7 +325,7 @@ def _aborted_in(part: Partition, fetch_offset: int, data: bytes) -> list[dict[st
 async def _wait_for_data(logs: LogManager, wanted: list[_Wanted], timeout_s: float) -> None:
     """Park until any fetched partition's high watermark or LSO moves, or the timeout."""
     parts = [logs.get(w.name, w.partition) for w in wanted if w.name]
-    await wait_for_any([part for part in parts if part is not None], timeout_s)
+    await wait_for_any([part for part in parts if part is not None], timeout_s, clock=logs.clock)
 
 
 def _offset_for(part: Partition, timestamp: int, committed_only: bool) -> tuple[int, int]:

@@ -71,6 +71,13 @@ def gate(partition: Partition) -> GatedFlush:
     return flush
 
 
+async def turns(n: int = 5) -> None:
+    """Let the event loop run what is ready (a ManualClock's timers fire synchronously
+    in `advance`; the tasks they resume run on the next turns)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def append_one(partition: Partition) -> int:
     data, batches = validate_produce_data(build_batch([NewRecord(key=None, value=b"v")]))
     return partition.append(data, batches).last_offset
@@ -163,13 +170,26 @@ async def test_deliveries_resume_before_the_producers_waiting_on_the_same_fsync(
 async def test_a_wait_for_an_fsync_that_does_not_end_times_out_and_stops_listening(
     partition: Partition,
 ) -> None:
+    # The timeout is on the partition's (the broker's) clock: a ManualClock far from the
+    # wall clock's time, which only the test moves.
+    clock = partition.clock
+    assert isinstance(clock, ManualClock)
     flush = gate(partition)
     last = append_one(partition)
     for delivery in (False, True):
+        waiting = asyncio.create_task(partition.wait_durable(last, timeout_s=30, delivery=delivery))
+        await turns()
+        clock.advance(29_999)
+        await turns()
+        assert not waiting.done()  # the fsync is held: still waiting, 1 ms before
+        clock.advance(1)
+        await turns()
+        assert waiting.done()
         with pytest.raises(KafkaError) as failure:
-            await partition.wait_durable(last, timeout_s=0.01, delivery=delivery)
+            waiting.result()
         assert failure.value.code == ErrorCode.request_timed_out
         assert "t-0" in (failure.value.message or "")
+        assert clock.pending_timers == 0
     assert not partition._listeners._first and not partition._listeners._rest
     # A waiter cancelled with its request stops listening too.
     cancelled = asyncio.create_task(partition.wait_durable(last, timeout_s=10, delivery=True))
@@ -179,6 +199,7 @@ async def test_a_wait_for_an_fsync_that_does_not_end_times_out_and_stops_listeni
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert not partition._listeners._first
+    assert clock.pending_timers == 0  # and its timeout timer is cancelled
     flush.gate.set()
     await partition.wait_durable(last, timeout_s=10)
     assert partition.high_watermark == last + 1
