@@ -134,12 +134,11 @@ async def produce(
         responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
     if len(waits) == 1:
         # One partition (the usual produce): awaited in this task, not a gathered one.
-        _, part, last = waits[0]
+        entry, part, last = waits[0]
         try:
             await part.wait_durable(last, timeout_s)
-            results: list[BaseException | None] = [None]
-        except KafkaError as exc:
-            results = [exc]
+        except KafkaError as exc:  # not flushed in time, or the fsync failed
+            entry.update(error_code=exc.code, error_message=exc.message)
     elif waits:
         results = await asyncio.gather(
             *(part.wait_durable(last, timeout_s) for _, part, last in waits),

@@ -12,8 +12,9 @@ deadline before it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ import pytest
 
 from broker.broker import compaction_loop, retention_loop
 from broker.config import BrokerConfig
-from broker.handlers.produce_fetch import fetch
+from broker.handlers.produce_fetch import fetch, produce
 from broker.logs import LogManager, Partition, validate_produce_data
 from broker.metrics import BrokerMetrics
 from coordinator.transactions import TransactionCoordinator
@@ -31,6 +32,7 @@ from persister.clock import ManualClock, ms_of, sleep
 from persister.commit import GroupCommit
 from persister.record_log import MemoryRecordLog
 from protocol import api
+from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 
 TOPIC = "clocked"
@@ -200,6 +202,62 @@ async def test_a_fetch_long_poll_ends_early_when_records_come(s: Setup) -> None:
     assert s.clock.pending_timers == 0  # the timeout timer was cancelled
 
 
+# -- acks=all request timeout ----------------------------------------------------------
+
+
+class HeldFlush:
+    """Stands in for the partition log's flush: holds every fsync until released."""
+
+    def __init__(self, real: Callable[[], None]) -> None:
+        self.real = real
+        self.gate = threading.Event()
+        self.error: OSError | None = None
+
+    def __call__(self) -> None:
+        self.gate.wait(10)
+        if self.error is not None:
+            raise self.error
+        self.real()
+
+
+def produce_request(s: Setup, timeout_ms: int) -> Any:
+    return api.build(
+        api.request_class(0, 9),
+        {
+            "acks": -1,
+            "timeout": timeout_ms,
+            "topic_data": [
+                {"name": TOPIC, "partition_data": [{"index": 0, "records": batch(s.clock)}]}
+            ],
+        },
+    )
+
+
+async def test_acks_all_times_out_when_the_clock_passes_the_request_timeout(s: Setup) -> None:
+    held = HeldFlush(s.part.log.flush)
+    s.part.log.flush = held  # type: ignore[method-assign]
+    req = produce_request(s, 30_000)
+    producing = asyncio.create_task(produce(ctx(9), req, s))  # type: ignore[arg-type]
+    try:
+        await turns()
+        s.clock.advance(29_999)
+        await turns()
+        assert not producing.done()  # the fsync is held: acks=all waits
+        s.clock.advance(1)
+        await turns()
+        assert producing.done()
+        answer = producing.result()
+        assert answer is not None
+        [topic] = answer["responses"]
+        [entry] = topic["partition_responses"]
+        assert entry["error_code"] == ErrorCode.request_timed_out
+    finally:
+        held.gate.set()
+        await asyncio.wait_for(asyncio.shield(producing), timeout=10)
+    await s.part.wait_durable(0, timeout_s=10)  # the write itself did complete
+    assert s.part.high_watermark == 1
+
+
 # -- log retention check -------------------------------------------------------------
 
 
@@ -283,3 +341,20 @@ async def test_share_state_compaction_runs_every_cleaner_backoff_on_the_clock() 
         looping.cancel()
         await turns()
     assert clock.pending_timers == 0
+
+
+async def test_a_one_partition_acks_all_produce_whose_fsync_fails_is_not_acknowledged(
+    s: Setup,
+) -> None:
+    # The one-partition path awaits the durable wait in the request's own task; its
+    # failure must reach the response as it does for a multi-partition produce.
+    held = HeldFlush(s.part.log.flush)
+    held.error = OSError(5, "Input/output error")
+    held.gate.set()
+    s.part.log.flush = held  # type: ignore[method-assign]
+    answer = await asyncio.wait_for(produce(ctx(9), produce_request(s, 30_000), s), 10)  # type: ignore[arg-type]
+    assert answer is not None
+    [topic] = answer["responses"]
+    [entry] = topic["partition_responses"]
+    assert entry["error_code"] == ErrorCode.kafka_storage_error
+    assert s.part.high_watermark == 0
