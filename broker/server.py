@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import structlog
 
 from broker import trace
-from persister.clock import SYSTEM_CLOCK, Clock, Timer
+from persister.clock import SYSTEM_CLOCK, Clock, Timer, ms_of, wait_all
 from protocol import api
 from protocol.errors import ErrorCode, KafkaError
 
@@ -417,19 +417,20 @@ class Server:
         )
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Stop accepting, let in-flight requests finish, then close connections."""
+        """Stop accepting, let in-flight requests finish (for up to `grace_s` on the
+        clock; those still running then are cancelled), then close connections."""
         if self._server is not None:
             self._server.close()
         self.idle.stop()
         for conn in list(self._live.values()):
             conn.stop_reading()
-        tasks = list(self._tasks)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace_s)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        # Both bounds are on the server's clock (the broker's), so a ManualClock drives
+        # them in tests.
+        pending = await wait_all(self.clock, list(self._tasks), ms_of(grace_s))
+        for task in pending:
+            task.cancel()
+        if pending:
+            await wait_all(self.clock, pending, 1000)
 
     # -- accept ---------------------------------------------------------------------
 

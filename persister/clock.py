@@ -14,8 +14,8 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 
 class Timer(Protocol):
@@ -69,6 +69,40 @@ async def sleep(clock: Clock, ms: int) -> None:
         await woken
     finally:
         timer.cancel()
+
+
+async def wait_all(
+    clock: Clock, futures: Iterable[asyncio.Future[Any]], timeout_ms: int
+) -> set[asyncio.Future[Any]]:
+    """`asyncio.wait(futures, timeout=...)` with the timeout on `clock`: return once every
+    future is done or `clock` has moved `timeout_ms` on, with those still pending (none
+    is cancelled)."""
+    waiting = [future for future in futures if not future.done()]
+    if not waiting:
+        return set()
+    left = len(waiting)
+    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def one_done(_: asyncio.Future[Any]) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0 and not finished.done():
+            finished.set_result(None)
+
+    def timed_out() -> None:
+        if not finished.done():
+            finished.set_result(None)
+
+    for future in waiting:
+        future.add_done_callback(one_done)
+    timer = clock.call_at(clock.now_ms() + max(timeout_ms, 0), timed_out)
+    try:
+        await finished
+    finally:
+        timer.cancel()
+        for future in waiting:
+            future.remove_done_callback(one_done)
+    return {future for future in waiting if not future.done()}
 
 
 class _ManualTimer:

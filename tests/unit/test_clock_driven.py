@@ -1,7 +1,8 @@
 """Time that decides behaviour is the broker's injected clock, never the wall clock: the
 plain Fetch long poll (MaxWaitMs), acks=all's request timeout, the log retention check
-(log.retention.check.interval.ms, retention.ms) and the share-state compaction loop
-(log.cleaner.backoff.ms) run on a ManualClock here, with no sleeps.
+(log.retention.check.interval.ms, retention.ms), the share-state compaction loop
+(log.cleaner.backoff.ms) and the socket server's stop grace run on a ManualClock here,
+with no sleeps.
 
 The ManualClock starts years away from the wall clock's time and moves only when a test
 advances it, so each test fails if the code read the real clock instead: a real timer
@@ -27,8 +28,9 @@ from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import fetch, produce
 from broker.logs import LogManager, Partition, validate_produce_data
 from broker.metrics import BrokerMetrics
+from broker.server import Server
 from coordinator.transactions import TransactionCoordinator
-from persister.clock import ManualClock, ms_of, sleep
+from persister.clock import ManualClock, ms_of, sleep, wait_all
 from persister.commit import GroupCommit
 from persister.record_log import MemoryRecordLog
 from protocol import api
@@ -127,6 +129,30 @@ async def test_sleep_returns_when_the_clock_has_moved_on_and_not_before() -> Non
     cancelled.cancel()
     await turns()
     assert cancelled.cancelled()
+    assert clock.pending_timers == 0
+
+
+async def test_wait_all_returns_when_all_are_done_or_with_the_pending_at_the_timeout() -> None:
+    clock = ManualClock(now_ms=FAR_FROM_NOW_MS)
+    loop = asyncio.get_running_loop()
+    quick: asyncio.Future[None] = loop.create_future()
+    stuck: asyncio.Future[None] = loop.create_future()
+    waiting = asyncio.create_task(wait_all(clock, [quick, stuck], 5_000))
+    await turns()
+    quick.set_result(None)
+    clock.advance(4_999)
+    await turns()
+    assert not waiting.done()
+    clock.advance(1)
+    await turns()
+    assert waiting.result() == {stuck}
+    assert not stuck.cancelled()  # left to the caller
+    # All done before the timeout: returns at once, its timer cancelled.
+    again = asyncio.create_task(wait_all(clock, [stuck], 5_000))
+    await turns()
+    stuck.set_result(None)
+    await turns()
+    assert again.result() == set()
     assert clock.pending_timers == 0
 
 
@@ -358,3 +384,26 @@ async def test_a_one_partition_acks_all_produce_whose_fsync_fails_is_not_acknowl
     [entry] = topic["partition_responses"]
     assert entry["error_code"] == ErrorCode.kafka_storage_error
     assert s.part.high_watermark == 0
+
+
+# -- the socket server's stop grace ------------------------------------------------------
+
+
+async def test_server_stop_cancels_requests_still_running_at_the_grace_on_the_clock() -> None:
+    async def no_dispatch(*_: object) -> bytes | None:
+        return None
+
+    clock = ManualClock(now_ms=FAR_FROM_NOW_MS)
+    server = Server("127.0.0.1", 0, no_dispatch, clock=clock)  # never started: no socket
+    in_flight = asyncio.create_task(asyncio.Event().wait())  # a request that never ends
+    server._tasks.add(in_flight)
+    stopping = asyncio.create_task(server.stop(grace_s=10))
+    await turns()
+    clock.advance(9_999)
+    await turns()
+    assert not in_flight.done() and not stopping.done()  # still within the grace
+    clock.advance(1)
+    await turns()
+    assert in_flight.cancelled()
+    assert stopping.done()
+    assert clock.pending_timers == 0
