@@ -5,6 +5,12 @@ partition manager, the coordinator runtime, the persister, the broker's timers) 
 `Clock` instead of calling `time` or `loop.call_later` themselves, so unit tests drive
 lock expiry, session timeouts and idle unloading with a `ManualClock` and no sleeps,
 as Kafka's tests do with its MockTime and MockTimer.
+
+Waits are built on `call_at`, so every Clock has them: `sleep(clock, ms)` for periodic
+loops (retention, compaction) and `wait_all(clock, futures, ms)` for bounded waits on
+several tasks (the server's stop grace). Never `asyncio.sleep`, `asyncio.wait_for` or
+`time.monotonic` where the time decides what happens; durations measured only for logs,
+metrics and traces may use `time.perf_counter`.
 """
 
 from __future__ import annotations
