@@ -10,7 +10,9 @@ Every change of a share partition is two-phase: the core applies it in memory, t
 manager writes its StateUpdate through the persister, then commits it, or rolls it
 back when the write fails, so memory is never ahead of the share coordinator. Changes
 of one share partition are serialized (one lock per partition held from the call into
-the core until commit or rollback), so none is built on one that may yet be undone.
+the core until commit or rollback), so none is built on one that may yet be undone; a
+fetch only try-acquires those locks and skips a busy partition, and every other wait for
+one is bounded (`broker.share.locks`), so no request waits on another for ever.
 An acquisition alone changes nothing durable (KIP-932: the Acquired state is transient)
 and commits at once: a ShareFetch writes only the acknowledgements it carries.
 Time comes from an injected `Clock`.
@@ -19,10 +21,9 @@ Time comes from an injected `Clock`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -30,6 +31,7 @@ import structlog
 
 from broker import trace
 from broker.metrics import ShareMetrics
+from broker.share.locks import FetchLocks
 from broker.share.partition import (
     NO_CHANGE,
     AcquiredRange,
@@ -39,7 +41,6 @@ from broker.share.partition import (
 )
 from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
-from coordinator.runtime import KeyLocks
 from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import Persister, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
@@ -71,6 +72,12 @@ UNLOAD_CHECK_INTERVAL_MS = 10_000
 # When the write releasing expired locks fails, the records stay acquired (memory must not
 # run ahead of the share coordinator) and the expiry is tried again this much later.
 EXPIRY_RETRY_BACKOFF_MS = 1_000
+
+# The longest a request waits for a share partition another request is changing: its
+# acknowledgements, a member's release, a lock expiry. The holder does at most one load and
+# one share-state write, which Kafka bounds by share.coordinator.write.timeout.ms (5000).
+# Past it an acknowledgement fails with REQUEST_TIMED_OUT and its records stay acquired.
+LOCK_WAIT_MS = 5_000
 
 # Share coordinator errors after which the leader's view of the partition cannot be trusted:
 # it is dropped and read afresh on next use (Kafka's fencedSharePartitionHandler).
@@ -200,6 +207,7 @@ class SharePartitionManager:
         idle_unload_ms: int = IDLE_UNLOAD_MS,
         unload_check_interval_ms: int = UNLOAD_CHECK_INTERVAL_MS,
         expiry_retry_backoff_ms: int = EXPIRY_RETRY_BACKOFF_MS,
+        lock_wait_ms: int = LOCK_WAIT_MS,
         metrics: ShareMetrics | None = None,
     ) -> None:
         self.persister = persister
@@ -214,7 +222,8 @@ class SharePartitionManager:
         self.expiry_retry_backoff_ms = expiry_retry_backoff_ms
         self.partitions: dict[ShareStateKey, SharePartition] = {}
         # One change at a time per share partition, held from the core until commit.
-        self._locks = KeyLocks()
+        self.lock_wait_ms = lock_wait_ms
+        self._locks: FetchLocks[ShareStateKey] = FetchLocks(clock, on_free=self._notify)
         self._listeners: dict[ShareStateKey, set[Listener]] = {}
         # Lock-expiry wake-ups: a heap of (at_ms, key), and per key the earliest one queued.
         self._deadlines: list[tuple[int, ShareStateKey]] = []
@@ -504,69 +513,95 @@ class SharePartitionManager:
         On a partition with both, the acquisition is stacked on the acknowledgement
         (`SharePartition.stack_on`): one change, so a failed write undoes both and each
         result carries the error. Each partition's lock is held from its change until the
-        shared write is committed or rolled back; before waiting for a lock someone else
-        holds, what is held is written first and let go, so two requests never wait for
-        each other. Returns per acknowledged partition its error code and message, and per
-        fetched partition what it got (left out once MaxRecords or MaxBytes is used up).
+        shared write is committed or rolled back (`FetchLocks`): the acknowledged
+        partitions' locks are waited for, at most `lock_wait_ms` (REQUEST_TIMED_OUT past
+        it, the records stay acquired), in one global order; a partition only fetched from
+        is skipped while another request holds it, as Kafka skips a share partition whose
+        fetch lock it cannot take, so no request waits on another unboundedly. Returns per
+        acknowledged partition its error code and message, and per fetched partition what
+        it got (left out once MaxRecords or MaxBytes is used up or while busy).
         """
         ack_results: dict[ShareStateKey, AckOutcome] = {}
         fetched: dict[ShareStateKey, FetchedPartition] = {}
-        prepared_by_write: dict[int, _Prepared] = {}
         released: list[ShareStateKey] = []
         budget = [max_records, max_bytes]
         fetching = set(keys)
-
-        def skip(key: ShareStateKey) -> bool:
-            return key not in acks and (budget[0] <= 0 or budget[1] <= 0)
-
-        async def prepare(key: ShareStateKey) -> _Write | None:
-            try:
-                sp = await self._get(key)
-            except KafkaError as exc:
-                if key in acks:
-                    ack_results[key] = (exc.code, exc.message)
-                if key in fetching:
-                    fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
-                return None
-            prepared = _Prepared(key, sp, NO_CHANGE)
-            if key in acks:
-                self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
-            if key in fetching and budget[0] > 0 and budget[1] > 0:
-                await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched)
-            if prepared.change is NO_CHANGE and prepared.acquired is None:
-                if prepared.acknowledged:
-                    # Acknowledgements that changed nothing: done, nothing to write.
-                    self._acknowledged(prepared, acks[key], ack_results, released)
-                return None
-            write = _Write(key, sp, prepared.change, prepared.operation, {"member": member_id})
-            prepared_by_write[id(write)] = prepared
-            return write
-
-        def written(w: _Write, error: KafkaError | None) -> None:
-            prepared = prepared_by_write[id(w)]
-            if error is not None:
-                if prepared.acknowledged:
-                    ack_results[w.key] = (error.code, error.message)
-                if prepared.acquired is not None:
-                    fetched[w.key] = FetchedPartition(
-                        error_code=error.code, error_message=error.message
-                    )
-                return
-            if prepared.acknowledged:
-                self._acknowledged(prepared, acks[w.key], ack_results, released)
-            if prepared.acquired is not None:
-                fetched[w.key] = self._acquired(w.key, prepared)
-            self._arm(w.key, w.sp)
-
-        order = list(keys) + [key for key in acks if key not in fetching]
-        await self._batched(order, prepare, written, skip)
+        # Acknowledgements must be applied: their locks are waited for, bounded, in one
+        # global order. Acquisitions only try-acquire (Kafka's maybeAcquireFetchLock): a
+        # partition another request holds is skipped, and its release wakes this fetch.
+        held, busy = await self._locks.ordered(acks, self.lock_wait_ms)
+        for key in busy:
+            ack_results[key] = _busy(key, self.lock_wait_ms)
+        prepared: list[_Prepared] = []
+        try:
+            for key in list(keys) + [key for key in held if key not in fetching]:
+                if key in busy:
+                    continue
+                if key not in acks:
+                    if budget[0] <= 0 or budget[1] <= 0:
+                        continue  # MaxRecords or MaxBytes used up: left for the next fetch
+                    if not self._locks.try_acquire(key):
+                        continue  # another request's: skipped, woken when it is let go
+                    held.append(key)
+                p = await self._prepare(
+                    key, acks, fetching, member_id, budget, batch_size, ack_results, fetched
+                )
+                if p is not None:
+                    prepared.append(p)
+            outcomes = await self._write_many(
+                [
+                    _Write(p.key, p.sp, p.change, p.operation, {"member": member_id})
+                    for p in prepared
+                ]
+            )
+            for p, error in zip(prepared, outcomes, strict=True):
+                self._written(p, error, acks, ack_results, fetched, released)
+        except BaseException:
+            # Interrupted (cancelled) before the write: memory goes back as it was.
+            for p in prepared:
+                if p.change.pending:
+                    p.change.rollback()
+            raise
+        finally:
+            self._locks.release_all(held)
         if trace.ENABLED:
             trace.event("acquire_done")
-        # Once the locks are let go: fetches parked on these partitions may take them.
+        # The locks are let go: fetches parked on these partitions may take them.
         for key in released:
             self._notify(key)
         await self._until_durable(fetched)
         return ack_results, fetched
+
+    async def _prepare(
+        self,
+        key: ShareStateKey,
+        acks: Mapping[ShareStateKey, AckBatches],
+        fetching: set[ShareStateKey],
+        member_id: str,
+        budget: list[int],
+        batch_size: int,
+        ack_results: dict[ShareStateKey, AckOutcome],
+        fetched: dict[ShareStateKey, FetchedPartition],
+    ) -> _Prepared | None:
+        """A partition's part of the request in memory, under its lock: the member's
+        acknowledgements, then an acquisition stacked on them. None when there is nothing
+        to write or report (its outcome, a failed load or a refusal, is given already)."""
+        try:
+            sp = await self._get(key)
+        except KafkaError as exc:
+            if key in acks:
+                ack_results[key] = (exc.code, exc.message)
+            if key in fetching:
+                fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
+            return None
+        prepared = _Prepared(key, sp, NO_CHANGE)
+        if key in acks:
+            self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
+        if key in fetching and budget[0] > 0 and budget[1] > 0:
+            await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched)
+        if prepared.change is NO_CHANGE and prepared.acquired is None and not prepared.acknowledged:
+            return None
+        return prepared
 
     async def _until_durable(self, fetched: dict[ShareStateKey, FetchedPartition]) -> None:
         """Return once every record handed out is durable in its log.
@@ -601,54 +636,30 @@ class SharePartitionManager:
             else:
                 self.metrics.acquired(key, got.acquired)
 
-    async def _batched(
+    def _written(
         self,
-        keys: Sequence[ShareStateKey],
-        prepare: Callable[[ShareStateKey], Awaitable[_Write | None]],
-        written: Callable[[_Write, KafkaError | None], None],
-        skip: Callable[[ShareStateKey], bool] = lambda _: False,
+        p: _Prepared,
+        error: KafkaError | None,
+        acks: Mapping[ShareStateKey, AckBatches],
+        ack_results: dict[ShareStateKey, AckOutcome],
+        fetched: dict[ShareStateKey, FetchedPartition],
+        released: list[ShareStateKey],
     ) -> None:
-        """Under each key's lock, in order, `prepare` a change (None: nothing to write);
-        persist the changes as one share-state write (`_write_many`, one fsync) and tell
-        `written` of each, then let the locks go. Before waiting for a lock someone else
-        holds, what is held is written first and let go, so two requests never wait for
-        each other. Keys for which `skip(key)` holds when their turn comes are passed over."""
-        held: list[_Write] = []
-        stack = contextlib.AsyncExitStack()
-        try:
-            for key in keys:
-                if skip(key):
-                    continue
-                if held and key in self._locks:
-                    await self._write_held(held, written, stack)
-                    held = []
-                    stack = contextlib.AsyncExitStack()
-                await stack.enter_async_context(self._locks.hold(key))
-                prepared = await prepare(key)
-                if prepared is not None:
-                    held.append(prepared)
-            await self._write_held(held, written, stack)
-            held = []
-        finally:
-            # Interrupted (cancelled) before the write: memory goes back as it was.
-            for w in held:
-                if w.change.pending:
-                    w.change.rollback()
-            await stack.aclose()
-
-    async def _write_held(
-        self,
-        held: list[_Write],
-        written: Callable[[_Write, KafkaError | None], None],
-        stack: contextlib.AsyncExitStack,
-    ) -> None:
-        """Write the held partitions' changes (one write), then let their locks go."""
-        async with stack:
-            outcomes = await self._write_many(held)
-            if trace.ENABLED and any(w.change.state_update is not None for w in held):
-                trace.event("state_durable")
-            for w, error in zip(held, outcomes, strict=True):
-                written(w, error)
+        """A partition's part of the request is durable (or failed with `error`):
+        report it, and arm its lock timer for what it acquired."""
+        if error is not None:
+            if p.acknowledged:
+                ack_results[p.key] = (error.code, error.message)
+            if p.acquired is not None:
+                fetched[p.key] = FetchedPartition(
+                    error_code=error.code, error_message=error.message
+                )
+            return
+        if p.acknowledged:
+            self._acknowledged(p, acks[p.key], ack_results, released)
+        if p.acquired is not None:
+            fetched[p.key] = self._acquired(p.key, p)
+        self._arm(p.key, p.sp)
 
     async def _prepare_acquire(
         self,
@@ -816,7 +827,10 @@ class SharePartitionManager:
         for key in targets:
             if key not in self.partitions:
                 continue
-            async with self._locks.hold(key):
+            if not await self._locks.acquire(key, self.lock_wait_ms):
+                self._release_busy(key, member_id)
+                continue
+            try:
                 sp = self.partitions.get(key)
                 if sp is None:
                     continue
@@ -826,12 +840,25 @@ class SharePartitionManager:
                 except KafkaError:
                     continue  # logged by _write
                 self.metrics.member_released(key, result.released, _count(result.archived))
+            finally:
+                self._locks.release(key)
             if result.available or result.archived:
                 released += result.released
                 self._notify(key)
         if released:
             log.info("member_records_released", group=group_id, member=member_id, records=released)
         return released
+
+    def _release_busy(self, key: ShareStateKey, member_id: str) -> None:
+        log.warning(
+            "member_release_skipped_busy",
+            group=key.group_id,
+            topic=self._topic_name(key),
+            partition=key.partition,
+            member=member_id,
+            waited_ms=self.lock_wait_ms,
+            hint="the member's records stay acquired until their acquisition lock expires",
+        )
 
     # -- idle unloading -----------------------------------------------------------
 
@@ -949,7 +976,11 @@ class SharePartitionManager:
                 self._schedule(self._deadlines[0][0])
 
     async def _expire(self, key: ShareStateKey) -> None:
-        async with self._locks.hold(key):
+        if not await self._locks.acquire(key, self.lock_wait_ms):
+            # Another request kept the partition busy all along: look again shortly.
+            self._wake_at(key, self.clock.now_ms() + self.expiry_retry_backoff_ms)
+            return
+        try:
             sp = self.partitions.get(key)
             if sp is None:
                 return
@@ -971,6 +1002,8 @@ class SharePartitionManager:
                 return
             self.metrics.locks_expired(key, result.released, _count(result.archived))
             self._arm(key, sp)
+        finally:
+            self._locks.release(key)
         if result.available or result.archived:
             log.info(
                 "acquisition_locks_expired",
@@ -1027,6 +1060,16 @@ class _Prepared:
     released: int = 0  # records the acknowledgements made AVAILABLE again
     acquired: tuple[AcquiredRange, ...] | None = None  # None: nothing was acquired
     records: bytes = b""
+
+
+def _busy(key: ShareStateKey, waited_ms: int) -> AckOutcome:
+    return (
+        ErrorCode.request_timed_out,
+        f"Share partition {key.topic_id}-{key.partition} of group {key.group_id} stayed "
+        f"busy with another request for {waited_ms} ms; the acknowledgement was not "
+        "applied and its records stay acquired until acknowledged again or their "
+        "acquisition lock expires.",
+    )
 
 
 def _count(ranges: Iterable[tuple[int, int]]) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 from structlog.testing import capture_logs
 
+from broker.logs import Wakeup
 from broker.share.manager import (
     EXPIRY_RETRY_BACKOFF_MS,
     FetchedPartition,
@@ -497,9 +498,12 @@ def test_share_coordinator_errors_map_as_kafka_tells_share_clients(
 
 
 @pytest.mark.parametrize("write_fails", [False, True], ids=["written", "failed"])
-async def test_fetch_waits_for_an_acknowledgement_write_in_flight_and_gets_what_it_left(
+async def test_fetch_skips_a_partition_whose_write_is_in_flight_and_is_woken_when_it_is_done(
     write_fails: bool,
 ) -> None:
+    """As Kafka's share fetch try-acquires a share partition's fetch lock: a fetch does not
+    wait for another request's change of a partition, it skips it (taking nothing the
+    write may yet give back), and the lock's release wakes it to look again."""
     mgr, persister, clock = manager()
     assert spans(await fetch(mgr)) == [(0, 9, 1)]
     sp = mgr.partitions[KEY]
@@ -512,17 +516,18 @@ async def test_fetch_waits_for_an_acknowledgement_write_in_flight_and_gets_what_
     await asyncio.sleep(0)
     # Released in memory, not durable yet: the write holds the partition's lock.
     assert sp.change_pending and sp.record_state(0) == InFlightRange(0, 9, A, 1)
-    second = asyncio.ensure_future(
-        mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
-    )
-    for _ in range(20):
-        await asyncio.sleep(0)
-    # The fetch waits instead of acquiring records the write may yet give back to "m".
-    assert not second.done()
-    assert sp.change_pending and sp.acquired_count == 0
-    persister.gate.set()
-    acked, got = await release, await second
+    with Wakeup([mgr.listeners(KEY)]) as wakeup:
+        got = await asyncio.wait_for(
+            mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20), 5
+        )
+        assert got == FetchedPartition()
+        assert sp.change_pending and sp.acquired_count == 0
+        persister.gate.set()
+        acked = await release
+        # Woken by the lock's release (the wait returns at once; the timer never fires).
+        await asyncio.wait_for(wakeup.wait(3600, clock=clock), 5)
     assert not sp.change_pending
+    got = await mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
     if write_fails:
         assert acked[0] == ErrorCode.kafka_storage_error
         # The release was undone: 0-9 are "m"'s again, and "m2" gets nothing, no error.
