@@ -13,6 +13,7 @@ from broker.cluster import MetadataStore
 from broker.logs import Partition, Subscribable, Wakeup
 from broker.server import RequestContext
 from broker.share.manager import AckBatches, SharePartitionManager
+from broker.share.partition import ShareAcquireMode
 from broker.share.session import ShareSessionCache
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_group import member_id_valid
@@ -102,6 +103,24 @@ def acknowledgement_batches_error(
             )
         previous_last = last
     return None
+
+
+def _acquire_mode(mode_id: int) -> ShareAcquireMode:
+    """ShareFetch v2's ShareAcquireMode (KIP-1206), refused with INVALID_REQUEST if unknown.
+
+    Kafka 4.2 throws IllegalArgumentException ("Unknown share acquire mode id") from
+    ShareFetch's constructor, which goes out as UNKNOWN_SERVER_ERROR once the request's
+    acknowledgements were applied; spool refuses the request before anything is applied,
+    with the error Kafka gives a malformed ShareFetch."""
+    try:
+        return ShareAcquireMode(mode_id)
+    except ValueError:
+        names = ", ".join(f"{m.value} ({m.name.lower()})" for m in ShareAcquireMode)
+        raise KafkaError(
+            ErrorCode.invalid_request,
+            f"Unknown ShareAcquireMode {mode_id}: must be one of {names} "
+            "(the share consumer's share.acquire.mode)",
+        ) from None
 
 
 def invalid_member_id(api: str, member_id: str | None) -> KafkaError | None:
@@ -350,12 +369,14 @@ async def share_fetch(
     ]
     has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
     renew_only: bool = getattr(req, "is_renew_ack", False)  # v2+
+    mode_id: int = getattr(req, "share_acquire_mode", 0)  # v2+ (KIP-1206)
     try:
         invalid = invalid_member_id("ShareFetch", req.member_id)
         if invalid is not None:
             raise invalid
         if not group_id:
             raise KafkaError(ErrorCode.invalid_request, "ShareFetch needs a GroupId")
+        mode = _acquire_mode(mode_id)
         if renew_only:
             # KIP-1222: a renew-only ShareFetch must not ask for records.
             nonzero = [
@@ -421,7 +442,7 @@ async def share_fetch(
         # carrying the previous delivery's acknowledgements is a share consumer's steady
         # state.
         got_any = await _fetch_round(
-            broker, group_id, member_id, req, partitions, entries, acks, ack_results
+            broker, group_id, member_id, req, mode, partitions, entries, acks, ack_results
         )
         report_acks()
         for tp in requested:
@@ -437,7 +458,9 @@ async def share_fetch(
                 # The session was closed (epoch -1, disconnect) or replaced while this
                 # fetch waited: records acquired now could only sit locked until expiry.
                 break
-            got_any = await _fetch_round(broker, group_id, member_id, req, partitions, entries)
+            got_any = await _fetch_round(
+                broker, group_id, member_id, req, mode, partitions, entries
+            )
     return {**base, "error_code": ErrorCode.none, "responses": _group(entries)}
 
 
@@ -446,6 +469,7 @@ async def _fetch_round(
     group_id: str,
     member_id: str,
     req: ShareFetchRequest,
+    mode: ShareAcquireMode,
     partitions: list[tuple[uuid.UUID, int]],
     entries: Entries,
     acks: Mapping[ShareStateKey, AckBatches] | None = None,
@@ -476,6 +500,7 @@ async def _fetch_round(
         max_records=max_records,
         batch_size=max(req.batch_size, 1),
         max_bytes=req.max_bytes,
+        mode=mode,
     )
     if ack_results is not None:
         _ack_outcomes(ack_results, acked)

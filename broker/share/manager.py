@@ -36,6 +36,7 @@ from broker.share.partition import (
     NO_CHANGE,
     AcquiredRange,
     PendingChange,
+    ShareAcquireMode,
     SharePartition,
     SharePartitionConfig,
 )
@@ -504,11 +505,14 @@ class SharePartitionManager:
         max_records: int = 0,
         batch_size: int = 1,
         max_bytes: int = 0,
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
     ) -> tuple[dict[ShareStateKey, AckOutcome], dict[ShareStateKey, FetchedPartition]]:
         """A ShareFetch's work: apply the member's acknowledgements (`acks`), then acquire on
         `keys` in order, sharing MaxRecords and MaxBytes; whatever changed durably is
         persisted as one share-state write (one fsync) before either result is reported.
-        Acquisitions alone change nothing durable (KIP-932) and need no write.
+        Acquisitions alone change nothing durable (KIP-932) and need no write. `mode` is
+        the ShareFetch's ShareAcquireMode (KIP-1206): with RECORD_LIMIT, MaxRecords is a
+        hard limit across the request, as Kafka 4.2 passes each partition what is left.
 
         On a partition with both, the acquisition is stacked on the acknowledgement
         (`SharePartition.stack_on`): one change, so a failed write undoes both and each
@@ -544,7 +548,7 @@ class SharePartitionManager:
                         continue  # another request's: skipped, woken when it is let go
                     held.append(key)
                 p = await self._prepare(
-                    key, acks, fetching, member_id, budget, batch_size, ack_results, fetched
+                    key, acks, fetching, member_id, budget, batch_size, ack_results, fetched, mode
                 )
                 if p is not None:
                     prepared.append(p)
@@ -582,6 +586,7 @@ class SharePartitionManager:
         batch_size: int,
         ack_results: dict[ShareStateKey, AckOutcome],
         fetched: dict[ShareStateKey, FetchedPartition],
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
     ) -> _Prepared | None:
         """A partition's part of the request in memory, under its lock: the member's
         acknowledgements, then an acquisition stacked on them. None when there is nothing
@@ -598,7 +603,7 @@ class SharePartitionManager:
         if key in acks:
             self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
         if key in fetching and budget[0] > 0 and budget[1] > 0:
-            await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched)
+            await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched, mode)
         if prepared.change is NO_CHANGE and prepared.acquired is None and not prepared.acknowledged:
             return None
         return prepared
@@ -668,6 +673,7 @@ class SharePartitionManager:
         budget: list[int],
         batch_size: int,
         fetched: dict[ShareStateKey, FetchedPartition],
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
     ) -> None:
         """Acquire in memory (not yet durable) on top of `prepared.change`, holding the
         partition's lock; spends `budget` ([records, bytes]). What the fetch got without
@@ -716,6 +722,7 @@ class SharePartitionManager:
             batch_size=batch_size,
             now_ms=self.clock.now_ms(),
             gaps=gaps,
+            mode=mode,
         )
         prepared.change = result.change
         chunks = []
