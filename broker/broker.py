@@ -7,7 +7,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,9 +15,12 @@ import structlog
 from broker import trace
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
+from broker.handlers import build_table
+from broker.handlers.configs import apply_dynamic_broker_config
+from broker.handlers.transactions import marker_writer
 from broker.logs import LogManager, Partition
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
-from broker.server import RequestContext, Server, ServerLimits, error_frame
+from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
 from broker.share.manager import LogPartition, SharePartitionManager
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
@@ -80,12 +82,6 @@ async def compaction_loop(
             metrics.compacted(rewritten)
 
 
-@dataclass(slots=True, frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-
 class Broker:
     """One spool node: listener, cluster metadata, partition logs, handlers."""
 
@@ -126,8 +122,6 @@ class Broker:
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
         self.topic_changed_hooks: list[Callable[[str], None]] = []
-        from broker.handlers import build_table
-
         self.table: api.ApiTable[RequestContext] = build_table(self)
 
     @property
@@ -146,8 +140,6 @@ class Broker:
         self.commit.start()
         self.metadata = MetadataStore(self.data_dir / "meta", self.commit, clock=self.clock)
         self.cluster_id = await self.metadata.ensure_cluster_id()
-        from broker.handlers.configs import apply_dynamic_broker_config
-
         self.logs = LogManager(self.data_dir / "topics", self.config, self.commit, self.clock)
         live = set(self.metadata.state.topics)
         self.logs.cleanup_stale(live)
@@ -257,8 +249,6 @@ class Broker:
     def _start_transactions(self) -> None:
         """The transaction coordinator on `data/transactions/`: replayed, in-doubt
         transactions completed, timeout and expiry sweeps on the broker's clock."""
-        from broker.handlers.transactions import marker_writer
-
         self.transactions = TransactionCoordinator(
             RecordLog(self.data_dir / "transactions", self.commit, clock=self.clock),
             allocate_producer_id=self.metadata.allocate_producer_id,

@@ -9,13 +9,16 @@ import importlib
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from broker import logging as spool_logging
 from broker.config import BrokerConfig, load_static
 from protocol.errors import KafkaError
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
 
 log = structlog.get_logger("spool.cli")
 
@@ -106,8 +109,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from broker.broker import Broker, Endpoint
-    from broker.server import ServerLimits, raise_open_file_limit
+    from broker.broker import Broker
+    from broker.server import Endpoint, ServerLimits, raise_open_file_limit
 
     try:
         config = BrokerConfig(load_static(args.config, args.set))
@@ -165,7 +168,7 @@ async def _warm_up(broker: Any) -> None:
 
 
 def _start_metrics(
-    address: tuple[str, int] | None, broker: Any, loop: asyncio.AbstractEventLoop
+    address: tuple[str, int] | None, broker: Broker, loop: asyncio.AbstractEventLoop
 ) -> Any:
     if address is None:
         return None

@@ -35,10 +35,9 @@ from persister.commit import GroupCommit
 from persister.log import AppendResult, LogConfig, PartitionLog
 from persister.producer_state import CompletedTxn, ProducerStateManager
 from persister.txn_index import AbortedTxn
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
     BatchHeader,
-    CorruptRecordError,
     EndTxnMarker,
     build_end_txn_marker_batch,
     decode_records,

@@ -28,22 +28,27 @@ import sys
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from coordinator.share_state import ShareState, ShareStateKey
 from protocol import api
-from protocol.errors import ErrorCode
-from protocol.records import CorruptRecordError, iter_batches
+from protocol.errors import CorruptRecordError, ErrorCode
+from protocol.records import iter_batches
 
 if TYPE_CHECKING:
     import asyncio
+    import uuid
 
     from prometheus_client.metrics_core import Metric
 
-    from broker.broker import Broker
+    from broker.cluster import MetadataStore
+    from broker.logs import LogManager, Partition
+    from broker.server import Server
+    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.share_persister import DurablePersister
 
 log = structlog.get_logger("spool.metrics")
 
@@ -324,7 +329,60 @@ def _failed(result: Any, *also: str) -> int:
 # -- the exposition side ----------------------------------------------------------------
 
 
-def collect(broker: Broker) -> list[Metric]:
+class LoadedSharePartition(Protocol):
+    """What the exposition reads of a share partition in memory
+    (`broker.share.partition.SharePartition`)."""
+
+    @property
+    def initialized(self) -> bool: ...
+    @property
+    def spso(self) -> int: ...
+    @property
+    def in_flight_count(self) -> int: ...
+    @property
+    def acquired_count(self) -> int: ...
+    @property
+    def delivery_complete_count(self) -> int: ...
+    @property
+    def range_count(self) -> int: ...
+
+
+class LoadedSharePartitions(Protocol):
+    """The share partitions in memory (`broker.share.manager.SharePartitionManager`)."""
+
+    @property
+    def partitions(self) -> Mapping[ShareStateKey, LoadedSharePartition]: ...
+
+
+class Observed(Protocol):
+    """What the exposition reads of the broker (`broker.broker.Broker`, which mypy checks
+    against it where `spool serve` starts the endpoint). The counters above are what
+    the broker and the share manager import; this side is handed the broker instead, so
+    the module imports nothing above it. `logs`, `share` and `share_persister` exist
+    once the broker has started (`collect` asks first)."""
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def server(self) -> Server | None: ...
+    @property
+    def logs(self) -> LogManager: ...
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
+    @property
+    def share(self) -> LoadedSharePartitions: ...
+    @property
+    def share_persister(self) -> DurablePersister: ...
+    def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None: ...
+
+
+def collect(broker: Observed) -> list[Metric]:
     """A snapshot of every metric; run on the event loop (reads memory only)."""
     from prometheus_client.core import (
         CounterMetricFamily,
@@ -458,7 +516,7 @@ def collect(broker: Broker) -> list[Metric]:
     return out
 
 
-def _log_gauges(broker: Broker, gauge: Callable[..., Any]) -> None:
+def _log_gauges(broker: Observed, gauge: Callable[..., Any]) -> None:
     labels = ("topic", "partition")
     size = gauge("kafka_log_log_size", "Bytes of a partition's log on disk.", labels=labels)
     end = gauge("kafka_log_log_logendoffset", "A partition's log end offset.", labels=labels)
@@ -479,7 +537,7 @@ def _log_gauges(broker: Broker, gauge: Callable[..., Any]) -> None:
 
 
 def _share_metrics(
-    broker: Broker,
+    broker: Observed,
     counter: Callable[..., Any],
     gauge: Callable[..., Any],
     histogram: Callable[..., Any],
@@ -612,7 +670,7 @@ def _delivery_complete(state: ShareState) -> int:
 
 
 def _lag(
-    broker: Broker,
+    broker: Observed,
     family: Any,
     tags: tuple[str, str, str],
     key: ShareStateKey,
@@ -653,7 +711,7 @@ class MetricsServer:
     LOOP_TIMEOUT_S (a blocked broker is not healthy), the reason in the JSON body.
     """
 
-    def __init__(self, host: str, port: int, broker: Broker) -> None:
+    def __init__(self, host: str, port: int, broker: Observed) -> None:
         self.host = host
         self.port = port
         self.broker = broker

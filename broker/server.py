@@ -40,7 +40,7 @@ import structlog
 
 from broker import trace
 from persister.clock import SYSTEM_CLOCK, Clock, Timer, ms_of, wait_all
-from protocol import api
+from protocol import api, guard
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
@@ -60,6 +60,14 @@ INT_MAX = 2**31 - 1
 MIN_FREE_FILES_FOR_CONNECTIONS = 16
 
 _connection_ids = itertools.count(1)
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """A host and port: where the listener binds, or what the broker advertises."""
+
+    host: str
+    port: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -676,7 +684,7 @@ class Connection:
             self.log.warning("unknown_api_key_closed", api_key=api_key, api_version=api_version)
             return None
         try:
-            return api.decode_request_header(frame)
+            return guard.decode_request_header(frame)
         except OSError as exc:
             # The broker's failure, not the client's: e.g. no descriptor left to import
             # the schema module of an api version seen for the first time.

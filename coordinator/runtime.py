@@ -70,7 +70,7 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from persister.checkpoint import CheckpointFile, records_from
+from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.log import PartitionLog
 from persister.record_log import CompactionKeys, KeyValue, compact_by_key
@@ -102,7 +102,7 @@ class CoordinatorLog(Protocol):
 
     def truncate(self, offset: int) -> None: ...
 
-    def replay(self) -> Iterator[KeyValue]: ...
+    def replay(self, start: int | None = None) -> Iterator[KeyValue]: ...
 
     def close(self) -> None: ...
 
@@ -262,12 +262,8 @@ class CoordinatorRuntime(Generic[R]):
         """Rebuild the state machine (startup): from the checkpoint and the log after it,
         or by replaying the whole log; return the log records replayed."""
         start = self._restore_checkpoint()
-        plog = self.record_log.partition_log
-        records = (
-            self.record_log.replay() if start is None or plog is None else records_from(plog, start)
-        )
         count = 0
-        for key, value in records:
+        for key, value in self.record_log.replay(start):
             record = self._decode(key, value)
             if record is not None:
                 self._replay(record)

@@ -39,19 +39,13 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import crc32c
 import structlog
 
 from persister.files import write_synced
-from protocol.records import decode_records, iter_batches
-
-if TYPE_CHECKING:
-    from persister.log import PartitionLog
 
 log = structlog.get_logger("spool.checkpoint")
 
@@ -61,7 +55,6 @@ VERSION = 0
 _HEAD = struct.Struct(">4shI")  # magic, version, crc
 _OFFSET = struct.Struct(">q")
 _INT16 = struct.Struct(">h")
-_READ_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,22 +165,6 @@ class CheckpointFile:
             except FileNotFoundError:
                 return
             _fsync_directory(self.path.parent)
-
-
-def records_from(plog: PartitionLog, offset: int) -> Iterator[tuple[bytes | None, bytes | None]]:
-    """(key, value) of every record at or after `offset`, in order (control batches
-    skipped); what a runtime replays on top of a checkpoint."""
-    position = max(offset, plog.log_start_offset)
-    while position < plog.log_end_offset:
-        data = plog.read(position, _READ_CHUNK)
-        if not data:
-            break
-        for pos, header in iter_batches(data, validate=True):
-            if not header.is_control and header.last_offset >= offset:
-                for record in decode_records(data, pos, header):
-                    if record.offset >= offset:
-                        yield record.key, record.value
-            position = header.next_offset
 
 
 # ------------------------------------------------------- producer-state snapshots

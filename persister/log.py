@@ -55,11 +55,10 @@ from persister.segment import (
     scan_batches,
 )
 from persister.txn_index import AbortedTxn
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
     NO_TIMESTAMP,
     BatchHeader,
-    CorruptRecordError,
     parse_header,
     set_base_offset,
 )

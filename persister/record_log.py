@@ -3,7 +3,8 @@
 A coordinator turns a request into records; `write` appends them as one v2 record batch
 on a segmented `PartitionLog` (to the OS, not yet fsynced) and `sync` returns once they
 are fsynced (group commit); `truncate` undoes a write whose append or fsync failed;
-`replay` yields every record from the start, which is how state is rebuilt on startup.
+`replay` yields every record from the start (or from an offset a checkpoint covers up
+to), which is how state is rebuilt on startup.
 Keys and values are opaque bytes: each coordinator has its own codec.
 `coordinator.runtime.CoordinatorRuntime` drives these calls.
 
@@ -97,8 +98,14 @@ class RecordLog:
         """Remove everything written from `offset` on (a failed write and what followed)."""
         self.log.truncate_to(offset)
 
-    def replay(self) -> Iterator[KeyValue]:
-        """Every record from the log start, in order."""
+    def replay(self, start: int | None = None) -> Iterator[KeyValue]:
+        """Every record from the log start, in order; with `start`, every record at or
+        after that offset (what a runtime replays on top of a checkpoint)."""
+        if start is None:
+            return self._replay_all()
+        return self._replay_from(start)
+
+    def _replay_all(self) -> Iterator[KeyValue]:
         offset = self.log.log_start_offset
         while offset < self.log.log_end_offset:
             data = self.log.read(offset, _READ_CHUNK)
@@ -109,6 +116,19 @@ class RecordLog:
                     for record in decode_records(data, pos, header):
                         yield record.key, record.value
                 offset = header.next_offset
+
+    def _replay_from(self, start: int) -> Iterator[KeyValue]:
+        position = max(start, self.log.log_start_offset)
+        while position < self.log.log_end_offset:
+            data = self.log.read(position, _READ_CHUNK)
+            if not data:
+                break
+            for pos, header in iter_batches(data, validate=True):
+                if not header.is_control and header.last_offset >= start:
+                    for record in decode_records(data, pos, header):
+                        if record.offset >= start:
+                            yield record.key, record.value
+                position = header.next_offset
 
     def close(self) -> None:
         self.log.close()
@@ -137,8 +157,8 @@ class MemoryRecordLog:
     def truncate(self, offset: int) -> None:
         del self.records[offset:]
 
-    def replay(self) -> Iterator[KeyValue]:
-        return iter(list(self.records))
+    def replay(self, start: int | None = None) -> Iterator[KeyValue]:
+        return iter(self.records[start or 0 :])
 
     def close(self) -> None:
         return None

@@ -25,11 +25,11 @@ import structlog
 
 from persister.index import INT32_MAX, OffsetIndex, TimeIndex
 from persister.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
+from protocol.errors import CorruptRecordError
 from protocol.records import (
     HEADER_SIZE,
     NO_TIMESTAMP,
     BatchHeader,
-    CorruptRecordError,
     EndTxnMarker,
     iter_batches,
     parse_header,

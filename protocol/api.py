@@ -125,28 +125,6 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     return HEADER_PREFIX.unpack_from(frame, 0)
 
 
-def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
-    """Parse a request header; returns the header and the offset of the body.
-
-    Raises `MalformedRequest` when the header's bytes cannot be parsed (a client id
-    length past the end of the frame, bad header tags).
-    """
-    # The guard checks the structure of request bytes; it imports this module.
-    from protocol.guard import read_request_header
-
-    if len(frame) < HEADER_PREFIX.size:
-        raise MalformedRequest(-1, -1, f"request header of {len(frame)} bytes is cut short")
-    api_key, api_version, correlation_id = HEADER_PREFIX.unpack_from(frame, 0)
-    try:
-        flexible = is_flexible(api_key, api_version)
-    except UnknownApi:
-        # Unknown version of a known api (or unknown api): only the fixed part and the
-        # client id can be trusted; Kafka reads ApiVersions beyond its range as flexible.
-        flexible = api_key == API_VERSIONS_KEY
-    client_id, size = read_request_header(frame, api_key, api_version, flexible)
-    return RequestHeader(api_key, api_version, correlation_id, client_id), size
-
-
 def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset: int) -> Entity:
     """Decode the body at `offset` into kio's request entity for this version.
 

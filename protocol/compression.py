@@ -20,8 +20,7 @@ from typing import Final
 
 import cramjam
 
-from protocol.errors import ErrorCode, KafkaError
-from protocol.records import CorruptRecordError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 
 NONE: Final = 0
 GZIP: Final = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-__all__ = ["ErrorCode", "KafkaError"]
+__all__ = ["CorruptRecordError", "ErrorCode", "KafkaError"]
 
 
 class KafkaError(Exception):
@@ -22,3 +22,10 @@ class KafkaError(Exception):
 
     def __repr__(self) -> str:
         return f"KafkaError({self.code.name}, {self.message!r})"
+
+
+class CorruptRecordError(KafkaError):
+    """A batch that fails structural or CRC validation (CORRUPT_MESSAGE)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.corrupt_message, message)

@@ -20,7 +20,11 @@ Two outcomes besides passing:
 The check mirrors what kio's reader accepts, so a body that passes always decodes.
 Unknown tagged fields are the one place kio is stricter than Kafka (it raises where
 Kafka skips them, KIP-482); the check returns a copy of the frame without them.
-Checkers are compiled once per entity class.
+Checkers are compiled once per entity class. The request header is read the same
+way (`decode_request_header`, which the server calls on every frame).
+
+The guard sits above `protocol.api`: it takes the schema classes and `MalformedRequest`
+from there, and api imports nothing of it.
 """
 
 from __future__ import annotations
@@ -46,7 +50,15 @@ from kio.serial._introspect import (
     is_optional,
 )
 
-from protocol.api import MalformedRequest, request_class
+from protocol.api import (
+    API_VERSIONS_KEY,
+    HEADER_PREFIX,
+    MalformedRequest,
+    RequestHeader,
+    UnknownApi,
+    is_flexible,
+    request_class,
+)
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -595,3 +607,22 @@ def read_request_header(
                 api_key, api_version, f"request header tagged fields: {fail.reason}"
             ) from None
     return client_id, pos
+
+
+def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
+    """Parse a request header; returns the header and the offset of the body.
+
+    Raises `MalformedRequest` when the header's bytes cannot be parsed (a client id
+    length past the end of the frame, bad header tags).
+    """
+    if len(frame) < HEADER_PREFIX.size:
+        raise MalformedRequest(-1, -1, f"request header of {len(frame)} bytes is cut short")
+    api_key, api_version, correlation_id = HEADER_PREFIX.unpack_from(frame, 0)
+    try:
+        flexible = is_flexible(api_key, api_version)
+    except UnknownApi:
+        # Unknown version of a known api (or unknown api): only the fixed part and the
+        # client id can be trusted; Kafka reads ApiVersions beyond its range as flexible.
+        flexible = api_key == API_VERSIONS_KEY
+    client_id, size = read_request_header(frame, api_key, api_version, flexible)
+    return RequestHeader(api_key, api_version, correlation_id, client_id), size

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 import crc32c
 
-from protocol.errors import ErrorCode, KafkaError
+from protocol.compression import compress, decompress
+from protocol.errors import CorruptRecordError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -46,13 +47,6 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_TIMESTAMP = -1
-
-
-class CorruptRecordError(KafkaError):
-    """A batch that fails structural or CRC validation (CORRUPT_MESSAGE)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.corrupt_message, message)
 
 
 @dataclass(slots=True, frozen=True)
@@ -282,9 +276,6 @@ def decode_records(
         )
     body = memoryview(buf)[pos + HEADER_SIZE : end]
     if header.compression:
-        # Imported here: compression imports CorruptRecordError from this module.
-        from protocol.compression import decompress
-
         data = decompress(header.compression, body, max_size=max_decompressed_size)
     else:
         data = bytes(body)
@@ -454,12 +445,7 @@ def build_batch(
         attributes |= TRANSACTIONAL_FLAG
     if is_control:
         attributes |= CONTROL_FLAG
-    if compression:
-        from protocol.compression import compress
-
-        section = compress(compression, payload)
-    else:
-        section = bytes(payload)
+    section = compress(compression, payload) if compression else bytes(payload)
 
     out = bytearray(
         HEADER.pack(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker.handlers import (
     cluster,
@@ -31,13 +31,26 @@ from broker.handlers import (
 from broker.server import RequestContext
 from protocol.api import ApiTable, Response
 
-if TYPE_CHECKING:
-    from broker.broker import Broker
+
+class HandlerBroker(
+    cluster.ClusterBroker,
+    configs.ConfigsBroker,
+    produce_fetch.DataBroker,
+    share.ShareBroker,
+    share_admin.ShareAdminBroker,
+    share_state.ShareStateBroker,
+    topics.TopicsBroker,
+    transactions.TxnBroker,
+    Protocol,
+):
+    """Every handler module's Protocol at once: what the table needs of the broker.
+    `broker.broker.Broker` builds the table with itself, so mypy checks it there."""
+
 
 # A handler before the broker is bound to it. The request is `Any` here because each
 # handler takes its own API's request union; the unit tests check that union against
 # the versions registered below.
-BrokerHandler = Callable[[RequestContext, Any, "Broker"], Awaitable[Response | None]]
+BrokerHandler = Callable[[RequestContext, Any, HandlerBroker], Awaitable[Response | None]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,7 +100,7 @@ APIS: tuple[Api, ...] = (
 )
 
 
-def build_table(broker: Broker) -> ApiTable[RequestContext]:
+def build_table(broker: HandlerBroker) -> ApiTable[RequestContext]:
     """The broker's ApiTable: every entry of `APIS` with `broker` bound."""
     table: ApiTable[RequestContext] = ApiTable()
     for api in APIS:
@@ -98,6 +111,6 @@ def build_table(broker: Broker) -> ApiTable[RequestContext]:
 
 
 async def _call(
-    handler: BrokerHandler, broker: Broker, ctx: RequestContext, req: Any
+    handler: BrokerHandler, broker: HandlerBroker, ctx: RequestContext, req: Any
 ) -> Response | None:
     return await handler(ctx, req, broker)

@@ -9,13 +9,12 @@ import structlog
 from broker.cluster import Topic
 from broker.handlers.topics import TopicStores, auto_create_topic
 from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
-from broker.server import RequestContext
+from broker.server import Endpoint, RequestContext
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
-    from broker.broker import Endpoint
     from broker.handlers.requests import (
         ApiVersionsRequest,
         DescribeClusterRequest,

@@ -42,7 +42,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -56,9 +56,12 @@ from persister.share_records import (
     StateBatch,
     decode,
 )
+from persister.spark import report
+from persister.spark.findings import AuditResult, LogRecord, ShareKeyTuple, Violation
+from persister.spark.segments import NotASpoolDataDir, job_session, share_state_dir
+from protocol.errors import CorruptRecordError
 from protocol.records import (
     HEADER_SIZE,
-    CorruptRecordError,
     Record,
     _read_varint,
     compute_crc,
@@ -108,53 +111,6 @@ SNAPSHOT, UPDATE, TOMBSTONE = "snapshot", "update", "tombstone"
 _GROUP_BYTES = 16 * 1024 * 1024
 # Where a record was read: the live log, or a compaction's output.
 SOURCE_LOG, SOURCE_COMPACTED = "log", "compacted"
-
-ShareKeyTuple = tuple[str, str, int]  # group id, topic id (text), partition
-
-
-class LogRecord(NamedTuple):
-    """One decoded share-state record and where it sits: the record rows of the audit.
-
-    `state_epoch` is -1 for an update or a tombstone (ShareUpdate has no such field);
-    `segment` is the file name (relative to the share-state dir for compacted output).
-    """
-
-    source: str
-    segment: str
-    byte_position: int
-    offset: int
-    record_type: str
-    group_id: str
-    topic_id: str
-    partition: int
-    snapshot_epoch: int
-    state_epoch: int
-    leader_epoch: int
-    start_offset: int
-    batches: tuple[StateBatch, ...]
-    share: ShareRecord
-
-    @property
-    def key(self) -> ShareKeyTuple:
-        return (self.group_id, self.topic_id, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One failed check, with the key (None where a bad batch names none) and position."""
-
-    rule: str
-    message: str
-    group_id: str | None
-    topic_id: str | None
-    partition: int | None
-    segment: str
-    offset: int | None
-    byte_position: int | None = None
-    topic: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _violation(rule: str, record: LogRecord, message: str) -> Violation:
@@ -861,18 +817,6 @@ def find_staging(share_dir: Path) -> Staging | None:
 # ------------------------------------------------------------------ the Spark job
 
 
-@dataclass
-class AuditResult:
-    checks: list[dict[str, Any]]
-    violations: list[Violation]
-    partitions: list[dict[str, Any]]
-    summary: dict[str, Any]
-
-    @property
-    def passed(self) -> bool:
-        return not self.violations
-
-
 class ScanTask(NamedTuple):
     """One segment file for the executors to scan."""
 
@@ -965,9 +909,7 @@ def check_group(
                 records.append(log_record(task.source, task.segment, batch_pos, offset, share))
     out += _audit_key((key, records), ctx, replaced)
     if table_rows:
-        from persister.spark.report import record_row
-
-        out += [("row", record_row(r)) for r in records]
+        out += [("row", report.record_row(r)) for r in records]
     return out
 
 
@@ -1006,8 +948,6 @@ def run_audit(
     """Audit `data_dir/share-state` and write `out/` (report.json, report.html, and with
     `tables` the Parquet tables, the slowest part of a small audit)."""
     from pyspark import StorageLevel
-
-    from persister.spark import report
 
     say = progress or (lambda _m: None)
     share_dir = data_dir / "share-state"
@@ -1152,8 +1092,6 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from persister.spark.segments import NotASpoolDataDir, job_session, share_state_dir
-
     data_dir: Path = args.data_dir
     try:
         share_state_dir(data_dir)

@@ -50,6 +50,7 @@ from persister.spark.segments import (
     SegmentFile,
     Split,
     closed_segments,
+    job_session,
     plan_splits,
     record_of_row,
     share_state_dir,
@@ -415,8 +416,6 @@ def run(args: argparse.Namespace) -> int:
     except NotASpoolDataDir as exc:
         print(f"spool compact: {exc}", file=sys.stderr)
         return 2
-    from persister.spark.segments import job_session
-
     with job_session(args.master, "spool-compact") as spark:
         try:
             compact(spark, args.data_dir, segment_bytes=args.segment_bytes)

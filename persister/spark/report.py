@@ -17,12 +17,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persister.spark.findings import AuditResult, LogRecord, Violation
+from persister.spark.segments import row_schema
+
 if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-    from persister.spark.audit import AuditResult, LogRecord, Violation
 
 # The HTML lists at most this many violations; report.json and the table hold them all.
 HTML_VIOLATION_ROWS = 500
@@ -36,9 +37,6 @@ def records_schema() -> StructType:
     """The records table: the compact job's row columns the audit reads, plus where the
     record came from (`source`: log or compacted output) and its batch's byte position."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-    from persister.spark.audit import LogRecord
-    from persister.spark.segments import row_schema
 
     # The compact job's columns this table shares, in its order.
     shared = [f for f in row_schema().fields if f.name in LogRecord._fields]

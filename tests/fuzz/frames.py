@@ -44,8 +44,9 @@ PROBE_CORRELATION_ID = 0x7E57_0000
 def advertised_apis() -> list[tuple[int, int, int]]:
     """(api key, min version, max version) the broker registers, read from a
     constructed (never started) `Broker`."""
-    from broker.broker import Broker, Endpoint
+    from broker.broker import Broker
     from broker.config import BrokerConfig, load_static
+    from broker.server import Endpoint
 
     broker = Broker(
         BrokerConfig(load_static(None, [])), Path("/nonexistent"), Endpoint("127.0.0.1", 0)

@@ -33,7 +33,8 @@ from persister.share_records import (
     encode,
 )
 from persister.spark import audit
-from persister.spark.audit import AuditResult, run_audit
+from persister.spark.audit import run_audit
+from persister.spark.findings import AuditResult, LogRecord
 from protocol.records import CRC_START, NewRecord, build_batch
 from tests.integration.conftest import REPO_ROOT, Broker, create_topic
 from tests.integration.share_helpers import (
@@ -197,7 +198,7 @@ def test_a_delivery_count_at_the_limit_passes_and_the_limit_source_is_reported(
 
 def _flip_a_byte_under_the_crc(data: bytes) -> bytes:
     """One bit pattern changed in the last record's value, which the CRC32C covers."""
-    last = [r for r in audit.scan_segment(data, SEGMENT) if isinstance(r, audit.LogRecord)][-1]
+    last = [r for r in audit.scan_segment(data, SEGMENT) if isinstance(r, LogRecord)][-1]
     assert len(data) - 3 > last.byte_position + CRC_START
     damaged = bytearray(data)
     damaged[-3] ^= 0x55

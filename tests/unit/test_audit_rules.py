@@ -29,9 +29,8 @@ from persister.spark.audit import (
     STATE_EPOCH_MONOTONIC,
     DataDirContext,
     KeyContext,
-    LogRecord,
-    Violation,
 )
+from persister.spark.findings import LogRecord, Violation
 from protocol.records import CRC_OFFSET, NewRecord, build_batch
 
 TOPIC = uuid.UUID(int=7)

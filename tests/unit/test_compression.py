@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from protocol import compression
 from protocol.compression import GZIP, LZ4, NONE, SNAPPY, XERIAL_MAGIC, ZSTD, compress, decompress
-from protocol.errors import ErrorCode, KafkaError
-from protocol.records import CorruptRecordError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 COMPRESSING = [GZIP, SNAPPY, LZ4, ZSTD]

@@ -43,12 +43,12 @@ def frame_of(api_key: int, version: int, body: Any, client_id: str = "test") -> 
 
 def check(frame: bytes) -> bytes:
     """Header, then the guard, as dispatch runs them; returns what kio would read."""
-    header, offset = api.decode_request_header(frame)
+    header, offset = guard.decode_request_header(frame)
     return guard.check_request(header.api_key, header.api_version, frame, offset)
 
 
 def decode(frame: bytes) -> Any:
-    header, offset = api.decode_request_header(frame)
+    header, offset = guard.decode_request_header(frame)
     checked = guard.check_request(header.api_key, header.api_version, frame, offset)
     return api.decode_request(header.api_key, header.api_version, checked, offset)
 
@@ -360,14 +360,14 @@ def test_client_id_length_past_the_end_is_malformed() -> None:
     frame = bytearray(frame_of(3, 12, body_of(3, 12, {"topics": None}), client_id="abc"))
     struct.pack_into(">h", frame, 8, 30000)
     with pytest.raises(api.MalformedRequest) as caught:
-        api.decode_request_header(bytes(frame))
+        guard.decode_request_header(bytes(frame))
     assert (caught.value.api_key, caught.value.api_version) == (3, 12)
     assert caught.value.reason.startswith("client_id: string of 30000 bytes")
 
 
 def test_negative_client_id_length_is_a_null_client_id_as_in_kafka() -> None:
     frame = struct.pack(">hhih", 18, 0, 5, -7)
-    header, offset = api.decode_request_header(frame)
+    header, offset = guard.decode_request_header(frame)
     assert header.client_id is None and offset == 10
 
 
@@ -375,21 +375,21 @@ def test_header_tags_are_skipped_and_a_cut_tag_section_is_malformed() -> None:
     frame = frame_of(3, 12, body_of(3, 12, {"topics": None}), client_id="c")
     # Header: fixed 8, client id 2+1, then the tag count at 11.
     tagged = frame[:11] + b"\x01\x05\x02\xaa\xbb" + frame[12:]
-    header, offset = api.decode_request_header(tagged)
+    header, offset = guard.decode_request_header(tagged)
     assert header.client_id == "c" and offset == 16
     with pytest.raises(api.MalformedRequest):
-        api.decode_request_header(frame[:11] + b"\x01\x05\x09\xaa")
+        guard.decode_request_header(frame[:11] + b"\x01\x05\x09\xaa")
 
 
 def test_client_id_that_is_not_utf8_is_decoded_leniently() -> None:
     frame = struct.pack(">hhih", 18, 0, 5, 2) + b"\xff\xfe"
-    header, _ = api.decode_request_header(frame)
+    header, _ = guard.decode_request_header(frame)
     assert header.client_id == "\ufffd\ufffd"
 
 
 def test_decode_errors_after_the_guard_are_malformed_request() -> None:
     frame = frame_of(3, 12, body_of(3, 12, {"topics": [{"name": "t"}]}))
-    _, offset = api.decode_request_header(frame)
+    _, offset = guard.decode_request_header(frame)
     with pytest.raises(api.MalformedRequest) as caught:
         api.decode_request(3, 12, frame[:-4], offset)  # kio sees it cut short
     assert caught.value.api_key == 3
@@ -440,7 +440,7 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
 def _guard_then_kio(payload: bytes) -> None:
     """The guard raises only its two exceptions; when it passes, kio decodes."""
     try:
-        header, offset = api.decode_request_header(payload)
+        header, offset = guard.decode_request_header(payload)
     except api.MalformedRequest:
         return
     try:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.broker import Broker, Endpoint
+from broker.broker import Broker
 from broker.config import BrokerConfig, load_static
 from broker.handlers import APIS, requests
+from broker.server import Endpoint
 from protocol import api
 from tests.unit.fresh import run_fresh
 
@@ -77,7 +78,8 @@ def test_version_guards_pick_exactly_the_narrowed_versions(
 _WARM_UP = """
 import asyncio, json, sys
 from pathlib import Path
-from broker.broker import Broker, Endpoint
+from broker.broker import Broker
+from broker.server import Endpoint
 from broker.config import BrokerConfig, load_static
 from kio.schema.index import api_key_map, schema_name_map
 

@@ -7,7 +7,8 @@ import pytest
 
 from broker.logs import MAX_DECOMPRESSED_BATCH_BYTES, validate_produce_data
 from protocol.compression import GZIP, ZSTD
-from protocol.records import CorruptRecordError, NewRecord, build_batch
+from protocol.errors import CorruptRecordError
+from protocol.records import NewRecord, build_batch
 
 
 @pytest.mark.parametrize("codec", [GZIP, ZSTD])

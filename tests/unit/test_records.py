@@ -13,12 +13,12 @@ from kio.records.writers import write_new_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from protocol.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
+from protocol.errors import CorruptRecordError
 from protocol.records import (
     CRC_OFFSET,
     CRC_START,
     HEADER_SIZE,
     BatchHeader,
-    CorruptRecordError,
     NewRecord,
     Record,
     _read_varint,

@@ -20,12 +20,11 @@ from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from persister.segment import LogSegment
 from persister.txn_index import ENTRY_SIZE, AbortedTxn, TransactionIndex, aborted_batch_ranges
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
     BatchHeader,
-    CorruptRecordError,
     EndTxnMarker,
     NewRecord,
     build_batch,
