@@ -44,13 +44,12 @@ from coordinator.share_group import (
     validate_heartbeat_request,
 )
 from coordinator.share_state import (
-    UNINITIALIZED_START_OFFSET,
-    UNKNOWN_DELIVERY_COMPLETE_COUNT,
     Persister,
     ShareStateKey,
 )
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.record_log import MemoryRecordLog
+from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.groups")

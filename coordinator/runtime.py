@@ -156,8 +156,9 @@ def for_coordinator_rpc(exc: KafkaError) -> KafkaError:
 
 
 @dataclass(slots=True, eq=False)
-class _Write:
-    """Records written and not yet replayed or undone."""
+class _InflightWrite:
+    """A write of the runtime's log under way: records written and not yet replayed or
+    undone (held in `_inflight`)."""
 
     start: int
     # Where its records end (set once appended).
@@ -238,7 +239,7 @@ class CoordinatorRuntime(Generic[R]):
         self._replay = replay
         self._compaction = compaction
         self._locks = KeyLocks()
-        self._inflight: list[_Write] = []
+        self._inflight: list[_InflightWrite] = []
         # Bumped whenever a failed write is undone: compaction plans made before are void.
         self.truncations = 0
         # Why the log refuses writes (its truncation failed), until a restart.
@@ -411,7 +412,7 @@ class CoordinatorRuntime(Generic[R]):
 
     async def _commit(self, records: Sequence[R]) -> None:
         encoded = [kv for record in records for kv in self._encode(record)]
-        write = _Write(self.record_log.end_offset)
+        write = _InflightWrite(self.record_log.end_offset)
         self._inflight.append(write)
         try:
             try:
@@ -480,7 +481,7 @@ class CoordinatorRuntime(Generic[R]):
                 write_error=repr(exc),
             )
 
-    def _applied(self, write: _Write) -> None:
+    def _applied(self, write: _InflightWrite) -> None:
         self._since_checkpoint += write.end - write.start
         # Replayed right after what was replayed before: memory is the log up to its end.
         self._applied_end = write.end if self._applied_end == write.start else None

@@ -53,13 +53,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from coordinator.share_state import (
-    UNINITIALIZED_START_OFFSET,
-    UNKNOWN_DELIVERY_COMPLETE_COUNT,
-    PersistedBatch,
-    ShareState,
-    ShareStateKey,
-)
+from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
 from persister.share_fold import (
     PackedBatches,
     apply_update,
@@ -67,6 +61,9 @@ from persister.share_fold import (
     updated_epoch_and_start,
 )
 from persister.share_records import (
+    NO_EPOCH,
+    UNINITIALIZED_START_OFFSET,
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
     ShareKey,
     ShareRecord,
     ShareSnapshot,
@@ -81,8 +78,6 @@ from protocol.errors import ErrorCode, KafkaError
 
 # share.coordinator.snapshot.update.records.per.snapshot
 DEFAULT_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT = 500
-NO_EPOCH = -1
-NO_TIMESTAMP = -1
 # What ReadShareGroupStateSummary answers for a key with no state (Kafka's PartitionFactory).
 DEFAULT_STATE_EPOCH = 0
 DEFAULT_LEADER_EPOCH = 0

@@ -33,7 +33,6 @@ from coordinator.share_coordinator import (
     ShareCoordinatorShard,
 )
 from coordinator.share_state import (
-    UNKNOWN_DELIVERY_COMPLETE_COUNT,
     PersistedBatch,
     Persister,
     ShareState,
@@ -46,6 +45,7 @@ from persister.commit import GroupCommit
 from persister.log import PartitionLog
 from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
+from persister.share_records import UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt
 from protocol.errors import KafkaError
 

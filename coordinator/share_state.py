@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from persister.share_records import StateBatch
-
-UNINITIALIZED_START_OFFSET = -1
-# DeliveryCompleteCount not known (Kafka 4.2's UNINITIALIZED_DELIVERY_COMPLETE_COUNT).
-UNKNOWN_DELIVERY_COMPLETE_COUNT = -1
+from persister.share_records import (
+    UNINITIALIZED_START_OFFSET,
+    UNKNOWN_DELIVERY_COMPLETE_COUNT,
+    StateBatch,
+)
 
 
 class ShareStateKey(NamedTuple):

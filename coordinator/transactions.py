@@ -53,11 +53,10 @@ from coordinator.runtime import CoordinatorLog, CoordinatorRuntime, KeyCompactio
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.record_log import KeyValue, MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
+from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 log = structlog.get_logger("spool.transactions")
 
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
 SHORT_MAX = 2**15 - 1
 # Kafka's offsets.topic.num.partitions default: AddOffsetsToTxn adds the group's
 # __consumer_offsets partition to the transaction.

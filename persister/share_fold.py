@@ -35,6 +35,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 
 from persister.share_records import (
+    NO_EPOCH,
+    UNINITIALIZED_START_OFFSET,
     ShareRecord,
     ShareSnapshot,
     ShareTombstone,
@@ -42,10 +44,8 @@ from persister.share_records import (
     StateBatch,
     merge_batches,
 )
+from protocol.records import NO_TIMESTAMP
 
-NO_EPOCH = -1
-NO_TIMESTAMP = -1
-UNINITIALIZED_START_OFFSET = -1
 EMPTY_STATE_EPOCH = 0
 
 

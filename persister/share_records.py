@@ -69,7 +69,13 @@ _INT16_MAX = 2**15 - 1
 _MAX_UVARINT_BYTES = 5
 # DeliveryCompleteCount: tagged field 0 of both values (Kafka 4.2, KIP-1226).
 DELIVERY_COMPLETE_COUNT_TAG = 0
+# DeliveryCompleteCount not known (Kafka 4.2's UNINITIALIZED_DELIVERY_COMPLETE_COUNT).
 UNKNOWN_DELIVERY_COMPLETE_COUNT = -1
+# No share-partition start offset yet (Kafka's PartitionFactory.UNINITIALIZED_START_OFFSET):
+# the share partition resolves share.auto.offset.reset when it first loads.
+UNINITIALIZED_START_OFFSET = -1
+# A leader or state epoch not given (Kafka's -1 defaults of the share-state RPCs).
+NO_EPOCH = -1
 
 
 class ShareKey(NamedTuple):

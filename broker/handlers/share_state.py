@@ -17,11 +17,11 @@ from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import (
-    UNKNOWN_DELIVERY_COMPLETE_COUNT,
     PersistedBatch,
     Persister,
     ShareStateKey,
 )
+from persister.share_records import UNKNOWN_DELIVERY_COMPLETE_COUNT
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:

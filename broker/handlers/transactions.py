@@ -31,7 +31,7 @@ from coordinator.transactions import (
     offsets_partition,
 )
 from protocol.errors import ErrorCode, KafkaError
-from protocol.records import BatchHeader
+from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, BatchHeader
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("spool.transactions")
 
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
 # How long EndTxn waits for a marker to be durable (Kafka's request.timeout.ms default,
 # which bounds its marker requests).
 MARKER_TIMEOUT_S = 30.0

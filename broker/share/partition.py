@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal, NamedTuple, ParamSpec, TypeVar
 
 from coordinator.share_state import PersistedBatch
+from persister.share_records import UNINITIALIZED_START_OFFSET
 from protocol.errors import ErrorCode
 
 __all__ = [
@@ -150,7 +151,6 @@ _DONE: Final = frozenset({_ACKNOWLEDGED, _ARCHIVED})
 _NEVER_DELIVERED: Final = (_AVAILABLE, 0)
 _PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED})
 
-UNINITIALIZED_START_OFFSET: Final = -1
 """Start offset of state that has never been initialized: resolve share.auto.offset.reset."""
 
 
