@@ -5,6 +5,16 @@
 `data/meta/`, fsynced, then replayed, and on startup the whole log is replayed. The
 records are JSON values in ordinary v2 record batches, keyed by what they describe;
 closed segments are compacted to the newest record per key.
+
+Every change is one runtime operation (`MetadataStore.run`): the checks a request's
+answer rests on (does the topic exist, how many partitions has it, what are its configs)
+and the records they lead to are made by `ClusterState`'s `*_record` methods inside the
+operation, in the turn that writes them, so concurrent requests are serialised and no
+check goes stale across the fsync. That is Kafka's controller model: each CreateTopics,
+DeleteTopics, CreatePartitions or IncrementalAlterConfigs is one controller event
+whose checks read the state every earlier event left (ReplicationControlManager,
+ConfigurationControlManager). A validate-only request runs the same operation and
+keeps no record (QuorumController: `result.withoutRecords()`).
 """
 
 from __future__ import annotations
@@ -105,6 +115,122 @@ class ClusterState:
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
+    # -- checks and records of changes: called inside a runtime operation ------------
+
+    def new_topic_record(
+        self, name: str, partitions: int, configs: dict[str, str], topic_id: uuid.UUID
+    ) -> tuple[Topic, Record]:
+        """CreateTopics of one topic: the topic and its record, or TOPIC_ALREADY_EXISTS
+        with Kafka's message (ReplicationControlManager.createTopics)."""
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        topic = Topic(name=name, topic_id=topic_id, partitions=partitions, configs=dict(configs))
+        return topic, topic_record(topic)
+
+    def find_topic(self, name: str | None, topic_id: uuid.UUID | None) -> Topic:
+        """The topic DeleteTopics names: by id (v6+, KIP-516) UNKNOWN_TOPIC_ID if no
+        topic has it, by name UNKNOWN_TOPIC_OR_PARTITION (Kafka's findTopicIds /
+        findTopicNames)."""
+        if name is None and topic_id is not None:
+            found = self.topics_by_id.get(topic_id)
+            if found is None:
+                raise KafkaError(ErrorCode.unknown_topic_id, f"No topic with id {topic_id}")
+            return found
+        found = self.topics.get(name or "")
+        if found is None:
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"This server does not host topic {name!r}",
+            )
+        return found
+
+    @staticmethod
+    def delete_topic_record(topic: Topic) -> Record:
+        return {"type": "topic_deleted", "name": topic.name, "topic_id": str(topic.topic_id)}
+
+    def undo_creation_record(self, created: Topic) -> Record | None:
+        """The deletion of a topic whose logs could not be opened, if it is still the
+        topic that was created (None: an operation in between deleted it)."""
+        current = self.topics.get(created.name)
+        if current is None or current.topic_id != created.topic_id:
+            return None
+        return self.delete_topic_record(current)
+
+    def undo_growth_record(self, grown: Topic, partitions: int) -> Record | None:
+        """The topic back at `partitions` after its new partitions' logs could not be
+        opened, if it is still as grown (None: deleted or changed since)."""
+        current = self.topics.get(grown.name)
+        if (
+            current is None
+            or current.topic_id != grown.topic_id
+            or current.partitions != grown.partitions
+        ):
+            return None
+        return topic_record(
+            Topic(current.name, current.topic_id, partitions, dict(current.configs))
+        )
+
+    def grow_topic_record(
+        self, name: str, count: int, assignments: int | None
+    ) -> tuple[Topic, Topic, Record]:
+        """CreatePartitions of one topic to `count` partitions: (the topic now, the
+        topic grown, its record). Kafka's checks in Kafka's order and words
+        (ReplicationControlManager.createPartitions): an unknown topic is
+        UNKNOWN_TOPIC_OR_PARTITION; a count equal to the current one (a second request
+        racing to the same count) or below it is INVALID_PARTITIONS; assignments for
+        another number of new partitions are INVALID_REPLICA_ASSIGNMENT."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist."
+            )
+        if count == topic.partitions:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"Topic already has {topic.partitions} partition(s).",
+            )
+        if count < topic.partitions:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"The topic {name} currently has {topic.partitions} partition(s); "
+                f"{count} would not be an increase.",
+            )
+        additional = count - topic.partitions
+        if assignments is not None and assignments != additional:
+            raise KafkaError(
+                ErrorCode.invalid_replica_assignment,
+                f"Attempted to add {additional} additional partition(s), but only "
+                f"{assignments} assignment(s) were specified.",
+            )
+        grown = Topic(topic.name, topic.topic_id, count, dict(topic.configs))
+        return topic, grown, topic_record(grown)
+
+    def topic_configs_record(
+        self, name: str, update: Callable[[dict[str, str]], dict[str, str]]
+    ) -> tuple[Topic, Record | None]:
+        """IncrementalAlterConfigs of a TOPIC: `update` turns the topic's configs as
+        they are now into the new ones (raising KafkaError for a bad op); returns the
+        topic as altered and its record (None: nothing changes). Computed from the
+        configs every earlier change left, so two requests altering different keys
+        both keep theirs, as Kafka's one ConfigRecord per key does."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name!r} does not exist")
+        updated = update(dict(topic.configs))
+        if updated == topic.configs:
+            return topic, None
+        changed = Topic(topic.name, topic.topic_id, topic.partitions, updated)
+        return changed, topic_record(changed)
+
+    def broker_configs_record(
+        self, update: Callable[[dict[str, str]], dict[str, str]]
+    ) -> tuple[dict[str, str], Record]:
+        """IncrementalAlterConfigs of the BROKER: the dynamic configs `update` makes of
+        the current ones, and their record (written even when unchanged, as Kafka does
+        for broker resources, KAFKA-14136, so the change is applied again)."""
+        updated = update(dict(self.broker_configs))
+        return updated, {"type": "broker_config", "configs": updated}
+
 
 class MetadataStore:
     """Durable cluster metadata: `ClusterState` run by the coordinator runtime over
@@ -134,28 +260,17 @@ class MetadataStore:
         self._next_producer_id = self.state.producer_id_limit
         log.info("metadata_loaded", records=count, topics=len(self.state.topics))
 
-    async def run(self, op: Callable[[], tuple[list[Record], T]]) -> T:
-        """Run a metadata operation: `op` reads `state` and returns (records, response)."""
-        return await self.runtime.run(METADATA_KEY, op)
-
-    async def commit(self, records: list[Record]) -> None:
-        """Make records durable (fsync), then apply them to the live state.
-
-        The caller built them from state it read before waiting its turn; a deletion of
-        a topic that is no longer the one named (deleted or re-created meanwhile) would
-        change nothing and is dropped, so the log holds only effective changes.
-        """
-
-        def op() -> tuple[list[Record], None]:
-            return [r for r in records if self._changes(r)], None
-
-        await self.run(op)
-
-    def _changes(self, record: Record) -> bool:
-        if record["type"] == "topic_deleted":
-            topic = self.state.topics.get(record["name"])
-            return topic is not None and str(topic.topic_id) == record["topic_id"]
-        return True
+    async def run(
+        self,
+        op: Callable[[], tuple[list[Record], T]],
+        *,
+        applied: Callable[[T], None] | None = None,
+    ) -> T:
+        """Run a metadata operation: `op` reads `state`, checks and returns (records,
+        response) in one turn; the records are made durable, then replayed. `applied`
+        (opening or removing logs, telling listeners) runs after the replay, before the
+        next metadata operation (`CoordinatorRuntime.run`)."""
+        return await self.runtime.run(METADATA_KEY, op, applied=applied)
 
     async def ensure_cluster_id(self) -> str:
         def op() -> tuple[list[Record], None]:

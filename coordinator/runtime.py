@@ -307,22 +307,31 @@ class CoordinatorRuntime(Generic[R]):
 
     # --------------------------------------------------------------- operations
 
-    async def run(self, key: Hashable, op: Operation[R, T]) -> T:
+    async def run(
+        self, key: Hashable, op: Operation[R, T], *, applied: Callable[[T], None] | None = None
+    ) -> T:
         """Run `op` once every earlier operation on `key` is done; make its records
         durable, replay them, return its response. KafkaError from `op` passes through
         (nothing written); a failed write raises KafkaError(KAFKA_STORAGE_ERROR).
 
+        `applied`, if given, is called with the response once the records are replayed
+        (or at once when there were none), before the next operation on `key` starts:
+        the shell's own effects of a change (opening a new topic's logs) then happen in
+        the order the changes were serialised, never one change's after the next's.
+
         A caller cancelled midway does not stop the operation: once its records are
         written they are replayed or undone, and the key stays held until then.
         """
-        task = asyncio.ensure_future(self._run(key, op))
+        task = asyncio.ensure_future(self._run(key, op, applied))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(_consume_result)
             raise
 
-    async def _run(self, key: Hashable, op: Operation[R, T]) -> T:
+    async def _run(
+        self, key: Hashable, op: Operation[R, T], applied: Callable[[T], None] | None = None
+    ) -> T:
         async with self._locks.hold(key):
             refused = self._refusal()
             if refused is not None:
@@ -330,6 +339,8 @@ class CoordinatorRuntime(Generic[R]):
             records, response = op()
             if records:
                 await self._commit(records)
+            if applied is not None:
+                applied(response)
             return response
 
     async def run_many(

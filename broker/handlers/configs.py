@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
 
-from broker.cluster import MetadataStore, Topic, topic_record
+from broker.cluster import MetadataStore, Record, Topic
 from broker.config import (
     BROKER_KEYS,
     SOURCE_DEFAULT,
@@ -231,28 +231,50 @@ async def describe_configs(
 async def _alter_topic(
     broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
 ) -> None:
-    topic = broker.metadata.state.topics.get(name)
-    if topic is None:
-        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name!r} does not exist")
-    updated = validate_topic_configs(dict(apply_ops(topic.configs, ops, TOPIC_KEYS, "topic")))
-    if validate_only or updated == topic.configs:
-        return
-    changed = Topic(topic.name, topic.topic_id, topic.partitions, updated)
-    await broker.metadata.commit([topic_record(changed)])
-    broker.logs.reconfigure_topic(topic.name, updated)
-    log.info("topic_config_altered", topic=topic.name, configs=updated)
+    """One metadata operation: the ops apply to the topic's configs as the changes
+    before this one left them, checked and written in one turn, so requests altering
+    different keys at once all keep theirs (Kafka writes one ConfigRecord per key from
+    the configs as they are at the request's controller event,
+    ConfigurationControlManager.incrementalAlterConfigResource). validate_only checks
+    in the same turn and writes nothing (QuorumController.incrementalAlterConfigs)."""
+    state = broker.metadata.state
+
+    def update(configs: dict[str, str]) -> dict[str, str]:
+        return validate_topic_configs(dict(apply_ops(configs, ops, TOPIC_KEYS, "topic")))
+
+    def op() -> tuple[list[Record], Topic | None]:
+        topic, record = state.topic_configs_record(name, update)
+        if validate_only or record is None:
+            return [], None
+        return [record], topic
+
+    def applied(topic: Topic | None) -> None:
+        if topic is not None:
+            broker.logs.reconfigure_topic(topic.name, topic.configs)
+            log.info("topic_config_altered", topic=topic.name, configs=topic.configs)
+
+    await broker.metadata.run(op, applied=applied)
 
 
 async def _alter_broker(
     broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
 ) -> None:
+    """One metadata operation, as `_alter_topic`, over the dynamic broker configs."""
     _check_broker_name(broker, name)
-    updated = apply_ops(broker.metadata.state.broker_configs, ops, BROKER_KEYS, "broker")
-    if validate_only:
-        return
-    await broker.metadata.commit([{"type": "broker_config", "configs": updated}])
-    apply_dynamic_broker_config(broker)
-    log.info("broker_config_altered", configs=updated)
+    state = broker.metadata.state
+
+    def op() -> tuple[list[Record], dict[str, str] | None]:
+        updated, record = state.broker_configs_record(
+            lambda configs: apply_ops(configs, ops, BROKER_KEYS, "broker")
+        )
+        return ([], None) if validate_only else ([record], updated)
+
+    def applied(updated: dict[str, str] | None) -> None:
+        if updated is not None:
+            apply_dynamic_broker_config(broker)
+            log.info("broker_config_altered", configs=updated)
+
+    await broker.metadata.run(op, applied=applied)
 
 
 async def incremental_alter_configs(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker.cluster import MetadataStore, Topic, topic_record, validate_topic_name
+from broker.cluster import MetadataStore, Record, Topic, validate_topic_name
 from broker.config import TOPIC_KEYS, BrokerConfig, format_value, parse_value
 from broker.logs import LogManager
 from broker.server import RequestContext
@@ -93,103 +93,184 @@ def _check_assignments(node_id: int, assignments: Sequence[tuple[int, Sequence[i
             )
 
 
-async def create_topic(
-    broker: TopicStores, name: str, partitions: int, configs: dict[str, str]
-) -> Topic:
-    topic = Topic(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
-    broker.logs.ensure_file_headroom(name, partitions)
-    await broker.metadata.commit([topic_record(topic)])
-    current = broker.metadata.state.topics.get(name)
-    if current is None or current.topic_id != topic.topic_id:
-        # Deleted (or re-created) by another request while the record was written: it
-        # was created, as in Kafka, and is gone; there are no logs of it to open.
-        return topic
+# What one CreateTopics entry came to: the topic (created, or checked only), or why not.
+Outcome = Topic | KafkaError
+
+
+def _new_topic(
+    broker: TopicStores, name: str, partitions: int, configs: dict[str, str], pending: int
+) -> tuple[Topic, Record]:
+    """Inside a metadata operation: the checks of the state and the record of a new
+    topic. `pending` partitions are created by the same operation before this one."""
+    topic, record = broker.metadata.state.new_topic_record(name, partitions, configs, uuid.uuid4())
+    broker.logs.ensure_file_headroom(name, pending + partitions)
+    return topic, record
+
+
+def _open_created(
+    broker: TopicStores, outcomes: list[Outcome], created: set[int], failed: list[Topic]
+) -> None:
+    """After the records' replay, in the same turn: open the new topics' logs. A topic
+    whose logs cannot be opened (out of descriptors; the logs rolled themselves back)
+    becomes that error in `outcomes` and goes to `failed`, whose creation the caller
+    undoes."""
+    for i in sorted(created):
+        topic = outcomes[i]
+        assert isinstance(topic, Topic)
+        try:
+            broker.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
+        except KafkaError as exc:
+            outcomes[i] = exc
+            failed.append(topic)
+            continue
+        log.info(
+            "topic_created",
+            topic=topic.name,
+            topic_id=str(topic.topic_id),
+            partitions=topic.partitions,
+        )
+        for hook in broker.topic_changed_hooks:
+            hook(topic.name)
+
+
+async def _undo_creations(broker: TopicStores, topics: list[Topic]) -> None:
+    """Delete topics whose logs could not be opened, those still the topic created (an
+    operation in between may have deleted it already)."""
+    if not topics:
+        return
+    state = broker.metadata.state
+
+    def op() -> tuple[list[Record], None]:
+        undone = (state.undo_creation_record(t) for t in topics)
+        return [r for r in undone if r is not None], None
+
     try:
-        broker.logs.open_topic(name, topic.topic_id, partitions, configs)
-    except KafkaError:
-        # Out of file descriptors: the logs were rolled back, so is the topic.
-        deleted = {"type": "topic_deleted", "name": name, "topic_id": str(topic.topic_id)}
-        await broker.metadata.commit([deleted])
-        raise
-    log.info("topic_created", topic=name, topic_id=str(topic.topic_id), partitions=partitions)
-    for hook in broker.topic_changed_hooks:
-        hook(name)
-    return broker.metadata.state.topics[name]
+        await broker.metadata.run(op)
+    except KafkaError as exc:
+        log.error("topic_creation_not_undone", topics=[t.name for t in topics], error=exc.message)
 
 
 async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
+    """Metadata's auto-creation (auto.create.topics.enable): the topic, created with
+    num.partitions unless it exists by this request's turn."""
     validate_topic_name(name)
-    existing = broker.metadata.state.topics.get(name)
-    if existing is not None:
-        return existing
-    return await create_topic(broker, name, broker.config.get("num.partitions"), {})
+    created: set[int] = set()
+    failed: list[Topic] = []
+
+    def op() -> tuple[list[Record], list[Outcome]]:
+        existing = broker.metadata.state.topics.get(name)
+        if existing is not None:
+            return [], [existing]
+        topic, record = _new_topic(broker, name, broker.config.get("num.partitions"), {}, 0)
+        created.add(0)
+        return [record], [topic]
+
+    outcomes = await broker.metadata.run(
+        op, applied=lambda outcomes: _open_created(broker, outcomes, created, failed)
+    )
+    await _undo_creations(broker, failed)
+    outcome = outcomes[0]
+    if isinstance(outcome, KafkaError):
+        raise outcome
+    return outcome
+
+
+def _check_new_topic(broker: TopicsBroker, t: Any, seen: set[str]) -> tuple[int, dict[str, str]]:
+    """The checks of a CreateTopics entry against the request and the broker config:
+    (partitions, configs)."""
+    if t.name in seen:
+        raise KafkaError(
+            ErrorCode.invalid_request,
+            f"Topic {t.name} appears more than once in the request",
+        )
+    seen.add(t.name)
+    validate_topic_name(t.name)
+    assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
+    if assignments:
+        if t.num_partitions != -1 or t.replication_factor != -1:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                "Both numPartitions or replicationFactor and replicasAssignments "
+                "were set. Both cannot be used at the same time.",
+            )
+        _check_assignments(broker.node_id, assignments)
+        partitions = len(assignments)
+    else:
+        partitions = (
+            broker.config.get("num.partitions") if t.num_partitions == -1 else t.num_partitions
+        )
+        _check_replication(t.replication_factor)
+    _check_partitions(partitions)
+    return partitions, validate_topic_configs({c.name: c.value for c in t.configs})
 
 
 async def create_topics(
     ctx: RequestContext, req: CreateTopicsRequest, broker: TopicsBroker
 ) -> dict[str, Any]:
+    """The whole request is one metadata operation, as in Kafka's controller (one
+    event, ReplicationControlManager.createTopics): each topic is checked against the
+    state every earlier operation left, so of concurrent requests creating one name
+    exactly one succeeds and the others get TOPIC_ALREADY_EXISTS; validate_only runs
+    the same checks in the same turn and writes nothing."""
+    created: set[int] = set()
+    failed: list[Topic] = []
+    outcomes: list[Outcome] = []
+
+    def op() -> tuple[list[Record], list[Outcome]]:
+        records: list[Record] = []
+        seen: set[str] = set()
+        pending = 0
+        for t in req.topics:
+            try:
+                partitions, configs = _check_new_topic(broker, t, seen)
+                topic, record = _new_topic(broker, t.name, partitions, configs, pending)
+            except KafkaError as exc:
+                outcomes.append(exc)
+                continue
+            if not req.validate_only:
+                records.append(record)
+                created.add(len(outcomes))
+                pending += partitions
+            outcomes.append(topic)
+        return records, outcomes
+
+    try:
+        await broker.metadata.run(
+            op, applied=lambda outcomes: _open_created(broker, outcomes, created, failed)
+        )
+    except KafkaError as exc:
+        # The write failed or was refused (KAFKA_STORAGE_ERROR): no topic was created.
+        if len(outcomes) != len(req.topics):
+            outcomes[:] = [exc for _ in req.topics]
+        for i in created:
+            outcomes[i] = exc
+    await _undo_creations(broker, failed)
     results = []
-    seen: set[str] = set()
-    for t in req.topics:
-        result: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none}
-        try:
-            if t.name in seen:
-                raise KafkaError(
-                    ErrorCode.invalid_request,
-                    f"Topic {t.name} appears more than once in the request",
-                )
-            seen.add(t.name)
-            validate_topic_name(t.name)
-            if t.name in broker.metadata.state.topics:
-                raise KafkaError(
-                    ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists."
-                )
-            assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
-            if assignments:
-                if t.num_partitions != -1 or t.replication_factor != -1:
-                    raise KafkaError(
-                        ErrorCode.invalid_request,
-                        "Both numPartitions or replicationFactor and replicasAssignments "
-                        "were set. Both cannot be used at the same time.",
-                    )
-                _check_assignments(broker.node_id, assignments)
-                partitions = len(assignments)
-            else:
-                partitions = (
-                    broker.config.get("num.partitions")
-                    if t.num_partitions == -1
-                    else t.num_partitions
-                )
-                _check_replication(t.replication_factor)
-            _check_partitions(partitions)
-            configs = validate_topic_configs({c.name: c.value for c in t.configs})
-            if req.validate_only:
-                topic_id = None
-            else:
-                topic = await create_topic(broker, t.name, partitions, configs)
-                topic_id = topic.topic_id
-            settings = broker.logs.topic_settings(configs)
+    for t, outcome in zip([t.name for t in req.topics], outcomes, strict=True):
+        result: dict[str, Any] = {"name": t, "error_code": ErrorCode.none}
+        if isinstance(outcome, KafkaError):
             result.update(
-                topic_id=topic_id,
-                num_partitions=partitions,
+                error_code=outcome.code,
+                error_message=outcome.message,
+                num_partitions=-1,
+                replication_factor=-1,
+            )
+        else:
+            settings = broker.logs.topic_settings(outcome.configs)
+            result.update(
+                topic_id=None if req.validate_only else outcome.topic_id,
+                num_partitions=outcome.partitions,
                 replication_factor=1,
                 configs=[
                     {
                         "name": name,
                         "value": format_value(settings[name]),
                         "read_only": False,
-                        "config_source": 1 if name in configs else 5,
+                        "config_source": 1 if name in outcome.configs else 5,
                         "is_sensitive": False,
                     }
                     for name in sorted(TOPIC_KEYS)
                 ],
-            )
-        except KafkaError as exc:
-            result.update(
-                error_code=exc.code,
-                error_message=exc.message,
-                num_partitions=-1,
-                replication_factor=-1,
             )
         results.append(result)
     return {"throttle_time": 0, "topics": results}
@@ -203,97 +284,181 @@ def _by_id(req: DeleteTopicsRequest) -> TypeIs[DeleteTopicsByIdRequest]:
 async def delete_topics(
     ctx: RequestContext, req: DeleteTopicsRequest, broker: TopicsBroker
 ) -> dict[str, Any]:
-    state = broker.metadata.state
+    """The whole request is one metadata operation: each name (or id) is resolved and
+    its topic deleted in the turn that writes the deletion, so a DeleteTopics racing a
+    CreateTopics of the name deletes the topic that exists at its turn, or answers
+    UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID by id) if none does. Kafka resolves
+    names to ids in one controller event and deletes the ids in the next
+    (ControllerApis.deleteTopics); spool does both in one turn, the order Kafka's
+    takes whenever nothing runs between its two events."""
     wanted: list[tuple[str | None, uuid.UUID | None]]
     if _by_id(req):
         wanted = [(t.name, t.topic_id) for t in req.topics]
     else:
         wanted = [(name, None) for name in req.topic_names]
-    responses = []
-    for name, topic_id in wanted:
-        entry: dict[str, Any] = {
-            "name": name,
-            "topic_id": topic_id,
-            "error_code": ErrorCode.none,
-        }
-        try:
-            if not broker.config.get("delete.topic.enable"):
-                raise KafkaError(
-                    ErrorCode.topic_deletion_disabled,
-                    "Topic deletion is disabled (delete.topic.enable=false)",
-                )
-            if name is None and topic_id is not None:
-                topic = state.topics_by_id.get(topic_id)
-                if topic is None:
-                    raise KafkaError(ErrorCode.unknown_topic_id, f"No topic with id {topic_id}")
-            else:
-                topic = state.topics.get(name or "")
-                if topic is None:
+    state = broker.metadata.state
+    outcomes: list[Outcome] = []
+
+    def op() -> tuple[list[Record], list[Outcome]]:
+        records: list[Record] = []
+        deleted: set[uuid.UUID] = set()
+        for name, topic_id in wanted:
+            try:
+                if not broker.config.get("delete.topic.enable"):
                     raise KafkaError(
-                        ErrorCode.unknown_topic_or_partition,
-                        f"This server does not host topic {name!r}",
+                        ErrorCode.topic_deletion_disabled,
+                        "Topic deletion is disabled (delete.topic.enable=false)",
                     )
-            entry.update(name=topic.name, topic_id=topic.topic_id)
-            await broker.metadata.commit(
-                [{"type": "topic_deleted", "name": topic.name, "topic_id": str(topic.topic_id)}]
-            )
-            broker.logs.remove_topic(topic.name)
-            log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
-            for hook in broker.topic_deleted_hooks:
-                hook(topic.name, topic.topic_id)
-        except KafkaError as exc:
-            entry.update(error_code=exc.code, error_message=exc.message)
+                topic = state.find_topic(name, topic_id)
+                if topic.topic_id in deleted:
+                    # Kafka's ControllerApis.deleteTopics refuses a topic named twice.
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        "Duplicate topic id." if name is None else "Duplicate topic name.",
+                    )
+            except KafkaError as exc:
+                outcomes.append(exc)
+                continue
+            deleted.add(topic.topic_id)
+            records.append(state.delete_topic_record(topic))
+            outcomes.append(topic)
+        return records, outcomes
+
+    try:
+        await broker.metadata.run(op, applied=lambda outcomes: _remove_deleted(broker, outcomes))
+    except KafkaError as exc:
+        # The write failed or was refused: no topic was deleted.
+        outcomes[:] = [o if isinstance(o, KafkaError) else exc for o in outcomes] or [
+            exc for _ in wanted
+        ]
+    responses = []
+    for (name, topic_id), outcome in zip(wanted, outcomes, strict=True):
+        entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none}
+        if isinstance(outcome, KafkaError):
+            entry.update(error_code=outcome.code, error_message=outcome.message)
+        else:
+            entry.update(name=outcome.name, topic_id=outcome.topic_id)
         responses.append(entry)
     return {"throttle_time": 0, "responses": responses}
+
+
+def _remove_deleted(broker: TopicsBroker, outcomes: list[Outcome]) -> None:
+    """After the deletions' replay, in the same turn: remove the topics' logs."""
+    for topic in outcomes:
+        if isinstance(topic, KafkaError):
+            continue
+        broker.logs.remove_topic(topic.name)
+        log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
+        for hook in broker.topic_deleted_hooks:
+            hook(topic.name, topic.topic_id)
+
+
+# What one CreatePartitions entry came to: (the topic before, the topic grown), or why not.
+Growth = tuple[Topic, Topic] | KafkaError
 
 
 async def create_partitions(
     ctx: RequestContext, req: CreatePartitionsRequest, broker: TopicsBroker
 ) -> dict[str, Any]:
+    """The whole request is one metadata operation, as Kafka's controller runs it (one
+    event, ReplicationControlManager.createPartitions): the count is checked against
+    the partitions the topic has at this request's turn, so of concurrent requests
+    growing a topic to one count exactly one succeeds and the others get
+    INVALID_PARTITIONS "Topic already has N partition(s)."; validate_only runs the same
+    checks in the same turn and writes nothing."""
     state = broker.metadata.state
-    results = []
-    for t in req.topics:
-        entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none}
-        try:
-            topic = state.topics.get(t.name)
-            if topic is None:
-                raise KafkaError(
-                    ErrorCode.unknown_topic_or_partition,
-                    f"The topic '{t.name}' does not exist.",
-                )
-            if t.count <= topic.partitions:
-                raise KafkaError(
-                    ErrorCode.invalid_partitions,
-                    f"Topic currently has {topic.partitions} partitions, which is higher "
-                    f"than or equal to the requested {t.count}.",
-                )
-            _check_partitions(t.count)
-            if t.assignments:
-                if len(t.assignments) != t.count - topic.partitions:
-                    raise KafkaError(
-                        ErrorCode.invalid_replica_assignment,
-                        f"Increasing the number of partitions by "
-                        f"{t.count - topic.partitions} but {len(t.assignments)} "
-                        "assignments provided.",
+    names = [t.name for t in req.topics]
+    duplicates = {name for name in names if names.count(name) > 1}
+    outcomes: list[Growth] = []
+
+    def op() -> tuple[list[Record], list[Growth]]:
+        records: list[Record] = []
+        pending = 0
+        for t in req.topics:
+            try:
+                if t.name in duplicates:
+                    # Kafka's ControllerApis.createPartitions.
+                    raise KafkaError(ErrorCode.invalid_request, "Duplicate topic name.")
+                assignments = None if t.assignments is None else len(t.assignments)
+                topic, grown, record = state.grow_topic_record(t.name, t.count, assignments)
+                _check_partitions(t.count)
+                if t.assignments:
+                    added_ids = [list(a.broker_ids) for a in t.assignments]
+                    _check_assignments(
+                        broker.node_id,
+                        [(topic.partitions + i, ids) for i, ids in enumerate(added_ids)],
                     )
-                added = [list(a.broker_ids) for a in t.assignments]
-                _check_assignments(
-                    broker.node_id,
-                    [(topic.partitions + i, ids) for i, ids in enumerate(added)],
-                )
+                added = t.count - topic.partitions
+                broker.logs.ensure_file_headroom(t.name, pending + added)
+            except KafkaError as exc:
+                outcomes.append(exc)
+                continue
             if not req.validate_only:
-                grown = Topic(topic.name, topic.topic_id, t.count, dict(topic.configs))
-                broker.logs.ensure_file_headroom(topic.name, t.count - topic.partitions)
-                await broker.metadata.commit([topic_record(grown)])
-                try:
-                    broker.logs.open_topic(topic.name, topic.topic_id, t.count, topic.configs)
-                except KafkaError:
-                    await broker.metadata.commit([topic_record(topic)])
-                    raise
-                log.info("partitions_created", topic=topic.name, partitions=t.count)
-                for hook in broker.topic_changed_hooks:
-                    hook(topic.name)
-        except KafkaError as exc:
-            entry.update(error_code=exc.code, error_message=exc.message)
+                records.append(record)
+                pending += added
+            outcomes.append((topic, grown))
+        return records, outcomes
+
+    failed: list[tuple[Topic, Topic]] = []
+    try:
+        await broker.metadata.run(
+            op,
+            applied=lambda outcomes: (
+                None if req.validate_only else _open_grown(broker, outcomes, failed)
+            ),
+        )
+    except KafkaError as exc:
+        # The write failed or was refused: no topic grew.
+        outcomes[:] = [o if isinstance(o, KafkaError) else exc for o in outcomes] or [
+            exc for _ in req.topics
+        ]
+    await _undo_growths(broker, failed)
+    results = []
+    for name, outcome in zip(names, outcomes, strict=True):
+        entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.none}
+        if isinstance(outcome, KafkaError):
+            entry.update(error_code=outcome.code, error_message=outcome.message)
         results.append(entry)
     return {"throttle_time": 0, "results": results}
+
+
+def _open_grown(
+    broker: TopicsBroker, outcomes: list[Growth], failed: list[tuple[Topic, Topic]]
+) -> None:
+    """After the records' replay, in the same turn: open the new partitions' logs. A
+    topic whose new logs cannot be opened (out of descriptors) becomes that error and
+    goes to `failed`, whose growth the caller undoes."""
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, KafkaError):
+            continue
+        _, grown = outcome
+        try:
+            broker.logs.open_topic(grown.name, grown.topic_id, grown.partitions, grown.configs)
+        except KafkaError as exc:
+            outcomes[i] = exc
+            failed.append(outcome)
+            continue
+        log.info("partitions_created", topic=grown.name, partitions=grown.partitions)
+        for hook in broker.topic_changed_hooks:
+            hook(grown.name)
+
+
+async def _undo_growths(broker: TopicsBroker, failed: list[tuple[Topic, Topic]]) -> None:
+    """Shrink back topics whose new partitions could not be opened, those still as
+    grown (an operation in between may have deleted or changed them)."""
+    if not failed:
+        return
+    state = broker.metadata.state
+
+    def op() -> tuple[list[Record], None]:
+        undone = (state.undo_growth_record(grown, before.partitions) for before, grown in failed)
+        return [r for r in undone if r is not None], None
+
+    try:
+        await broker.metadata.run(op)
+    except KafkaError as exc:
+        log.error(
+            "partition_creation_not_undone",
+            topics=[grown.name for _, grown in failed],
+            error=exc.message,
+        )

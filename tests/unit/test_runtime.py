@@ -263,6 +263,44 @@ async def test_operations_on_one_key_run_one_at_a_time_on_committed_state(
     assert store.runtime.keys_in_use == 0
 
 
+async def test_applied_runs_after_the_replay_and_before_the_next_operation(
+    open_table: Callable[..., TableStore], disk: Disk
+) -> None:
+    """The shell's effects of a change (opening a topic's logs) run in the order the
+    operations were serialised: the next operation on the key computes, and its own
+    effects run, only once the earlier one's have."""
+    store = open_table()
+    events: list[str] = []
+
+    def put(value: str) -> Callable[[], tuple[list[Row], str]]:
+        def op() -> tuple[list[Row], str]:
+            events.append(f"op {value} sees {store.table.values.get('a')}")
+            return [("a", value)], value
+
+        return op
+
+    def applied(value: str) -> None:
+        events.append(f"applied {value} with {store.table.values.get('a')}")
+
+    disk.gate.clear()
+    first = asyncio.ensure_future(store.runtime.run("a", put("1"), applied=applied))
+    second = asyncio.ensure_future(store.runtime.run("a", put("2"), applied=applied))
+    await until(lambda: disk.flushes_started == 1)
+    disk.gate.set()
+    assert await asyncio.gather(first, second) == ["1", "2"]
+    assert events == ["op 1 sees None", "applied 1 with 1", "op 2 sees 1", "applied 2 with 2"]
+
+    def refused() -> tuple[list[Row], str]:
+        raise KafkaError(ErrorCode.invalid_request, "no")
+
+    with pytest.raises(KafkaError):
+        await store.runtime.run("a", refused, applied=applied)
+    disk.fail("fsync", errno.EIO)
+    with pytest.raises(KafkaError):
+        await store.runtime.run("a", put("3"), applied=applied)
+    assert events[-1] == "op 3 sees 2"  # neither failed operation is applied
+
+
 @pytest.mark.parametrize("code", ERRNOS, ids=errno.errorcode.get)
 @pytest.mark.parametrize("stage", STAGES)
 async def test_a_failed_write_changes_nothing_and_the_next_one_succeeds(
@@ -783,6 +821,11 @@ def new_topic(name: str, partitions: int = 1) -> dict[str, Any]:
     return topic_record(Topic(name, uuid.uuid4(), partitions))
 
 
+async def write(store: MetadataStore, *records: dict[str, Any]) -> None:
+    """One metadata operation writing `records` as they are (no checks)."""
+    await store.run(lambda: (list(records), None))
+
+
 @pytest.mark.parametrize("code", ERRNOS, ids=errno.errorcode.get)
 @pytest.mark.parametrize("stage", STAGES)
 async def test_cluster_metadata_failure_changes_nothing(
@@ -795,18 +838,18 @@ async def test_cluster_metadata_failure_changes_nothing(
 
     store = open_()
     await store.ensure_cluster_id()
-    await store.commit([new_topic("orders", 3)])
+    await write(store, new_topic("orders", 3))
     before = metadata_state(store)
     disk.fail(stage, code)
     with pytest.raises(KafkaError) as failed:
-        await store.commit([new_topic("payments")])
+        await write(store, new_topic("payments"))
     assert failed.value.code == ErrorCode.kafka_storage_error
     assert metadata_state(store) == before
     disk.fail(stage, code)
     with pytest.raises(KafkaError):
         await store.allocate_producer_id()
     assert metadata_state(store) == before
-    await store.commit([new_topic("payments")])
+    await write(store, new_topic("payments"))
     pid = await store.allocate_producer_id()
     assert pid < store.state.producer_id_limit
     assert set(store.state.topics) == {"orders", "payments"}
@@ -817,17 +860,23 @@ async def test_cluster_metadata_failure_changes_nothing(
     restarted.close()
 
 
-async def test_a_stale_topic_deletion_is_not_written(
+async def test_undoing_a_creation_deletes_only_the_topic_it_created(
     tmp_path: Path, commit: GroupCommit, clock: ManualClock
 ) -> None:
+    """A creation whose logs could not be opened is undone in a later operation; a
+    deletion and re-creation of the name in between leave the new topic alone."""
     store = MetadataStore(tmp_path / "meta", commit, clock=clock)
-    first = new_topic("orders")
-    await store.commit([first])
-    deletion = {"type": "topic_deleted", "name": "orders", "topic_id": first["topic_id"]}
-    await store.commit([deletion])
-    await store.commit([new_topic("orders")])
+    await write(store, new_topic("orders"))
+    first = store.state.topics["orders"]
+    await write(store, store.state.delete_topic_record(first))
+    await write(store, new_topic("orders"))
     end = store.runtime.record_log.end_offset
-    await store.commit([deletion])  # names the old topic id: changes nothing
+
+    def undo() -> tuple[list[dict[str, Any]], None]:
+        record = store.state.undo_creation_record(first)
+        return ([] if record is None else [record]), None
+
+    await store.run(undo)
     assert store.runtime.record_log.end_offset == end
     assert "orders" in store.state.topics
     store.close()
@@ -843,12 +892,13 @@ async def test_metadata_compaction_keeps_the_live_state_and_bounds_the_log(
     await store.ensure_cluster_id()
     for i in range(60):
         record = new_topic(f"t{i % 5}", 1 + i % 3)
-        await store.commit([record])
+        await write(store, record)
         if i % 2:
-            await store.commit(
-                [{"type": "topic_deleted", "name": record["name"], "topic_id": record["topic_id"]}]
+            await write(
+                store,
+                {"type": "topic_deleted", "name": record["name"], "topic_id": record["topic_id"]},
             )
-        await store.commit([{"type": "broker_config", "configs": {"x": str(i)}}])
+        await write(store, {"type": "broker_config", "configs": {"x": str(i)}})
         await store.allocate_producer_id()
     await store.runtime.compact()
     live = metadata_state(store)
