@@ -36,6 +36,7 @@ from broker.share.partition import (
     NO_CHANGE,
     AcquiredRange,
     PendingChange,
+    ReleaseResult,
     ShareAcquireMode,
     SharePartition,
     SharePartitionConfig,
@@ -822,38 +823,59 @@ class SharePartitionManager:
     async def release_member(
         self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None
     ) -> int:
-        """Give back every record `member_id` holds (it left, timed out or closed).
+        """Give back every record `member_id` holds (it left, timed out or closed), over
+        all its partitions with one share-state write (one fsync), as Kafka's
+        SharePartitionManager.releaseSession releases a closing session's partitions.
 
-        A partition whose write fails keeps the member's records acquired; their locks
-        expire and the expiry releases them.
+        The partitions' locks are taken in one global order, bounded by `lock_wait_ms`; a
+        partition still busy past it, or whose write fails, keeps the member's records
+        acquired: their locks expire and the expiry releases them.
         """
-        released = 0
         targets = (
             keys if keys is not None else [k for k in self.partitions if k.group_id == group_id]
         )
-        for key in targets:
-            if key not in self.partitions:
-                continue
-            if not await self._locks.acquire(key, self.lock_wait_ms):
-                self._release_busy(key, member_id)
-                continue
-            try:
+        held, busy = await self._locks.ordered(
+            [k for k in targets if k in self.partitions], self.lock_wait_ms
+        )
+        for key in busy:
+            self._release_busy(key, member_id)
+        now = self.clock.now_ms()
+        changes: list[tuple[_Write, ReleaseResult]] = []
+        notify: list[ShareStateKey] = []
+        released = 0
+        try:
+            for key in held:
                 sp = self.partitions.get(key)
                 if sp is None:
                     continue
-                result = sp.release_member(member_id, self.clock.now_ms())
-                try:
-                    await self._write(key, sp, result.change, "release_member", member=member_id)
-                except KafkaError:
-                    continue  # logged by _write
-                self.metrics.member_released(key, result.released, _count(result.archived))
-            finally:
-                self._locks.release(key)
+                result = sp.release_member(member_id, now)
+                context: dict[str, object] = {"member": member_id}
+                changes.append((_Write(key, sp, result.change, "release_member", context), result))
+            outcomes = await self._write_many([w for w, _ in changes])
+        except BaseException:
+            for w, _ in changes:
+                if w.change.pending:
+                    w.change.rollback()
+            raise
+        finally:
+            self._locks.release_all(held)
+        for (w, result), error in zip(changes, outcomes, strict=True):
+            if error is not None:
+                continue  # logged by _write_many
+            self.metrics.member_released(w.key, result.released, _count(result.archived))
             if result.available or result.archived:
                 released += result.released
-                self._notify(key)
+                notify.append(w.key)
+        for key in notify:
+            self._notify(key)
         if released:
-            log.info("member_records_released", group=group_id, member=member_id, records=released)
+            log.info(
+                "member_records_released",
+                group=group_id,
+                member=member_id,
+                records=released,
+                partitions=len(notify),
+            )
         return released
 
     def _release_busy(self, key: ShareStateKey, member_id: str) -> None:

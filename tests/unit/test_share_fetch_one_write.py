@@ -293,3 +293,37 @@ async def test_acknowledgements_are_persisted_when_the_fetch_finds_nothing_to_ac
     assert setup.appends == [1]
     state = setup.persister.shard.state(KEYS[0])
     assert state is not None and state.start_offset == 10
+
+
+async def test_a_closing_members_records_are_released_with_one_append_and_one_fsync(
+    setup: Setup,
+) -> None:
+    """Session close or member leaving (Kafka's releaseSession): every partition the member
+    holds records of is released by one share-state write, not one fsync per partition."""
+    await fetch(setup.mgr)
+    setup.appends.clear()
+    rounds = setup.commit.rounds
+    assert await setup.mgr.release_member("g", "m", KEYS) == PARTITIONS * 10
+    assert (setup.commit.rounds - rounds, setup.appends) == (1, [PARTITIONS])
+    for key in KEYS:
+        # AVAILABLE again, the delivery made, durable.
+        state = setup.persister.shard.state(key)
+        assert state is not None and [tuple(b) for b in state.batches] == [(0, 9, 0, 1)]
+        assert setup.mgr.partitions[key].acquired_count == 0
+    # Another member gets them all, delivery 2.
+    assert await fetch(setup.mgr, member="m2") == {key: (0, 9, 2) for key in KEYS}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_failed_release_write_keeps_the_members_records_until_their_locks_expire(
+    setup: Setup, disk: Disk, stage: str
+) -> None:
+    await fetch(setup.mgr)
+    held = {key: setup.mgr.partitions[key].in_flight_ranges() for key in KEYS}
+    disk.fail(stage, errno.EIO)
+    setup.appends.clear()
+    assert await setup.mgr.release_member("g", "m", KEYS) == 0
+    assert setup.appends == [PARTITIONS]  # one write for all, and it failed
+    for key in KEYS:
+        sp = setup.mgr.partitions[key]
+        assert sp.in_flight_ranges() == held[key] and not sp.change_pending
