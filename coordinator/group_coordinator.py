@@ -337,8 +337,9 @@ class GroupCoordinator:
             for partition in partitions:
                 key = ShareStateKey(group_id, topic_id, partition)
                 try:
-                    if not await self._has_state(key):
-                        await self.persister.initialize_state(key, 0, UNINITIALIZED_START_OFFSET)
+                    # Checked in the share-state key's turn: a reset's (or a consumer's)
+                    # state is never clobbered when bookkeeping lagged behind.
+                    await self.persister.initialize_if_absent(key)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
                     _state_call_failed("share_state_initialize_failed", key, exc)
@@ -351,12 +352,6 @@ class GroupCoordinator:
         except KafkaError as exc:
             # The partitions stay `initializing`; a share fetch initializes them on use.
             log.warning("share_state_bookkeeping_failed", group=group_id, error=exc.message)
-
-    async def _has_state(self, key: ShareStateKey) -> bool:
-        """Whether the key has share state worth keeping: never clobber a reset's (or a
-        consumer's) state with a fresh one when bookkeeping lagged behind."""
-        summary = await self.persister.read_summary(key)
-        return summary.start_offset != UNINITIALIZED_START_OFFSET or summary.state_epoch > 0
 
     async def _mark(
         self, group_id: str, records_of: Callable[[ShareGroup], list[ShareGroupRecord]]
@@ -469,16 +464,18 @@ class GroupCoordinator:
     async def alter_configs(
         self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
     ) -> None:
-        """IncrementalAlterConfigs of a GROUP; a failed write is KAFKA_STORAGE_ERROR."""
-        if validate_only:
-            self.configs.incremental_alter(group_id, ops)
-            return
+        """IncrementalAlterConfigs of a GROUP; a failed write is KAFKA_STORAGE_ERROR.
+        validate_only checks in the group's turn too, against the configs every earlier
+        change left, and writes nothing (Kafka's coordinator runs it as a write event
+        whose records it drops)."""
 
         def op() -> tuple[list[GroupConfigRecord], list[GroupConfigRecord]]:
             records = self.configs.incremental_alter(group_id, ops)
-            return records, records
+            return ([] if validate_only else records), records
 
         records = await self.runtime.run(group_id, op)
+        if validate_only:
+            return
         log.info("group_config_altered", group=group_id, configs={r.name: r.value for r in records})
 
     # -- admin RPCs: describe, reset and delete share-group offsets; delete groups ----
@@ -615,8 +612,7 @@ class GroupCoordinator:
             for topic_id, offsets in valid.items():
                 for partition, offset in sorted(offsets.items()):
                     key = ShareStateKey(group_id, topic_id, partition)
-                    summary = await self.persister.read_summary(key)
-                    await self.persister.initialize_state(key, summary.state_epoch + 1, offset)
+                    await self.persister.reset_state(key, offset)
                     done.setdefault(topic_id, set()).add(partition)
         except KafkaError as exc:
             log.error("share_offsets_reset_failed", group=group_id, error=exc.message)

@@ -45,7 +45,7 @@ from persister.commit import GroupCommit
 from persister.log import PartitionLog
 from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
-from persister.share_records import UNKNOWN_DELIVERY_COMPLETE_COUNT
+from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt
 from protocol.errors import KafkaError
 
@@ -110,6 +110,36 @@ class _ShardPersister:
                 key, state_epoch, start_offset, self.clock.now_ms()
             ),
         )
+
+    async def initialize_if_absent(self, key: ShareStateKey) -> bool:
+        """Give `key` fresh share state (state epoch 0, start offset -1) unless it has
+        state worth keeping (a start offset, or a state epoch above 0: a reset's or a
+        consumer's); whether it wrote. Checked in the key's turn, so a reset running
+        meanwhile is never overwritten by a state read as absent before it."""
+        now = self.clock.now_ms()
+
+        def op() -> tuple[list[share_records.ShareRecord], bool]:
+            summary = self.shard.read_summary(key)
+            if summary.start_offset != UNINITIALIZED_START_OFFSET or summary.state_epoch > 0:
+                return [], False
+            records, _ = self.shard.initialize_state(key, 0, UNINITIALIZED_START_OFFSET, now)
+            return records, True
+
+        return await self.runtime.run(key, op)
+
+    async def reset_state(self, key: ShareStateKey, start_offset: int) -> int:
+        """InitializeShareGroupState at `start_offset` with a state epoch one above the
+        stored one, read in the same turn that writes it (AlterShareGroupOffsets):
+        concurrent resets get distinct, rising epochs, so each fences the state every
+        earlier one handed out. Returns the new state epoch."""
+        now = self.clock.now_ms()
+
+        def op() -> tuple[list[share_records.ShareRecord], int]:
+            epoch = self.shard.read_summary(key).state_epoch + 1
+            records, _ = self.shard.initialize_state(key, epoch, start_offset, now)
+            return records, epoch
+
+        return await self.runtime.run(key, op)
 
     async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState:
         return await self.runtime.run(

@@ -57,6 +57,14 @@ class Persister(Protocol):
         self, key: ShareStateKey, state_epoch: int, start_offset: int
     ) -> None: ...
 
+    async def initialize_if_absent(self, key: ShareStateKey) -> bool:
+        """Fresh state (epoch 0, start offset -1) unless the key has state worth
+        keeping; checked in the turn that writes it. Whether it wrote."""
+
+    async def reset_state(self, key: ShareStateKey, start_offset: int) -> int:
+        """Fresh state at `start_offset` with the stored state epoch + 1, read in the
+        turn that writes it; returns that epoch."""
+
     async def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareState: ...
 
     async def write_state(

@@ -4,6 +4,7 @@ crash between their durable steps leaves."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import uuid
 from collections.abc import Sequence
@@ -66,6 +67,11 @@ class Persister(InMemoryPersister):
             raise self.fail_initialize
         await super().initialize_state(key, state_epoch, start_offset)
 
+    async def reset_state(self, key: ShareStateKey, start_offset: int) -> int:
+        if self.fail_initialize is not None:
+            raise self.fail_initialize
+        return await super().reset_state(key, start_offset)
+
 
 def coordinator(
     persister: Persister | None = None, disk: Disk | None = None
@@ -126,6 +132,57 @@ async def test_describe_unknown_group_topic_and_partition_as_kafka() -> None:
 
 
 # ---------------------------------------------------------------------- alter
+
+
+class SlowFsync(MemoryRecordLog):
+    """The share-state log with an fsync that waits for `done`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = asyncio.Event()
+
+    async def sync(self) -> None:
+        await self.done.wait()
+
+
+async def test_concurrent_alters_get_rising_state_epochs_and_the_last_offset_wins() -> None:
+    """Each reset reads the stored state epoch in the turn that writes epoch + 1, so of
+    two resets at once the second fences the state the first handed out; reading the
+    epoch before waiting for the turn gave both the same epoch, and a leader that loaded
+    the first reset kept writing over the second."""
+    disk = SlowFsync()
+    persister = Persister()
+    persister.runtime.record_log = disk
+    groups, _, _ = coordinator(persister)
+    key = ShareStateKey("g", T1, 0)
+    first = asyncio.ensure_future(groups.alter_offsets("g", [("t1", [(0, 3)])]))
+    second = asyncio.ensure_future(groups.alter_offsets("g", [("t1", [(0, 7)])]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    disk.done.set()
+    await asyncio.gather(first, second)
+    summary = await persister.read_summary(key)
+    assert (summary.state_epoch, summary.start_offset) == (2, 7)
+    with pytest.raises(KafkaError) as err:  # the first reset's epoch is fenced
+        await persister.write_state(key, 1, 0, 3, [])
+    assert err.value.code == ErrorCode.fenced_state_epoch
+
+
+async def test_background_initialization_never_clobbers_a_reset() -> None:
+    """Initializing a newly subscribed partition checks for state in the turn that
+    writes it: a reset queued ahead of it keeps its offset."""
+    disk = SlowFsync()
+    persister = Persister()
+    persister.runtime.record_log = disk
+    key = ShareStateKey("g", T1, 0)
+    reset = asyncio.ensure_future(persister.reset_state(key, 9))
+    fresh = asyncio.ensure_future(persister.initialize_if_absent(key))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    disk.done.set()
+    assert await asyncio.gather(reset, fresh) == [1, False]
+    summary = await persister.read_summary(key)
+    assert (summary.state_epoch, summary.start_offset) == (1, 9)
 
 
 async def test_alter_resets_state_with_a_bumped_epoch_and_marks_it_initialized() -> None:
