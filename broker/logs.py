@@ -115,6 +115,8 @@ class Partition:
         plog.load_producer_state(self.producers)
         # Everything on disk at open time survived the last stop, so it is visible.
         self.high_watermark = plog.log_end_offset
+        # The log start offset a flush has checkpointed (DeleteRecords answers with it).
+        self._durable_log_start = plog.log_start_offset
         self._unflushed = 0
         # Told when the high watermark or the LSO moves, or a flush failed.
         self._listeners = Listeners()
@@ -448,11 +450,18 @@ class Partition:
                 f"Cannot delete records before {offset}: the high watermark of "
                 f"{self.topic}-{self.index} is {self.high_watermark}",
             )
-        if offset > self.log.log_start_offset:
+        moved = offset > self.log.log_start_offset
+        if moved:
             self.log.delete_records_before(offset)
+        start = self.log.log_start_offset
+        if start > self._durable_log_start:
             # The new log start offset is checkpointed by the next flush; answer only
-            # once it is durable.
+            # once it is durable. That holds for a request finding the offset already
+            # moved by another DeleteRecords (or retention) whose flush has not ended:
+            # it reports that low watermark, so it waits for it too.
             await self._commit.sync(self.log)
+            self._durable_log_start = max(self._durable_log_start, start)
+        if moved:
             self._notify()
         return self.log.log_start_offset
 

@@ -203,3 +203,26 @@ async def test_a_wait_for_an_fsync_that_does_not_end_times_out_and_stops_listeni
     flush.gate.set()
     await partition.wait_durable(last, timeout_s=10)
     assert partition.high_watermark == last + 1
+
+
+async def test_delete_records_answers_a_low_watermark_only_once_it_is_durable(
+    partition: Partition,
+) -> None:
+    """Two DeleteRecords at once: the one finding the log start already moved by the
+    other reports that low watermark, so it too waits for the flush that checkpoints it
+    (it answered at once before, with a start offset a crash could take back)."""
+    for _ in range(20):
+        last = append_one(partition)
+    await partition.wait_durable(last, timeout_s=10)
+    flush = gate(partition)
+    first = asyncio.ensure_future(partition.delete_records_before(10))
+    await until(flush.entered.is_set)
+    second = asyncio.ensure_future(partition.delete_records_before(5))
+    await turns()
+    assert not first.done() and not second.done()
+    flush.gate.set()
+    assert await asyncio.gather(first, second) == [10, 10]
+    # Nothing left to make durable: a third answers without a flush.
+    flush.entered.clear()
+    assert await partition.delete_records_before(3) == 10
+    assert not flush.entered.is_set()
