@@ -33,7 +33,7 @@ from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
 from persister.dirlock import DataDirLock
-from persister.record_log import RecordLog
+from persister.storage import FILE_STORAGE, StorageEngine
 from protocol import api, guard
 from protocol.errors import ErrorCode
 
@@ -92,10 +92,13 @@ class Broker:
         listen: Endpoint,
         advertise: Endpoint | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        storage: StorageEngine = FILE_STORAGE,
     ) -> None:
         self.config = config
         # The one source of time for every shell the broker runs (Kafka's `Time`).
         self.clock = clock
+        # Where partition logs and coordinator logs live (persister.storage).
+        self.storage = storage
         self.data_dir = data_dir
         self._dir_lock = DataDirLock(data_dir)
         self.listen = listen
@@ -140,7 +143,9 @@ class Broker:
         self.commit.start()
         self.metadata = MetadataStore(self.data_dir / "meta", self.commit, clock=self.clock)
         self.cluster_id = await self.metadata.ensure_cluster_id()
-        self.logs = LogManager(self.data_dir / "topics", self.config, self.commit, self.clock)
+        self.logs = LogManager(
+            self.data_dir / "topics", self.config, self.commit, self.clock, self.storage
+        )
         live = set(self.metadata.state.topics)
         self.logs.cleanup_stale(live)
         for topic in self.metadata.state.topics.values():
@@ -224,7 +229,9 @@ class Broker:
             persister,
             self._topics_metadata,
             GroupConfigStore(self.config.share_groups()),
-            RecordLog(self.data_dir / "groups", self.commit, clock=self.clock),
+            self.storage.open_coordinator_log(
+                self.data_dir / "groups", self.commit, clock=self.clock
+            ),
             clock=self.clock,
         )
         self.groups.load()
@@ -250,7 +257,9 @@ class Broker:
         """The transaction coordinator on `data/transactions/`: replayed, in-doubt
         transactions completed, timeout and expiry sweeps on the broker's clock."""
         self.transactions = TransactionCoordinator(
-            RecordLog(self.data_dir / "transactions", self.commit, clock=self.clock),
+            self.storage.open_coordinator_log(
+                self.data_dir / "transactions", self.commit, clock=self.clock
+            ),
             allocate_producer_id=self.metadata.allocate_producer_id,
             markers=marker_writer(self.logs),
             config=TransactionConfig.from_mapping(self.config.get),

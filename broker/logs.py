@@ -1,6 +1,6 @@
 """Topic partitions on disk: the log, producer state, the high watermark and the LSO.
 
-A `Partition` appends validated batches to its `PartitionLog`, keeps the producer
+A `Partition` appends validated batches to its `TopicLog`, keeps the producer
 state that de-duplicates idempotent retries and tracks open transactions, and advances
 the high watermark once the data is durable by the flush policy (`flush.messages`,
 default 1: group-committed fsync before acks=all is answered and before consumers can
@@ -32,8 +32,9 @@ from broker import trace
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
 from persister.clock import SYSTEM_CLOCK, Clock, ms_of
 from persister.commit import GroupCommit
-from persister.log import AppendResult, LogConfig, PartitionLog
+from persister.log import AppendResult, LogConfig
 from persister.producer_state import CompletedTxn, ProducerStateManager
+from persister.storage import FILE_STORAGE, StorageEngine, TopicLog
 from persister.txn_index import AbortedTxn
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
@@ -97,7 +98,7 @@ class Partition:
         topic: str,
         topic_id: uuid.UUID,
         index: int,
-        plog: PartitionLog,
+        plog: TopicLog,
         commit: GroupCommit,
         settings: dict[str, Any],
         clock: Clock = SYSTEM_CLOCK,
@@ -501,11 +502,13 @@ class LogManager:
         config: BrokerConfig,
         commit: GroupCommit,
         clock: Clock = SYSTEM_CLOCK,
+        storage: StorageEngine = FILE_STORAGE,
     ) -> None:
         self.directory = directory
         self.clock = clock
         self.config = config
         self.commit = commit
+        self.storage = storage
         self.partitions: dict[tuple[str, int], Partition] = {}
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -582,7 +585,7 @@ class LogManager:
                 if not path.exists():
                     created.append(path)
                 self._check_topic_id(path, topic_id)
-                plog = PartitionLog.open(path, cfg, self.clock.now_ms())
+                plog = self.storage.open_topic_log(path, cfg, self.clock.now_ms())
                 try:
                     # Loading producer state reads the directory: it needs a descriptor too.
                     partition = Partition(

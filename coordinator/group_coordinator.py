@@ -27,7 +27,6 @@ from coordinator.assignor import TopicMetadata
 from coordinator.group_config import AlterConfigOp, GroupConfig, GroupConfigRecord, GroupConfigStore
 from coordinator.group_records import GroupRecord
 from coordinator.runtime import (
-    CoordinatorLog,
     CoordinatorRuntime,
     KeyCompaction,
     for_coordinator_rpc,
@@ -50,6 +49,7 @@ from coordinator.share_state import (
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.record_log import MemoryRecordLog
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
+from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.groups")

@@ -64,7 +64,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -74,6 +74,7 @@ from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.log import PartitionLog
 from persister.record_log import CompactionKeys, KeyValue, compact_by_key
+from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.runtime")
@@ -85,26 +86,6 @@ Operation = Callable[[], tuple[Sequence[R], T]]
 # Whether the closed segments a compaction read are still safe to replace: no failed
 # write was undone since it started and they hold only committed records.
 StillValid = Callable[[Sequence[int]], bool]
-
-
-class CoordinatorLog(Protocol):
-    """Where a runtime's records go: persister.record_log.RecordLog or MemoryRecordLog."""
-
-    @property
-    def partition_log(self) -> PartitionLog | None: ...
-
-    @property
-    def end_offset(self) -> int: ...
-
-    def write(self, records: Sequence[KeyValue]) -> int: ...
-
-    async def sync(self) -> None: ...
-
-    def truncate(self, offset: int) -> None: ...
-
-    def replay(self, start: int | None = None) -> Iterator[KeyValue]: ...
-
-    def close(self) -> None: ...
 
 
 class Checkpointable(Protocol):

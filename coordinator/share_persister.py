@@ -24,7 +24,6 @@ import structlog
 from coordinator.runtime import (
     DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
     Checkpoints,
-    CoordinatorLog,
     CoordinatorRuntime,
     StillValid,
 )
@@ -47,6 +46,7 @@ from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt
+from persister.storage import CoordinatorLog
 from protocol.errors import KafkaError
 
 log = structlog.get_logger("spool.share_coordinator")

@@ -49,9 +49,10 @@ from typing import Protocol
 
 import structlog
 
-from coordinator.runtime import CoordinatorLog, CoordinatorRuntime, KeyCompaction
+from coordinator.runtime import CoordinatorRuntime, KeyCompaction
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.record_log import KeyValue, MemoryRecordLog
+from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 

@@ -1,0 +1,172 @@
+"""The storage seam: what the code above persister/ asks of the logs it writes.
+
+Two kinds of log sit under the broker, and the layers above reach them only through the
+Protocols here:
+
+- `TopicLog`: the log of one topic partition, as `broker.logs.Partition` and
+  `LogManager` drive it (Kafka's UnifiedLog as its ReplicaManager and LogManager use it):
+  append validated batches, read whole batches, offsets, the producer state and the
+  aborted-transaction index, DeleteRecords and retention, undo a failed write, flush
+  (`persister.commit.GroupCommit` makes it durable: flush is the fsync), close.
+- `CoordinatorLog`: the record log of one coordinator (group metadata, transactions,
+  cluster metadata, share state), as `coordinator.runtime.CoordinatorRuntime` drives it:
+  write a batch of key/value records, wait for them to be durable, undo a failed write,
+  replay on startup (from a checkpoint's offset), close.
+
+A `StorageEngine` opens both. `FileStorage` is the one engine so far: segment files under
+the data directory (`persister.log.PartitionLog`, `persister.record_log.RecordLog`), which
+mypy checks against these Protocols where `FileStorage` returns them and where
+`FILE_STORAGE` is typed. `persister.record_log.MemoryRecordLog` is a `CoordinatorLog`
+for unit tests.
+
+What is still the file backend's own, and the next backend has to answer for:
+- `TopicLog.directory`: `broker.logs.LogManager` lays out the topic directories itself
+  (`<topic>-<partition>`, the `partition.metadata` topic-id marker, deleted topics
+  renamed and removed, directories of topics deleted while the broker was down).
+- `CoordinatorLog.partition_log`: the segmented file log under a record log, for the
+  features that work on segment files (checkpoints bounded by its offsets, compaction of
+  closed segments, adopting a Spark compaction). A log without one (None) runs with
+  neither, as `MemoryRecordLog` does.
+- `broker.cluster.MetadataStore` and `coordinator.share_persister.DurablePersister`
+  open their `RecordLog` themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from persister.clock import SYSTEM_CLOCK, Clock
+from persister.commit import GroupCommit
+from persister.log import AppendResult, LogConfig, PartitionLog
+from persister.producer_state import ProducerStateManager
+from persister.record_log import KeyValue, RecordLog
+from persister.txn_index import AbortedTxn
+
+
+class TopicLog(Protocol):
+    """The log of one topic partition, as the broker uses it (see the module docstring).
+
+    Offsets are Kafka's: `log_start_offset` is the first offset still readable,
+    `log_end_offset` the one the next record gets. Nothing is durable until a `flush`
+    that started after the write returned.
+    """
+
+    # The topic's log settings; `LogManager.reconfigure_topic` replaces them.
+    config: LogConfig
+
+    @property
+    def directory(self) -> Path: ...
+    @property
+    def log_start_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def size_bytes(self) -> int: ...
+
+    def append(self, data: bytearray | memoryview, now_ms: int) -> AppendResult:
+        """Assign offsets to validated v2 batches (rewriting their base offsets in
+        `data`) and write them, not yet durably."""
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one
+        batch), stopping before `max_offset`."""
+
+    def load_producer_state(self, producers: ProducerStateManager) -> None:
+        """Fill `producers` from the log (idempotence and open transactions), at open."""
+
+    def append_aborted_txn(self, entry: AbortedTxn) -> None:
+        """Index an aborted transaction, its marker written (durable with the next flush)."""
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_bound)."""
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(base offset, max timestamp) of the first batch whose max timestamp is at or
+        after `timestamp_ms`."""
+
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(base offset, timestamp) of the batch with the largest timestamp."""
+
+    def delete_records_before(self, offset: int) -> int:
+        """Move the log start offset up to `offset` (DeleteRecords); the new one."""
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Drop what retention.ms / retention.bytes no longer keep; how many pieces."""
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove everything from `offset` (a batch boundary) on: a failed write undone."""
+
+    def flush(self) -> None:
+        """Make everything written so far durable. Blocking: run off the event loop."""
+
+    def close(self, clean: bool = True) -> None:
+        """Close; `clean` flushes first."""
+
+
+class CoordinatorLog(Protocol):
+    """The record log of one coordinator, as `CoordinatorRuntime` uses it (see the module
+    docstring). Offsets count records; keys and values are the coordinator's bytes."""
+
+    @property
+    def partition_log(self) -> PartitionLog | None:
+        """The segmented file log underneath, or None (no checkpoints, no compaction)."""
+
+    @property
+    def end_offset(self) -> int:
+        """Where the next write begins."""
+
+    def write(self, records: Sequence[KeyValue]) -> int:
+        """Append `records` as one batch, not yet durably; the offset they begin at."""
+
+    async def sync(self) -> None:
+        """Return once everything written so far is durable."""
+
+    def truncate(self, offset: int) -> None:
+        """Remove everything written from `offset` on (a failed write and what followed)."""
+
+    def replay(self, start: int | None = None) -> Iterator[KeyValue]:
+        """Every record from the log start, or from `start` on, in order."""
+
+    def close(self) -> None: ...
+
+
+class StorageEngine(Protocol):
+    """Opens the logs of one broker. The file engine keys them by directory under the
+    data dir (`topics/<topic>-<partition>`, `groups`, `transactions`, ...)."""
+
+    def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
+        """Open the log of a topic partition, creating it if new."""
+
+    def open_coordinator_log(
+        self,
+        directory: Path,
+        commit: GroupCommit,
+        config: LogConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> CoordinatorLog:
+        """Open a coordinator's record log, creating it if new; `sync` waits for
+        `commit`'s rounds. `config` None: the internal logs' settings."""
+
+
+class FileStorage:
+    """The file engine: segment files under the data directory, fsynced by `GroupCommit`."""
+
+    def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
+        return PartitionLog.open(directory, config, now_ms)
+
+    def open_coordinator_log(
+        self,
+        directory: Path,
+        commit: GroupCommit,
+        config: LogConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> CoordinatorLog:
+        return RecordLog(directory, commit, config, clock=clock)
+
+
+# Typed as the Protocol, so mypy checks FileStorage against it.
+FILE_STORAGE: StorageEngine = FileStorage()
