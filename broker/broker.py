@@ -21,6 +21,7 @@ from broker.handlers.transactions import marker_writer
 from broker.logs import LogManager, Partition
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
 from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
+from broker.share.fetch import ShareFetchService
 from broker.share.manager import LogPartition, SharePartitionManager
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
@@ -28,7 +29,6 @@ from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_persister import DurablePersister
-from coordinator.share_state import ShareStateKey
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
@@ -119,8 +119,7 @@ class Broker:
         self.transactions: TransactionCoordinator
         self.share: SharePartitionManager
         self.sessions: ShareSessionCache
-        # Round-robin start for share fetches, so MaxRecords starves no partition.
-        self.share_rotation = 0
+        self.share_service: ShareFetchService
         self._background: set[asyncio.Future[Any]] = set()
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
@@ -245,6 +244,13 @@ class Broker:
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
+        self.share_service = ShareFetchService(
+            self.share,
+            self.sessions,
+            lambda topic_id: topic_id in self.metadata.state.topics_by_id,
+            self.log_partition,
+            clock=self.clock,
+        )
         self.groups.member_removed_hooks.append(self._on_member_removed)
         self.groups.state_deleted_hooks.append(
             lambda group, topic_id: self.share.drop(group, topic_id)
@@ -287,9 +293,8 @@ class Broker:
     def _on_disconnect(self, connection_id: int) -> None:
         """A closed connection ends its share sessions and releases their records,
         as Kafka's share session cache does on disconnect."""
-        for session in self.sessions.remove_connection(str(connection_id)):
-            keys = [ShareStateKey(session.group_id, tid, p) for tid, p in session.partitions]
-            self._spawn(self.share.release_member(session.group_id, session.member_id, keys))
+        for group_id, member_id, keys in self.share_service.connection_closed(str(connection_id)):
+            self._spawn(self.share.release_member(group_id, member_id, keys))
 
     def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
         self.share.drop(None, topic_id)
