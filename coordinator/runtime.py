@@ -13,7 +13,14 @@ executes one operation:
 2. call the operation; if it returned records, write them to the log (one batch);
 3. wait until they are fsynced. Operations on other keys write and wait meanwhile, so
    concurrent writers share fsync rounds (group commit, `persister.commit`);
-4. replay the records, in order, then return the response.
+4. replay the records, in order, call the caller's `applied` with the response (the
+   shell's own effects of the change, such as opening a new topic's logs, so they too
+   happen in the order the operations were serialised), then return the response.
+
+An operation's checks belong inside it: a check made before waiting for the key and
+written after would go stale meanwhile (two requests both find a topic absent and
+both create it). Everything a request's answer rests on is read in the turn that
+writes its records; a validate-only request runs the same operation and keeps none.
 
 Nothing is applied before its fsync succeeded, so no request ever sees a change that a
 crash could take back.
