@@ -64,10 +64,16 @@ def _delete_call(client: AdminClient, name: str) -> Callable[[], Future[Any]]:
     return lambda: client.delete_topics([name], request_timeout=ADMIN_TIMEOUT_S)[name]
 
 
-def _set_call(client: AdminClient, name: str, key: str, value: str) -> Callable[[], Future[Any]]:
+def _set_call(
+    client: AdminClient,
+    name: str,
+    key: str,
+    value: str,
+    kind: ConfigResource.Type = ConfigResource.Type.TOPIC,
+) -> Callable[[], Future[Any]]:
     entry = ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
-    change = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[entry])
-    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    change = ConfigResource(kind, name, incremental_configs=[entry])
+    resource = ConfigResource(kind, name)
     return lambda: client.incremental_alter_configs([change], request_timeout=ADMIN_TIMEOUT_S)[
         resource
     ]
@@ -256,3 +262,40 @@ def test_concurrent_config_alters_of_different_keys_all_survive(broker: Broker) 
     broker.restart()
     for name in names:
         assert _dynamic_topic_configs(broker, name) == TOPIC_SETTINGS
+
+
+# Different dynamic broker configs, one per client, harmless to the test's broker.
+BROKER_SETTINGS = {
+    "num.partitions": 2,
+    "log.retention.ms": 3_600_000,
+    "log.retention.bytes": 10_485_760,
+    "log.roll.ms": 3_600_000,
+    "log.index.interval.bytes": 8192,
+    "producer.id.expiration.ms": 3_600_000,
+    "transactional.id.expiration.ms": 3_600_000,
+    "group.share.max.size": 150,
+}
+
+
+def _broker_configs(broker: Broker) -> dict[str, str]:
+    resource = ConfigResource(ConfigResource.Type.BROKER, "1")
+    admin = AdminClient(admin_config(broker))
+    entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
+    return {name: entry.value for name, entry in entries.items() if name in BROKER_SETTINGS}
+
+
+def test_concurrent_broker_config_alters_of_different_keys_all_survive(broker: Broker) -> None:
+    assert len(BROKER_SETTINGS) == CLIENTS
+    clients = _clients(broker)
+    for r in range(ROUNDS):
+        wanted = {key: str(value + r) for key, value in BROKER_SETTINGS.items()}
+        outcomes = _at_once(
+            [
+                _set_call(c, "1", key, value, ConfigResource.Type.BROKER)
+                for c, (key, value) in zip(clients, wanted.items(), strict=True)
+            ]
+        )
+        assert all(e is None for e in outcomes), _show(outcomes)
+        assert _broker_configs(broker) == wanted
+    broker.restart()
+    assert _broker_configs(broker) == wanted
