@@ -58,7 +58,14 @@ from persister.share_records import (
 )
 from persister.spark import report
 from persister.spark.findings import AuditResult, LogRecord, ShareKeyTuple, Violation
-from persister.spark.segments import NotASpoolDataDir, job_session, share_state_dir
+from persister.spark.segments import (
+    SNAPSHOT,
+    TOMBSTONE,
+    UPDATE,
+    NotASpoolDataDir,
+    job_session,
+    share_state_dir,
+)
 from protocol.errors import CorruptRecordError
 from protocol.records import (
     HEADER_SIZE,
@@ -105,7 +112,6 @@ GROUP_LIMIT_KEY = "share.delivery.count.limit"
 BROKER_LIMIT_KEY = "group.share.delivery.count.limit"
 NO_OFFSET = -1
 
-SNAPSHOT, UPDATE, TOMBSTONE = "snapshot", "update", "tombstone"
 # Segment bytes per group of keys checked together: their records, as shuffled, stay
 # well within a Python worker's memory.
 _GROUP_BYTES = 16 * 1024 * 1024
