@@ -117,13 +117,17 @@ class ClusterState:
 
     # -- checks and records of changes: called inside a runtime operation ------------
 
+    def check_topic_absent(self, name: str) -> None:
+        """TOPIC_ALREADY_EXISTS with Kafka's message if `name` exists (checked right
+        after the name itself, as ReplicationControlManager.createTopics does)."""
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+
     def new_topic_record(
         self, name: str, partitions: int, configs: dict[str, str], topic_id: uuid.UUID
     ) -> tuple[Topic, Record]:
-        """CreateTopics of one topic: the topic and its record, or TOPIC_ALREADY_EXISTS
-        with Kafka's message (ReplicationControlManager.createTopics)."""
-        if name in self.topics:
-            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        """CreateTopics of one topic: the topic and its record, or TOPIC_ALREADY_EXISTS."""
+        self.check_topic_absent(name)
         topic = Topic(name=name, topic_id=topic_id, partitions=partitions, configs=dict(configs))
         return topic, topic_record(topic)
 

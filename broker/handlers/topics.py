@@ -176,8 +176,9 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
 
 
 def _check_new_topic(broker: TopicsBroker, t: Any, seen: set[str]) -> tuple[int, dict[str, str]]:
-    """The checks of a CreateTopics entry against the request and the broker config:
-    (partitions, configs)."""
+    """The checks of a CreateTopics entry, in Kafka's order (the name, whether it
+    exists, then the rest): (partitions, configs). Inside the operation: the existence
+    check is made in the turn that writes the topic."""
     if t.name in seen:
         raise KafkaError(
             ErrorCode.invalid_request,
@@ -185,6 +186,7 @@ def _check_new_topic(broker: TopicsBroker, t: Any, seen: set[str]) -> tuple[int,
         )
     seen.add(t.name)
     validate_topic_name(t.name)
+    broker.metadata.state.check_topic_absent(t.name)
     assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
     if assignments:
         if t.num_partitions != -1 or t.replication_factor != -1:

@@ -264,3 +264,17 @@ async def test_a_topic_whose_logs_cannot_open_is_not_created(
     broker.logs.fail_open.clear()
     assert _code(await create_topics(None, _create("t"), broker)) == ErrorCode.none
     assert "t" in open_broker().metadata.state.topics
+
+
+async def test_an_existing_name_is_answered_before_the_other_checks(
+    open_broker: Callable[[], Broker],
+) -> None:
+    """Kafka's createTopics checks the name, then whether it exists, then the rest."""
+    broker = open_broker()
+    await create_topics(None, _create("t"), broker)
+    bad = _new_topic("t", partitions=0)
+    answer = await create_topics(None, _request(topics=[bad], validate_only=False), broker)
+    assert _code(answer) == ErrorCode.topic_already_exists
+    bad.name = "u"
+    answer = await create_topics(None, _request(topics=[bad], validate_only=False), broker)
+    assert _code(answer) == ErrorCode.invalid_partitions
