@@ -17,6 +17,11 @@ partitions of those topics; topics with different subscriber sets are balanced
 separately (as Kafka's heterogeneous builder does per topic), with ties broken
 towards the member that has the least work so far. The function is pure and
 deterministic: the same input always gives the same output.
+
+Only assignable partitions are assigned: Kafka 4.2 builds a share group's target
+assignment from the partitions whose share state is initialized
+(`TargetAssignmentBuilder.withTopicAssignablePartitionsMap`, KAFKA-18827), so
+`assign` takes them as `assignable`; a subscribed topic with none is left out.
 """
 
 from __future__ import annotations
@@ -62,22 +67,32 @@ class AssignorMember:
 def assign(
     members: Iterable[AssignorMember],
     topics: Mapping[uuid.UUID, TopicMetadata],
+    assignable: Mapping[uuid.UUID, Iterable[int]] | None = None,
 ) -> dict[str, dict[uuid.UUID, frozenset[int]]]:
     """Compute the target assignment: member id -> {topic id: partitions}.
 
     `topics` is the cluster's topic metadata keyed by topic id; subscribed names that
-    are not in it are ignored (the topic does not exist yet). Every member appears in
-    the result, with an empty mapping when it has nothing to do.
+    are not in it are ignored (the topic does not exist yet). `assignable`, if given,
+    limits each topic to those of its partitions (Kafka's assignable partitions map:
+    a topic not in it has none). Every member appears in the result, with an empty
+    mapping when it has nothing to do.
     """
     members = sorted(members, key=lambda m: m.member_id)
     topic_id_by_name = {t.name: t.topic_id for t in topics.values()}
 
-    # Subscribers of each existing topic.
+    def partitions_of(topic_id: uuid.UUID) -> list[int]:
+        every = range(topics[topic_id].num_partitions)
+        if assignable is None:
+            return list(every)
+        allowed = frozenset(assignable.get(topic_id, ()))
+        return [p for p in every if p in allowed]
+
+    # Subscribers of each existing topic with partitions to assign.
     subscribers: dict[uuid.UUID, list[str]] = {}
     for member in members:
         for name in sorted(member.subscribed_topic_names):
             topic_id = topic_id_by_name.get(name)
-            if topic_id is not None and topics[topic_id].num_partitions > 0:
+            if topic_id is not None and partitions_of(topic_id):
                 subscribers.setdefault(topic_id, []).append(member.member_id)
 
     # Topics with identical subscriber sets are balanced as one pool.
@@ -85,7 +100,7 @@ def assign(
     for topic_id in sorted(subscribers):
         key = tuple(subscribers[topic_id])
         pool = pools.setdefault(key, [])
-        pool.extend((topic_id, p) for p in range(topics[topic_id].num_partitions))
+        pool.extend((topic_id, p) for p in partitions_of(topic_id))
 
     current: dict[str, set[_TopicIdPartition]] = {
         m.member_id: {(t, p) for t, parts in m.current_assignment.items() for p in parts}

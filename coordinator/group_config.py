@@ -181,8 +181,19 @@ BROKER_CONFIG_DEFS: dict[str, ConfigDef] = {
             "The maximum number of share sessions per broker.",
             1,
         ),
+        _broker(
+            "group.share.initialize.retry.interval.ms",
+            30000,
+            "Time elapsed before retrying initialize share group state request. If below "
+            "offsets.commit.timeout.ms, then value of offsets.commit.timeout.ms is used.",
+            1,
+        ),
     ]
 }
+
+# Kafka's `offsets.commit.timeout.ms` default: the floor of the initialize retry interval
+# (GroupCoordinatorConfig.shareGroupInitializeRetryIntervalMs).
+OFFSETS_COMMIT_TIMEOUT_MS = 5000
 
 
 # Kafka's `GroupConfig`, share keys only (spool has no consumer or streams groups).
@@ -493,6 +504,7 @@ class ShareGroupBrokerConfig:
     min_partition_max_record_locks: int = 100
     max_partition_max_record_locks: int = 4000
     max_share_sessions: int = 2000
+    initialize_retry_interval_ms: int = 30000
 
     def value(self, key: str) -> int:
         """The value of a broker key by its Kafka name, e.g. `group.share.max.size`."""
@@ -570,6 +582,9 @@ class GroupConfig:
     renew_acknowledge_enable: bool = True
     # `group.share.max.size`: broker-wide, carried here so a group needs one object.
     max_size: int = 200
+    # `group.share.initialize.retry.interval.ms` (broker-wide), at least
+    # `offsets.commit.timeout.ms` as Kafka uses it.
+    initialize_retry_interval_ms: int = 30000
 
     @classmethod
     def effective(
@@ -605,6 +620,9 @@ class GroupConfig:
             isolation_level=isolation,  # type: ignore[arg-type]
             renew_acknowledge_enable=renew,
             max_size=broker.max_size,
+            initialize_retry_interval_ms=max(
+                broker.initialize_retry_interval_ms, OFFSETS_COMMIT_TIMEOUT_MS
+            ),
         )
 
     def value(self, name: str) -> ConfigValue:

@@ -5,10 +5,12 @@ groups up, feeds them the current topic metadata and time, and runs every change
 operation of the `CoordinatorRuntime` over `data/groups/`: records are computed from
 committed state under the group's key (its id), fsynced, then replayed (`_replay`, the
 one place group records take effect). It initializes share-partition state through the
-`Persister` and tells the broker when members go away (their acquired records stay
-theirs until their share session closes, their connection drops or the locks expire, as
-in Kafka). Group configs are keyed by group id too, so a config change and a heartbeat of
-one group never interleave.
+`Persister` in the background (a heartbeat never waits for it; only initialized
+partitions are assigned, so the first heartbeats of a new group get an empty
+assignment until the state is durable, as in Kafka 4.2) and tells the broker when
+members go away (their acquired records stay theirs until their share session closes,
+their connection drops or the locks expire, as in Kafka). Group configs are keyed by
+group id too, so a config change and a heartbeat of one group never interleave.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
 
 # How often member session timeouts are checked.
 EXPIRY_SWEEP_MS = 250
+# How long a ShareFetch's load waits for a share-state initialization already under way
+# before it initializes the partition itself (Kafka's offsets.commit.timeout.ms).
+INITIALIZE_WAIT_MS = 5000
 
 # Records that only remove a member: for a group that is not there they change nothing.
 _MEMBER_TOMBSTONES = (
@@ -230,9 +235,8 @@ class GroupCoordinator:
     def config(self, group_id: str) -> GroupConfig:
         return self.configs.config(group_id)
 
-    @staticmethod
     def _with_initializing(
-        group: ShareGroup, records: Sequence[ShareGroupRecord]
+        self, group: ShareGroup, records: Sequence[ShareGroupRecord]
     ) -> tuple[list[ShareGroupRecord], Partitions]:
         """Add to `records` the bookkeeping that starts share-state initialization of the
         partitions the group subscribes to once they apply (in the same batch, as
@@ -241,9 +245,12 @@ class GroupCoordinator:
         if records:
             after = copy.deepcopy(group)
             after.replay_all(records)
-        pending = after.partitions_to_initialize()
+        now = self.clock.now_ms()
+        retry_ms = self.config(group.group_id).initialize_retry_interval_ms
+        pending = after.partitions_to_initialize(now, retry_ms)
         if not pending:
             return list(records), {}
+        group.initializing_started(pending, now)
         return [*records, *after.mark_initializing(pending)], pending
 
     # -- ShareGroupHeartbeat ----------------------------------------------------
@@ -286,8 +293,8 @@ class GroupCoordinator:
                 self.clock.now_ms(),
                 self.config(group_id),
             )
-            records, pending = self._with_initializing(group, result.records)
-            return records, (result, before, pending)
+            # The heartbeat's records already mark `result.initialize` initializing.
+            return result.records, (result, before, result.initialize)
 
         try:
             result, before, pending = await self.runtime.run(group_id, op)
@@ -328,9 +335,29 @@ class GroupCoordinator:
         bookkeeping already says `initializing`."""
         if not pending or self._stopped:
             return
-        self._track(self._initialize(group_id, pending))
+        group = self.groups.get(group_id)
+        # The state epoch is the group epoch the initialization was decided at (Kafka's
+        # buildInitializeShareGroupStateRequest).
+        epoch = 0 if group is None else group.group_epoch
+        self._track(self._initialize(group_id, pending, epoch))
 
-    async def _initialize(self, group_id: str, pending: Mapping[uuid.UUID, Iterable[int]]) -> None:
+    async def _initialize(
+        self,
+        group_id: str,
+        pending: Mapping[uuid.UUID, Iterable[int]],
+        state_epoch: int | None = None,
+    ) -> None:
+        """InitializeShareGroupState for `pending` (Kafka's persisterInitialize): state
+        epoch the group epoch, start offset -1, so the share-partition leader resolves
+        `share.auto.offset.reset` when it first loads the partition. Then, durably, the
+        partitions that got state are `initialized` (and assigned: the same write bumps
+        the group epoch), those that failed forgotten, for a later heartbeat to retry
+        (Kafka's uninitializeShareGroupState). If that write fails too, they stay
+        `initializing`, unassigned, until `group.share.initialize.retry.interval.ms`
+        has passed and a heartbeat retries them."""
+        if state_epoch is None:
+            group = self.groups.get(group_id)
+            state_epoch = 0 if group is None else group.group_epoch
         done: dict[uuid.UUID, set[int]] = {}
         failed: dict[uuid.UUID, set[int]] = {}
         for topic_id, partitions in pending.items():
@@ -339,7 +366,7 @@ class GroupCoordinator:
                 try:
                     # Checked in the share-state key's turn: a reset's (or a consumer's)
                     # state is never clobbered when bookkeeping lagged behind.
-                    await self.persister.initialize_if_absent(key)
+                    await self.persister.initialize_if_absent(key, state_epoch)
                     done.setdefault(topic_id, set()).add(partition)
                 except KafkaError as exc:
                     _state_call_failed("share_state_initialize_failed", key, exc)
@@ -347,10 +374,16 @@ class GroupCoordinator:
         try:
             if done:
                 await self._mark(group_id, lambda g: g.mark_initialized(done))
+                group = self.groups.get(group_id)
+                log.info(
+                    "share_state_initialized",
+                    group=group_id,
+                    partitions={str(t): sorted(p) for t, p in done.items()},
+                    group_epoch=None if group is None else group.group_epoch,
+                )
             if failed:
                 await self._mark(group_id, lambda g: g.mark_uninitialized(failed))
         except KafkaError as exc:
-            # The partitions stay `initializing`; a share fetch initializes them on use.
             log.warning("share_state_bookkeeping_failed", group=group_id, error=exc.message)
 
     async def _mark(
@@ -367,14 +400,37 @@ class GroupCoordinator:
         return group is not None and partition in group.initialized.get(topic_id, frozenset())
 
     async def ensure_initialized(self, group_id: str, topic_id: uuid.UUID, partition: int) -> None:
-        """Initialize share state now if the group's background initialization has not
-        reached this partition yet (a fetch can arrive right after the heartbeat)."""
+        """Before a ShareFetch loads a partition: give it share state if the group has
+        none for it yet. Members are only assigned initialized partitions, but a fetch
+        may name any partition; it waits (at most INITIALIZE_WAIT_MS on the clock) for
+        the share-state work under way, then initializes the partition itself if still
+        needed."""
         if group_id not in self.groups or self.is_initialized(group_id, topic_id, partition):
             return
-        for task in list(self._initializing):
-            await asyncio.shield(task)
+        pending = [task for task in self._initializing if not task.done()]
+        if pending:
+            await self._wait_bounded(pending, INITIALIZE_WAIT_MS)
         if group_id in self.groups and not self.is_initialized(group_id, topic_id, partition):
             await self._initialize(group_id, {topic_id: [partition]})
+
+    async def _wait_bounded(self, tasks: list[asyncio.Task[None]], timeout_ms: int) -> None:
+        """Wait for `tasks` (never cancelling them) until `timeout_ms` passes on the clock."""
+        timed_out = False
+        waiter = asyncio.ensure_future(asyncio.wait(tasks))
+
+        def expire() -> None:
+            nonlocal timed_out
+            timed_out = True
+            waiter.cancel()
+
+        timer = self.clock.call_at(self.clock.now_ms() + timeout_ms, expire)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if not timed_out:
+                raise
+        finally:
+            timer.cancel()
 
     # -- timers and topic changes -------------------------------------------------
 
@@ -604,7 +660,7 @@ class GroupCoordinator:
         def begin() -> tuple[list[ShareGroupRecord], None]:
             group = self.groups.get(group_id) or ShareGroup(group_id)
             group.require_empty()
-            return group.mark_altering(valid), None
+            return group.mark_altering(valid, self.clock.now_ms()), None
 
         await self._run_admin(group_id, begin)
         done: dict[uuid.UUID, set[int]] = {}

@@ -15,6 +15,20 @@ Every rule of share-group membership lives in this file. It follows Kafka's
   assignor at once. Share groups have no revocation phase, so a member moves to its
   target on its next heartbeat, taking the target's epoch as its member epoch. The
   response carries the assignment on a join and whenever it changed, else None.
+- Only partitions whose share state is initialized are assigned (Kafka 4.2,
+  KAFKA-18827: the target assignment is built with the `initialized` topics as its
+  assignable partitions). The heartbeat that finds subscribed partitions neither
+  initialized nor being initialized marks them `initializing` (in its own records)
+  and returns them in `HeartbeatResult.initialize`; the caller initializes their
+  share state (InitializeShareGroupState, start offset -1: the share-partition leader
+  resolves `share.auto.offset.reset` on first load) without holding up the response,
+  then writes `mark_initialized`, which bumps the group epoch and recomputes the
+  target in the same records, so members that joined meanwhile split the partitions.
+  A heartbeat also bumps when the target misses initialized partitions of subscribed
+  topics (Kafka 4.2's `initializedAssignmentPending`). A failed initialization is
+  `mark_uninitialized` and retried by the next heartbeat; partitions left
+  `initializing` longer than `group.share.initialize.retry.interval.ms` (a lost
+  write) are retried too, as Kafka's `subscribedTopicsChangeMap` does.
 - A member with no heartbeat for `share.session.timeout.ms` is fenced by
   `expire_members`. As in Kafka 4.2, leaving or being fenced does not release the
   member's acquired records: its share session on the broker does (closed with epoch
@@ -30,7 +44,9 @@ response without changing the group; the runtime appends the records, then feeds
 each to `replay`, the only method that changes durable state. The one piece of soft
 state, each member's session deadline, is a timer (not durable, as in Kafka) set by
 `heartbeat` and rebuilt after loading with `on_loaded`. No method reads a clock or
-does I/O: the current time comes in as `now_ms`.
+does I/O: the current time comes in as `now_ms`. When each topic's share-state
+initialization last started is soft state too (Kafka keeps it beside the replayed
+record, not in it).
 """
 
 from __future__ import annotations
@@ -267,6 +283,8 @@ class HeartbeatResult:
     heartbeat_interval_ms: int
     # The full assignment on a join or when it changed; None means "unchanged".
     assignment: AssignmentDict | None
+    # Partitions whose share state to initialize now; `records` mark them initializing.
+    initialize: AssignmentDict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +348,9 @@ class ShareGroup:
         self.deleted = False
         # Soft state: member id -> session deadline (ms). A timer, not durable.
         self._session_deadlines: dict[str, int] = {}
+        # Soft state: topic id -> when its share-state initialization last started (ms),
+        # for the topics in `initializing`; older than the retry interval: retried.
+        self._initializing_since: dict[uuid.UUID, int] = {}
 
     @property
     def state(self) -> ShareGroupState:
@@ -410,10 +431,12 @@ class ShareGroup:
         subscription_changed = is_new or updated.subscribed_topic_names != (
             member.subscribed_topic_names
         )
+        metadata_after = _subscription_metadata(members_after.values(), topics_metadata)
         rebalance, target_epoch, target = self._rebalance(
             members_after,
-            _subscription_metadata(members_after.values(), topics_metadata),
-            bump=subscription_changed,
+            metadata_after,
+            bump=subscription_changed
+            or self._initialized_assignment_pending(members_after, metadata_after),
         )
         records += rebalance
 
@@ -428,6 +451,13 @@ class ShareGroup:
                 )
             )
 
+        # Kafka's maybeCreateInitializeShareGroupStateRequest: subscribed partitions with
+        # no share state (nor a recent initialization under way) start getting it.
+        initialize = self.partitions_to_initialize(
+            now_ms, config.initialize_retry_interval_ms, metadata_after
+        )
+        records += self.mark_initializing(initialize, now_ms)
+
         self._session_deadlines[member_id] = now_ms + config.session_timeout_ms
         send = member_epoch == JOIN_GROUP_MEMBER_EPOCH or member_target != member.assignment
         return HeartbeatResult(
@@ -436,6 +466,7 @@ class ShareGroup:
             new_epoch,
             config.heartbeat_interval_ms,
             dict(member_target) if send else None,
+            initialize,
         )
 
     def _validate_request(
@@ -523,31 +554,58 @@ class ShareGroup:
 
     def on_loaded(self, now_ms: int, config: GroupConfig) -> None:
         """After replaying the log, give every member a fresh session timeout (as Kafka
-        does when a coordinator loads), since timers are not durable."""
+        does when a coordinator loads), since timers are not durable; initializations
+        the log shows under way count as started now (Kafka stamps the replayed
+        initializing topics with the load time)."""
         self._session_deadlines = {m: now_ms + config.session_timeout_ms for m in self.members}
+        self._initializing_since = dict.fromkeys(self.initializing, now_ms)
 
     # -- share-partition state bookkeeping --------------------------------------
 
-    def partitions_to_initialize(self) -> AssignmentDict:
-        """Subscribed partitions with no share state and no initialization under way.
+    def partitions_to_initialize(
+        self,
+        now_ms: int,
+        retry_interval_ms: int,
+        subscription_metadata: Mapping[str, TopicMetadata] | None = None,
+    ) -> AssignmentDict:
+        """Subscribed partitions with no share state and no initialization under way
+        (Kafka's subscribedTopicsChangeMap). An initialization started
+        `retry_interval_ms` or more ago counts as lost: its partitions are returned
+        again. `subscription_metadata` defaults to the group's, as of its last epoch.
+        (Only soft state changes here: when a topic was first seen initializing.)
 
         The broker initializes these in the share coordinator
         (InitializeShareGroupState), after `mark_initializing`, then `mark_initialized`.
         """
+        metadata = subscription_metadata
+        if metadata is None:
+            metadata = self.subscription_metadata
         result: dict[uuid.UUID, set[int]] = {}
-        for topic in self.subscription_metadata.values():
-            done = self.initialized.get(topic.topic_id, frozenset()) | self.initializing.get(
-                topic.topic_id, frozenset()
-            )
+        for topic in metadata.values():
+            done = self.initialized.get(topic.topic_id, frozenset())
+            if topic.topic_id in self.initializing:
+                # First seen initializing (e.g. by a group the heartbeat's records
+                # created): the retry interval counts from now, as Kafka's replay stamps.
+                since = self._initializing_since.setdefault(topic.topic_id, now_ms)
+                if now_ms - since < retry_interval_ms:
+                    done |= self.initializing[topic.topic_id]
             missing = set(range(topic.num_partitions)) - done
             if missing:
                 result[topic.topic_id] = missing
         return _freeze(result)
 
+    def initializing_started(self, topic_ids: Iterable[uuid.UUID], now_ms: int) -> None:
+        """Note (soft state) that these topics' initialization started at `now_ms`."""
+        for topic_id in topic_ids:
+            self._initializing_since[topic_id] = now_ms
+
     def mark_initializing(
-        self, partitions: Mapping[uuid.UUID, Iterable[int]]
+        self, partitions: Mapping[uuid.UUID, Iterable[int]], now_ms: int | None = None
     ) -> list[ShareGroupRecord]:
-        """Records noting that initialization of these partitions has started."""
+        """Records noting that initialization of these partitions has started (at
+        `now_ms`, if given: the retry interval counts from then)."""
+        if now_ms is not None:
+            self.initializing_started(partitions, now_ms)
         initializing = _union(self.initializing, partitions)
         # Kafka's addInitializingTopicsRecords: a topic getting state is no longer deleting.
         return self._state_partition_record(
@@ -557,10 +615,22 @@ class ShareGroup:
     def mark_initialized(
         self, partitions: Mapping[uuid.UUID, Iterable[int]]
     ) -> list[ShareGroupRecord]:
-        """Records noting that these partitions now have share state."""
-        return self._state_partition_record(
-            _difference(self.initializing, partitions), _union(self.initialized, partitions)
+        """Records noting that these partitions now have share state; if the group has
+        members whose target lacks them, the group epoch is bumped and the target
+        recomputed in the same records, so the partitions are assigned at once (Kafka
+        4.2 does it on the next heartbeat, `initializedAssignmentPending`)."""
+        initialized = _union(self.initialized, partitions)
+        records = self._state_partition_record(
+            _difference(self.initializing, partitions), initialized
         )
+        if records and self._initialized_assignment_pending(
+            self.members, self.subscription_metadata, initialized
+        ):
+            rebalance, _, _ = self._rebalance(
+                self.members, self.subscription_metadata, bump=True, assignable=initialized
+            )
+            records += rebalance
+        return records
 
     def mark_uninitialized(
         self, partitions: Mapping[uuid.UUID, Iterable[int]]
@@ -603,11 +673,13 @@ class ShareGroup:
             )
 
     def mark_altering(
-        self, partitions: Mapping[uuid.UUID, Iterable[int]]
+        self, partitions: Mapping[uuid.UUID, Iterable[int]], now_ms: int | None = None
     ) -> list[ShareGroupRecord]:
         """AlterShareGroupOffsets, first step: the partitions are `initializing` (and their
         topics no longer `deleting`), as Kafka's addInitializingTopicsRecords; after the
         share state is re-initialized, `mark_initialized` completes it."""
+        if now_ms is not None:
+            self.initializing_started(partitions, now_ms)
         return self._state_partition_record(
             _union(self.initializing, partitions),
             self.initialized,
@@ -736,6 +808,9 @@ class ShareGroup:
                 self.initializing = _freeze(record.initializing)
                 self.initialized = _freeze(record.initialized)
                 self.deleting = frozenset(record.deleting)
+                self._initializing_since = {
+                    t: at for t, at in self._initializing_since.items() if t in self.initializing
+                }
             case ShareGroupTombstone():
                 self.members.clear()
                 self.target_assignment.clear()
@@ -744,6 +819,7 @@ class ShareGroup:
                 self.initialized = {}
                 self.deleting = frozenset()
                 self._session_deadlines.clear()
+                self._initializing_since.clear()
                 self.deleted = True
 
     def replay_all(self, records: Iterable[ShareGroupRecord]) -> None:
@@ -774,15 +850,42 @@ class ShareGroup:
         rebalance, _, _ = self._rebalance(remaining, metadata, bump=True)
         return records + rebalance
 
+    def _initialized_assignment_pending(
+        self,
+        members: Mapping[str, ShareGroupMember],
+        subscription_metadata: Mapping[str, TopicMetadata],
+        initialized: AssignmentDict | None = None,
+    ) -> bool:
+        """Kafka 4.2's initializedAssignmentPending: the group has members, and for some
+        subscribed topic the target assignment does not hold exactly its initialized
+        partitions (so the target must be recomputed)."""
+        initialized = self.initialized if initialized is None else initialized
+        if not members or not initialized:
+            return False
+        assigned: dict[uuid.UUID, set[int]] = {}
+        for member_id, assignment in self.target_assignment.items():
+            if member_id in members:
+                for topic_id, parts in assignment.items():
+                    assigned.setdefault(topic_id, set()).update(parts)
+        for topic in subscription_metadata.values():
+            ready = initialized.get(topic.topic_id, frozenset()) & frozenset(
+                range(topic.num_partitions)
+            )
+            if ready and assigned.get(topic.topic_id, set()) != ready:
+                return True
+        return False
+
     def _rebalance(
         self,
         members: Mapping[str, ShareGroupMember],
         subscription_metadata: dict[str, TopicMetadata],
         *,
         bump: bool,
+        assignable: AssignmentDict | None = None,
     ) -> tuple[list[ShareGroupRecord], int, dict[str, AssignmentDict]]:
         """Bump the group epoch and recompute the target if anything changed.
 
+        Only `assignable` partitions (default: the initialized ones) are assigned.
         Returns the records, the target assignment epoch and the target assignment.
         """
         if not bump and subscription_metadata == self.subscription_metadata:
@@ -805,6 +908,7 @@ class ShareGroup:
                 for m in members.values()
             ],
             {t.topic_id: t for t in subscription_metadata.values()},
+            self.initialized if assignable is None else assignable,
         )
         for member_id, assignment in sorted(target.items()):
             if self.target_assignment.get(member_id) != assignment:

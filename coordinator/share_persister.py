@@ -111,18 +111,22 @@ class _ShardPersister:
             ),
         )
 
-    async def initialize_if_absent(self, key: ShareStateKey) -> bool:
-        """Give `key` fresh share state (state epoch 0, start offset -1) unless it has
-        state worth keeping (a start offset, or a state epoch above 0: a reset's or a
-        consumer's); whether it wrote. Checked in the key's turn, so a reset running
-        meanwhile is never overwritten by a state read as absent before it."""
+    async def initialize_if_absent(self, key: ShareStateKey, state_epoch: int = 0) -> bool:
+        """Give `key` fresh share state (`state_epoch`, start offset -1; the group
+        coordinator passes the group epoch, as Kafka's heartbeat does) unless it has
+        state worth keeping (a start offset, or a state epoch above 0: a reset's, a
+        consumer's or an earlier initialization's); whether it wrote. Checked in the
+        key's turn, so a reset running meanwhile is never overwritten by a state read
+        as absent before it."""
         now = self.clock.now_ms()
 
         def op() -> tuple[list[share_records.ShareRecord], bool]:
             summary = self.shard.read_summary(key)
             if summary.start_offset != UNINITIALIZED_START_OFFSET or summary.state_epoch > 0:
                 return [], False
-            records, _ = self.shard.initialize_state(key, 0, UNINITIALIZED_START_OFFSET, now)
+            records, _ = self.shard.initialize_state(
+                key, state_epoch, UNINITIALIZED_START_OFFSET, now
+            )
             return records, True
 
         return await self.runtime.run(key, op)

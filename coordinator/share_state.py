@@ -57,8 +57,8 @@ class Persister(Protocol):
         self, key: ShareStateKey, state_epoch: int, start_offset: int
     ) -> None: ...
 
-    async def initialize_if_absent(self, key: ShareStateKey) -> bool:
-        """Fresh state (epoch 0, start offset -1) unless the key has state worth
+    async def initialize_if_absent(self, key: ShareStateKey, state_epoch: int = 0) -> bool:
+        """Fresh state (`state_epoch`, start offset -1) unless the key has state worth
         keeping; checked in the turn that writes it. Whether it wrote."""
 
     async def reset_state(self, key: ShareStateKey, start_offset: int) -> int:

@@ -358,6 +358,25 @@ async def heartbeat(
     )
 
 
+async def heartbeat_until_assigned(
+    client: KafkaClient, group: str, member: str, epoch: int, timeout: float = 15.0
+) -> Any:
+    """Heartbeat (every 50 ms, for at most `timeout` s) until the response carries a
+    non-empty assignment. A new group's members are assigned only partitions whose share
+    state is initialized (Kafka 4.2), so the join itself answers an empty assignment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = await heartbeat(client, group, member, epoch)
+        assert response.error_code == 0, response
+        epoch = response.member_epoch
+        if response.assignment is not None and any(
+            t.partitions for t in response.assignment.topic_partitions
+        ):
+            return response
+        assert time.monotonic() < deadline, f"member {member} of {group} was never assigned"
+        await asyncio.sleep(0.05)
+
+
 async def topic_id(client: KafkaClient, topic: str) -> uuid.UUID:
     """The topic's id, from Metadata v12."""
     md = await client.request(

@@ -205,3 +205,23 @@ def test_reassigning_a_stable_assignment_changes_nothing(counts: list[int], n: i
     subscription = frozenset(t.name for t in meta.values())
     first = assign(members(n, subscription), meta)
     assert assign(members(n, subscription, first), meta) == first
+
+
+# -- assignable partitions (Kafka 4.2: only initialized share partitions) ----------
+
+
+def test_only_assignable_partitions_are_assigned_and_balanced() -> None:
+    meta = topics(4, 2)
+    result = assign(members(2, frozenset({"t1", "t2"})), meta, {T1: [0, 2, 3]})
+    assert pairs(result) == {(T1, 0), (T1, 2), (T1, 3)}
+    assert sorted(len(member_pairs(parts)) for parts in result.values()) == [1, 2]
+
+
+def test_no_assignable_partitions_assigns_nothing_but_lists_every_member() -> None:
+    result = assign(members(3, frozenset({"t1"})), topics(4), {})
+    assert result == {"m00": {}, "m01": {}, "m02": {}}
+
+
+def test_assignable_partitions_outside_the_topic_are_ignored() -> None:
+    result = assign(members(1, frozenset({"t1"})), topics(2), {T1: [0, 1, 7], T3: [0]})
+    assert pairs(result) == {(T1, 0), (T1, 1)}

@@ -107,9 +107,9 @@ async def test_describe_reports_start_offset_leader_epoch_and_lag_from_the_summa
     await consumed_then_left(groups)
     key = ShareStateKey("g", T1, 0)
     # What a leader wrote: SPSO 40, 3 records above it done (Kafka's lag subtracts them).
-    await persister.read_state(key, 0)
+    epoch = (await persister.read_state(key, 0)).state_epoch
     await persister.write_state(
-        key, 0, 0, 40, [PersistedBatch(41, 43, 2, 1)], delivery_complete_count=3
+        key, epoch, 0, 40, [PersistedBatch(41, 43, 2, 1)], delivery_complete_count=3
     )
     topics = await groups.describe_offsets("g", None, end_offset)
     assert [(t.name, t.topic_id) for t in topics] == [("t1", T1)]
@@ -191,8 +191,10 @@ async def test_alter_resets_state_with_a_bumped_epoch_and_marks_it_initialized()
     groups.state_deleted_hooks.append(lambda g, t: dropped.append((g, t)))
     await consumed_then_left(groups)
     key = ShareStateKey("g", T1, 0)
-    await persister.read_state(key, 0)
-    await persister.write_state(key, 0, 0, 5, [PersistedBatch(6, 9, 0, 3)])
+    # Initialized with the group epoch as its state epoch (Kafka's heartbeat does so).
+    epoch = (await persister.read_state(key, 0)).state_epoch
+    assert epoch >= 1
+    await persister.write_state(key, epoch, 0, 5, [PersistedBatch(6, 9, 0, 3)])
     results = await groups.alter_offsets("g", [("t1", [(0, 0)]), ("t2", [(0, 4)])])
     assert [(r.name, r.partitions) for r in results] == [
         ("t1", (PartitionResult(0),)),
@@ -200,7 +202,7 @@ async def test_alter_resets_state_with_a_bumped_epoch_and_marks_it_initialized()
     ]
     state = await persister.read_state(key, 0)
     # Delivery counts start over: no batches, start 0, a state epoch above the old one.
-    assert (state.state_epoch, state.start_offset, state.batches) == (1, 0, [])
+    assert (state.state_epoch, state.start_offset, state.batches) == (epoch + 1, 0, [])
     assert state.delivery_complete_count == 0
     # A never-consumed topic is reset too, and the group records both as initialized.
     assert (await persister.read_summary(ShareStateKey("g", T2, 0))).start_offset == 4
@@ -210,7 +212,7 @@ async def test_alter_resets_state_with_a_bumped_epoch_and_marks_it_initialized()
     assert ("g", T1) in dropped and ("g", T2) in dropped
     # A leader still writing with the old state epoch is fenced (it reloads).
     with pytest.raises(KafkaError) as err:
-        await persister.write_state(key, 0, 0, 9, [])
+        await persister.write_state(key, epoch, 0, 9, [])
     assert err.value.code == ErrorCode.fenced_state_epoch
 
 

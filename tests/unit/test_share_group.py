@@ -15,6 +15,7 @@ from coordinator.share_group import (
     ShareGroup,
     ShareGroupMetadataRecord,
     ShareGroupState,
+    ShareGroupStatePartitionMetadataRecord,
     TopicMetadata,
     member_id_valid,
     validate_heartbeat_request,
@@ -54,6 +55,18 @@ def heartbeat(
     return result
 
 
+def ready_group(group_id: str = "g", topics: dict[uuid.UUID, TopicMetadata] = TOPICS) -> ShareGroup:
+    """A group whose share state is initialized for every partition of `topics`, so
+    its members are assigned them at once (the tests of membership and balance)."""
+    group = ShareGroup(group_id)
+    group.replay(
+        ShareGroupStatePartitionMetadataRecord(
+            group_id, {}, {t.topic_id: frozenset(range(t.num_partitions)) for t in topics.values()}
+        )
+    )
+    return group
+
+
 def join(group: ShareGroup, member_id: str, names=("t1",), **kw) -> HeartbeatResult:
     return heartbeat(group, member_id, 0, list(names), **kw)
 
@@ -66,7 +79,7 @@ def code_of(excinfo: pytest.ExceptionInfo[KafkaError]) -> ErrorCode:
 
 
 def test_first_heartbeat_creates_the_member_and_bumps_the_group_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     assert group.state is ShareGroupState.EMPTY
     result = join(group, "a", ("t1", "t2"))
     assert result.member_epoch == 1 == group.group_epoch == group.assignment_epoch
@@ -91,7 +104,7 @@ def test_join_without_subscribed_topics_is_invalid_request(names: list[str] | No
 
 
 def test_member_epoch_below_minus_one_is_invalid_request() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     with pytest.raises(KafkaError) as e:
         heartbeat(group, "a", -2)
@@ -155,7 +168,7 @@ def test_valid_heartbeat_requests_pass_validation() -> None:
 
 
 def test_a_deleted_group_still_validates_the_request_first() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     group.replay_all(group.delete())
     with pytest.raises(KafkaError) as e:
         heartbeat(group, "a", -2)
@@ -217,7 +230,7 @@ async def test_unknown_member_of_an_existing_group_is_unknown_member_id() -> Non
 
 
 def test_group_max_size_reached() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     small = GroupConfig(max_size=2)
     join(group, "a", config=small)
     join(group, "b", config=small)
@@ -229,7 +242,7 @@ def test_group_max_size_reached() -> None:
 
 
 def test_existing_member_can_rejoin_with_epoch_zero_and_gets_its_assignment() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     join(group, "b")
     heartbeat(group, "a", group.members["a"].member_epoch)
@@ -244,7 +257,7 @@ def test_existing_member_can_rejoin_with_epoch_zero_and_gets_its_assignment() ->
 
 
 def test_unknown_member_gets_unknown_member_id() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     with pytest.raises(KafkaError) as e:
         heartbeat(group, "zzz", 1)
@@ -253,7 +266,7 @@ def test_unknown_member_gets_unknown_member_id() -> None:
 
 @pytest.mark.parametrize("epoch", [3, 10])
 def test_greater_member_epoch_is_fenced(epoch: int) -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     join(group, "b")
     heartbeat(group, "a", 1)  # a moves to epoch 2, previous 1
@@ -264,7 +277,7 @@ def test_greater_member_epoch_is_fenced(epoch: int) -> None:
 
 
 def test_smaller_epoch_than_previous_is_fenced() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     join(group, "b")
     join(group, "c")
@@ -278,7 +291,7 @@ def test_smaller_epoch_than_previous_is_fenced() -> None:
 
 
 def test_previous_member_epoch_is_accepted_when_the_response_was_lost() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     join(group, "b")
     heartbeat(group, "a", 1)  # response "epoch 2" lost
@@ -287,7 +300,7 @@ def test_previous_member_epoch_is_accepted_when_the_response_was_lost() -> None:
 
 
 def test_heartbeat_without_change_returns_no_assignment() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     first = join(group, "a")
     again = heartbeat(group, "a", first.member_epoch)
     assert again.assignment is None
@@ -296,7 +309,7 @@ def test_heartbeat_without_change_returns_no_assignment() -> None:
 
 
 def test_second_member_rebalances_and_first_member_moves_on_its_next_heartbeat() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     b = join(group, "b")
     assert group.group_epoch == 2
@@ -310,7 +323,7 @@ def test_second_member_rebalances_and_first_member_moves_on_its_next_heartbeat()
 
 
 def test_subscription_change_bumps_the_group_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", ("t1",))
     result = heartbeat(group, "a", 1, ["t1", "t2"])
     assert group.group_epoch == 2
@@ -319,7 +332,7 @@ def test_subscription_change_bumps_the_group_epoch() -> None:
 
 
 def test_rack_or_client_change_does_not_bump_the_group_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     heartbeat(group, "a", 1, rack_id="rack-1")
     assert group.group_epoch == 1
@@ -327,7 +340,7 @@ def test_rack_or_client_change_does_not_bump_the_group_epoch() -> None:
 
 
 def test_leave_removes_the_member_and_bumps_the_group_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     join(group, "b")
     result = heartbeat(group, "b", -1)
@@ -339,7 +352,7 @@ def test_leave_removes_the_member_and_bumps_the_group_epoch() -> None:
 
 
 def test_last_member_leaving_empties_the_group_and_epochs_catch_up() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     heartbeat(group, "a", -1)
     assert group.state is ShareGroupState.EMPTY
@@ -354,7 +367,7 @@ def test_unknown_member_leaving_gets_unknown_member_id() -> None:
 
 
 def test_heartbeat_changes_nothing_until_its_records_are_replayed() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     result = group.heartbeat("a", 0, ["t1"], None, "c", "h", TOPICS, 0, CONFIG)
     assert result.records
     assert group.members == {} and group.group_epoch == 0
@@ -366,7 +379,7 @@ def test_heartbeat_changes_nothing_until_its_records_are_replayed() -> None:
 
 
 def test_expire_members_removes_silent_members_and_bumps_the_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", now_ms=0)
     join(group, "b", now_ms=10_000)
     assert group.expire_members(44_999).expired == []
@@ -380,7 +393,7 @@ def test_expire_members_removes_silent_members_and_bumps_the_epoch() -> None:
 
 
 def test_heartbeat_extends_the_session() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", now_ms=0)
     heartbeat(group, "a", 1, now_ms=40_000)
     assert group.expire_members(60_000).expired == []
@@ -388,14 +401,14 @@ def test_heartbeat_extends_the_session() -> None:
 
 
 def test_session_timeout_comes_from_the_group_config() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", config=GroupConfig(session_timeout_ms=50_000))
     assert group.expire_members(49_999).expired == []
     assert len(group.expire_members(50_000).expired) == 1
 
 
 def test_on_loaded_restarts_session_timers() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     fresh = ShareGroup("g")
     fresh.replay_all(group.heartbeat("b", 0, ["t1"], None, "c", "h", TOPICS, 0, CONFIG).records)
@@ -408,7 +421,7 @@ def test_on_loaded_restarts_session_timers() -> None:
 
 
 def test_deleted_topic_leaves_the_target_assignment() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", ("t1", "t2"))
     result = group.on_topics_changed(meta(t1=4))
     group.replay_all(result.records)
@@ -417,35 +430,50 @@ def test_deleted_topic_leaves_the_target_assignment() -> None:
     assert heartbeat(group, "a", 1, topics=meta(t1=4)).assignment == {T1: frozenset(range(4))}
 
 
-def test_recreated_topic_with_new_id_is_assigned_fresh() -> None:
-    group = ShareGroup("g")
+def initialize_all(group: ShareGroup, now_ms: int = 0) -> None:
+    """What the group coordinator does: initialize what needs it, then mark it."""
+    pending = group.partitions_to_initialize(now_ms, CONFIG.initialize_retry_interval_ms)
+    group.replay_all(group.mark_initializing(pending, now_ms))
+    group.replay_all(group.mark_initialized(pending))
+
+
+def test_recreated_topic_with_new_id_is_assigned_once_initialized() -> None:
+    group = ready_group()
     join(group, "a")
     new_id = uuid.UUID(int=99)
     group.replay_all(group.on_topics_changed({new_id: TopicMetadata(new_id, "t1", 1)}).records)
+    assert group.target_assignment["a"] == {}
+    initialize_all(group)
     assert group.target_assignment["a"] == {new_id: frozenset({0})}
 
 
-def test_new_partitions_are_assigned_as_they_appear() -> None:
-    group = ShareGroup("g")
+def test_new_partitions_are_assigned_once_initialized() -> None:
+    group = ready_group()
     join(group, "a")
     group.replay_all(group.on_topics_changed(meta(t1=6, t2=2)).records)
+    assert group.target_assignment["a"] == {T1: frozenset(range(4))}
+    assert group.partitions_to_initialize(0, 30_000) == {T1: frozenset({4, 5})}
+    epoch = group.group_epoch
+    initialize_all(group)
     assert group.target_assignment["a"] == {T1: frozenset(range(6))}
-    assert group.partitions_to_initialize() == {T1: frozenset(range(6))}
+    assert group.group_epoch == group.assignment_epoch == epoch + 1
 
 
 def test_unchanged_topics_do_not_bump_the_epoch() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     assert group.on_topics_changed(TOPICS).records == []
 
 
 def test_subscribing_to_a_topic_not_created_yet_assigns_it_once_it_exists() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a", ("later",))
     assert group.target_assignment["a"] == {}
     later = uuid.UUID(int=7)
     topics = {**TOPICS, later: TopicMetadata(later, "later", 2)}
     group.replay_all(group.on_topics_changed(topics).records)
+    assert group.target_assignment["a"] == {}
+    initialize_all(group)
     assert group.target_assignment["a"] == {later: frozenset({0, 1})}
 
 
@@ -455,14 +483,21 @@ def test_subscribing_to_a_topic_not_created_yet_assigns_it_once_it_exists() -> N
 def test_partitions_needing_initialization_follow_initializing_and_initialized() -> None:
     group = ShareGroup("g")
     join(group, "a", ("t1", "t2"))
-    assert group.partitions_to_initialize() == {T1: frozenset(range(4)), T2: frozenset({0, 1})}
-    group.replay_all(group.mark_initializing({T1: [0, 1]}))
-    assert group.partitions_to_initialize() == {T1: frozenset({2, 3}), T2: frozenset({0, 1})}
+    group.replay_all(group.mark_uninitialized({T1: range(4), T2: range(2)}))
+    assert group.partitions_to_initialize(0, 30_000) == {
+        T1: frozenset(range(4)),
+        T2: frozenset({0, 1}),
+    }
+    group.replay_all(group.mark_initializing({T1: [0, 1]}, 0))
+    assert group.partitions_to_initialize(0, 30_000) == {
+        T1: frozenset({2, 3}),
+        T2: frozenset({0, 1}),
+    }
     group.replay_all(group.mark_initialized({T1: [0, 1]}))
     assert group.initialized == {T1: frozenset({0, 1})}
     assert group.initializing == {}
     group.replay_all(group.mark_initialized({T1: [2, 3], T2: [0, 1]}))
-    assert group.partitions_to_initialize() == {}
+    assert group.partitions_to_initialize(0, 30_000) == {}
     assert group.mark_initialized({T1: [0]}) == []
 
 
@@ -474,6 +509,8 @@ def test_deleted_topic_is_forgotten_by_share_state_bookkeeping() -> None:
     assert result.deleted_topic_ids == {T2}
     group.replay_all(result.records)
     assert group.initialized == {T1: frozenset({0})}
+    assert group.initializing == {T1: frozenset({1, 2, 3})}
+    assert group.target_assignment["a"] == {T1: frozenset({0})}
 
 
 def test_mark_uninitialized_forgets_state() -> None:
@@ -481,14 +518,14 @@ def test_mark_uninitialized_forgets_state() -> None:
     join(group, "a")
     group.replay_all(group.mark_initialized({T1: range(4)}))
     group.replay_all(group.mark_uninitialized({T1: [3]}))
-    assert group.partitions_to_initialize() == {T1: frozenset({3})}
+    assert group.partitions_to_initialize(0, 30_000) == {T1: frozenset({3})}
 
 
 # -- describe, delete, replay ------------------------------------------------
 
 
 def test_describe_reports_members_epochs_and_assignor() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "b", ("t2",))
     join(group, "a", ("t1",), rack_id="r1")
     d = group.describe()
@@ -505,7 +542,7 @@ def test_describe_reports_members_epochs_and_assignor() -> None:
 
 
 def test_delete_needs_an_empty_group_and_leaves_it_dead() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     join(group, "a")
     with pytest.raises(KafkaError) as e:
         group.delete()
@@ -517,7 +554,7 @@ def test_delete_needs_an_empty_group_and_leaves_it_dead() -> None:
 
 
 def test_replaying_the_log_rebuilds_the_same_group() -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     log = []
 
     def run(result: HeartbeatResult) -> None:
@@ -537,7 +574,7 @@ def test_replaying_the_log_rebuilds_the_same_group() -> None:
 
 
 def replayed(log) -> ShareGroup:
-    fresh = ShareGroup("g")
+    fresh = ready_group()
     fresh.replay_all(log)
     return fresh
 
@@ -567,7 +604,7 @@ operations = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=operations)
 def test_random_membership_keeps_the_group_consistent(ops) -> None:
-    group = ShareGroup("g")
+    group = ready_group()
     log: list = []
     now = 0
     last_group_epoch = 0
