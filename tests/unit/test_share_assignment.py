@@ -10,7 +10,10 @@ initialization leaves the partitions unassigned and a later heartbeat retries it
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import uuid
+from collections.abc import Sequence
 
 from coordinator.group_config import GroupConfig, GroupConfigStore
 from coordinator.group_coordinator import INITIALIZE_WAIT_MS, GroupCoordinator
@@ -26,6 +29,7 @@ from coordinator.share_group import (
 from coordinator.share_persister import InMemoryPersister
 from coordinator.share_state import UNINITIALIZED_START_OFFSET, ShareStateKey
 from persister.clock import ManualClock
+from persister.record_log import KeyValue, MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
 
 T1 = uuid.UUID(int=1)
@@ -317,4 +321,68 @@ async def test_fetch_of_a_partition_waits_boundedly_for_a_held_initialization() 
     await asyncio.wait_for(load, timeout=5)
     await asyncio.wait_for(groups.settle(), timeout=5)
     assert groups.is_initialized("g", T1, 1)
+    await groups.stop()
+
+
+async def test_restart_finishes_an_initialization_cut_short_and_assigns_it() -> None:
+    """The initializing set is durable (ShareGroupStatePartitionMetadata): a coordinator
+    that stops before the state is initialized leaves the partitions initializing and
+    unassigned; the next one replays that, initializes them and assigns them."""
+    log, persister, clock = MemoryRecordLog(), GatedPersister(), ManualClock()
+    persister.gate = asyncio.Event()
+    first = GroupCoordinator(persister, lambda: TOPICS, GroupConfigStore(), log, clock=clock)
+    first.load()
+    joined = await hb(first, "a", 0)
+    await first.stop()  # the held initialization is cancelled: nothing marked initialized
+    persister.gate = None
+    second = GroupCoordinator(persister, lambda: TOPICS, GroupConfigStore(), log, clock=clock)
+    second.load()
+    group = second.groups["g"]
+    assert group.initializing == ALL_T1 and group.initialized == {}
+    assert group.target_assignment["a"] == {}
+    second.start()
+    await asyncio.wait_for(second.settle(), timeout=5)
+    assert group.initialized == ALL_T1 and group.initializing == {}
+    assert parts(group.target_assignment["a"]) == {0, 1, 2, 3}
+    assert parts((await hb(second, "a", joined.member_epoch)).assignment) == {0, 1, 2, 3}
+    await second.stop()
+
+
+class FailingLog(MemoryRecordLog):
+    """A group log whose next `fail_writes` appends fail (a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_writes = 0
+
+    def write(self, records: Sequence[KeyValue]) -> int:
+        if self.fail_writes:
+            self.fail_writes -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(records)
+
+
+async def test_lost_bookkeeping_leaves_partitions_unassigned_until_the_retry_interval() -> None:
+    """The state was initialized but `initialized` could not be written: the partitions
+    stay `initializing`, unassigned; a heartbeat once the retry interval has passed
+    initializes them again (the state is kept) and they are assigned."""
+    log, persister, clock = FailingLog(), GatedPersister(), ManualClock()
+    persister.gate = asyncio.Event()
+    groups = GroupCoordinator(persister, lambda: TOPICS, GroupConfigStore(), log, clock=clock)
+    groups.load()
+    a = await hb(groups, "a", 0)
+    log.fail_writes = 1  # mark_initialized
+    persister.gate.set()
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    group = groups.groups["g"]
+    assert group.initializing == ALL_T1 and group.initialized == {}
+    clock.advance(RETRY_MS - 1)
+    early = await hb(groups, "a", a.member_epoch)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    assert parts(early.assignment) == set() and group.initialized == {}
+    clock.advance(1)
+    await hb(groups, "a", a.member_epoch)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    assert group.initialized == ALL_T1
+    assert parts((await hb(groups, "a", a.member_epoch)).assignment) == {0, 1, 2, 3}
     await groups.stop()
