@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
+from kio.static.primitive import i16
 
 from broker import trace
 from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
-from broker.handlers import build_table
+from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
+from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import marker_writer
 from broker.logs import LogManager, Partition
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
@@ -376,10 +378,12 @@ class Broker:
         result = await entry.handler(ctx, request)
         if trace.ENABLED:
             trace.event("handled")
-        self.metrics.payload(h.api_key, request, result)
         if result is None:
+            self.metrics.payload(h.api_key, request, None)
             return None
-        body = api.build_response(h.api_key, h.api_version, result)
+        # WrongResponse (a handler's bug) propagates like any handler failure.
+        body = api.at_version(h.api_key, h.api_version, result)
+        self.metrics.payload(h.api_key, request, result)
         return api.encode_response(h.api_key, h.api_version, h.correlation_id, body)
 
     def _unsupported(self, ctx: RequestContext) -> bytes:
@@ -394,14 +398,12 @@ class Broker:
         if h.api_key == api.API_VERSIONS_KEY:
             # KIP-511: answer an unknown ApiVersions version in v0 with our ranges so
             # the client can retry with a version both sides know.
-            body = api.build_response(
-                h.api_key,
-                0,
-                {
-                    "error_code": ErrorCode.unsupported_version,
-                    "api_keys": self.api_version_entries(),
-                },
+            answer = responses.api_versions_v4.ApiVersionsResponse(
+                error_code=ErrorCode.unsupported_version,
+                api_keys=self.api_version_entries(),
+                throttle_time=NO_THROTTLE,
             )
+            body = api.at_version(h.api_key, 0, answer)
             return api.encode_response(h.api_key, 0, h.correlation_id, body)
         entry = self.table.entry(h.api_key)
         message = f"{api.api_name(h.api_key)} v{h.api_version} is not supported" + (
@@ -411,8 +413,13 @@ class Broker:
             h.api_key, h.api_version, h.correlation_id, ErrorCode.unsupported_version, message
         )
 
-    def api_version_entries(self) -> list[dict[str, int]]:
-        return [
-            {"api_key": e.api_key, "min_version": e.min_version, "max_version": e.max_version}
+    def api_version_entries(self) -> tuple[responses.api_versions_v4.ApiVersion, ...]:
+        entry = responses.api_versions_v4.ApiVersion
+        return tuple(
+            entry(
+                api_key=i16(e.api_key),
+                min_version=i16(e.min_version),
+                max_version=i16(e.max_version),
+            )
             for e in self.table.entries()
-        ]
+        )

@@ -42,13 +42,28 @@ if TYPE_CHECKING:
     import asyncio
     import uuid
 
+    from kio.schema.fetch.v12 import response as fetch_v12
+    from kio.schema.fetch.v18 import response as fetch_v18
+    from kio.schema.produce.v12 import response as produce_v12
+    from kio.schema.produce.v13 import response as produce_v13
+    from kio.schema.share_acknowledge.v2 import response as share_acknowledge_v2
+    from kio.schema.share_fetch.v2 import response as share_fetch_v2
     from prometheus_client.metrics_core import Metric
+    from typing_extensions import TypeIs
 
     from broker.cluster import MetadataStore
     from broker.logs import LogManager, Partition
     from broker.server import Server
     from coordinator.group_coordinator import GroupCoordinator
     from coordinator.share_persister import DurablePersister
+
+    # The responses the handlers of the APIs counted here build (the versions
+    # `broker.handlers.responses` gives them, before `protocol.api.at_version` converts
+    # them to the request's version).
+    ProduceResponse = produce_v12.ProduceResponse | produce_v13.ProduceResponse
+    FetchResponse = fetch_v12.FetchResponse | fetch_v18.FetchResponse
+    ShareFetchResponse = share_fetch_v2.ShareFetchResponse
+    ShareAcknowledgeResponse = share_acknowledge_v2.ShareAcknowledgeResponse
 
 log = structlog.get_logger("spool.metrics")
 
@@ -257,14 +272,42 @@ class BrokerMetrics:
         by_version[api_version] = by_version.get(api_version, 0) + 1
         stats.total_time_ms.observe((self.timer() - started) * 1000.0)
 
-    def payload(self, api_key: int, request: Any, result: Any) -> None:
+    def payload(
+        self, api_key: int, request: Any, result: api.Response | api.LegacyResponse | None
+    ) -> None:
         """Bytes and share request outcomes of an answered request (a walk over its
-        partitions, never its records)."""
+        partitions, never its records). `result` is what the handler answered: a
+        response entity of `api_key` (`protocol.api.at_version` has checked it), or
+        None for a Produce with acks=0."""
         if api_key == PRODUCE:
-            self._produced(request, result)
-        elif api_key == FETCH:
-            self.bytes_out += _records_bytes(result)
-        elif api_key == SHARE_FETCH:
+            self._produced(request, result if _is_produce(result) else None)
+        elif isinstance(result, dict):
+            self._legacy_payload(api_key, result)
+        elif _is_fetch(result):
+            self.bytes_out += sum(
+                len(p.records or b"") for topic in result.responses for p in topic.partitions
+            )
+        elif _is_share_fetch(result):
+            self.share_fetch_requests += 1
+            failed = result.error_code != ErrorCode.none
+            for topic in result.responses:
+                for p in topic.partitions:
+                    self.bytes_out += len(p.records or b"")
+                    failed = failed or p.error_code != ErrorCode.none
+                    failed = failed or p.acknowledge_error_code != 0  # an i16 here
+            self.share_fetch_failed += failed
+        elif _is_share_acknowledge(result):
+            self.share_ack_requests += 1
+            self.share_ack_failed += result.error_code != ErrorCode.none or any(
+                p.error_code != ErrorCode.none
+                for topic in result.responses
+                for p in topic.partitions
+            )
+
+    def _legacy_payload(self, api_key: int, result: api.LegacyResponse) -> None:
+        """ShareFetch and ShareAcknowledge answered as mappings (`api.LegacyResponse`),
+        until their handlers build entities."""
+        if api_key == SHARE_FETCH:
             self.bytes_out += _records_bytes(result)
             self.share_fetch_requests += 1
             self.share_fetch_failed += _failed(result, "acknowledge_error_code")
@@ -272,14 +315,16 @@ class BrokerMetrics:
             self.share_ack_requests += 1
             self.share_ack_failed += _failed(result)
 
-    def _produced(self, request: Any, result: Any) -> None:
-        responses = result.get("responses") if isinstance(result, dict) else None
+    def _produced(self, request: Any, result: ProduceResponse | None) -> None:
+        # `request` is a ProduceRequest of any version (mypy joins their topic entries
+        # to `object`: every version has the fields read here).
+        responses = result.responses if result is not None else None
         for i, topic in enumerate(request.topic_data):
-            parts = responses[i]["partition_responses"] if responses is not None else None
+            parts = responses[i].partition_responses if responses is not None else None
             for j, p in enumerate(topic.partition_data):
                 data = p.records or b""
                 # acks=0 has no response: what was sent counts as in, as far as we know.
-                if parts is None or parts[j]["error_code"] == ErrorCode.none:
+                if parts is None or parts[j].error_code == ErrorCode.none:
                     self.bytes_in += len(data)
                     self.messages_in += _records_count(data)
                 else:
@@ -302,9 +347,27 @@ class BrokerMetrics:
             self.compaction_segments_rewritten += rewritten
 
 
-def _records_bytes(result: Any) -> int:
-    if not isinstance(result, dict):
-        return 0
+# What the handler of each API counted here answers: `protocol.api.at_version` has
+# checked that the entity is a response of the request's API.
+
+
+def _is_produce(result: object) -> TypeIs[ProduceResponse]:
+    return getattr(result, "__api_key__", None) == PRODUCE
+
+
+def _is_fetch(result: object) -> TypeIs[FetchResponse]:
+    return getattr(result, "__api_key__", None) == FETCH
+
+
+def _is_share_fetch(result: object) -> TypeIs[ShareFetchResponse]:
+    return getattr(result, "__api_key__", None) == SHARE_FETCH
+
+
+def _is_share_acknowledge(result: object) -> TypeIs[ShareAcknowledgeResponse]:
+    return getattr(result, "__api_key__", None) == SHARE_ACKNOWLEDGE
+
+
+def _records_bytes(result: api.LegacyResponse) -> int:
     return sum(
         len(p.get("records") or b"")
         for topic in result.get("responses") or ()
@@ -312,10 +375,8 @@ def _records_bytes(result: Any) -> int:
     )
 
 
-def _failed(result: Any, *also: str) -> int:
+def _failed(result: api.LegacyResponse, *also: str) -> int:
     """1 if the response or any partition in it carries an error, else 0."""
-    if not isinstance(result, dict):
-        return 0
     if result.get("error_code", ErrorCode.none) != ErrorCode.none:
         return 1
     fields = ("error_code", *also)

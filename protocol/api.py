@@ -2,10 +2,11 @@
 
 Message layouts come from kio (generated from Kafka's own JSON schemas). This module
 adds the few things kio leaves to the server: header versions per API version,
-looking up entity classes, building a response entity of any version from a plain
-mapping (so a handler writes one dict and every version it supports is encoded
-from it), a generic error response for a request the broker cannot serve, and the
-table of handlers by api key and version range.
+looking up entity classes, converting a handler's response entity to the request's
+version (`at_version`: a handler builds one typed kio entity and every version it
+supports is encoded from it), building entities from plain mappings (requests for
+spool's own client and tests, generic error responses), loading kio's modules on
+first use (`lazy_module`), and the table of handlers by api key and version range.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pkgutil import resolve_name
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from kio.schema.index import api_key_map, schema_name_map
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+from kio.static.protocol import Payload
 
 from protocol.errors import ErrorCode
 
@@ -39,13 +41,19 @@ API_VERSIONS_KEY = 18
 HEADER_PREFIX = struct.Struct(">hhi")
 
 Entity = Any
-# What a handler answers: a mapping `build_response` turns into the request's version
-# of the response, or None for no response at all (Produce with acks=0).
-Response = Mapping[str, Any]
+# What a handler answers: a kio response entity of any version of its API, which
+# `at_version` turns into the request's version, or None for no response at all
+# (Produce with acks=0).
+Response = Payload
+# A handler not yet converted to entities answers a mapping, which `at_version` builds
+# (`build_response`). Only the share-group handlers (ShareFetch, ShareAcknowledge,
+# ShareGroupHeartbeat, ShareGroupDescribe, ListGroups) still do; remove it with them.
+LegacyResponse = Mapping[str, Any]
 # The request context the server passes handlers (the broker's `RequestContext`).
 Ctx = TypeVar("Ctx")
 # A handler as the table holds it: request context and decoded kio request entity in.
-Handler = Callable[[Ctx, Any], Awaitable[Response | None]]
+Handler = Callable[[Ctx, Any], Awaitable[Response | LegacyResponse | None]]
+T = TypeVar("T")
 
 
 class UnknownApi(Exception):
@@ -399,6 +407,128 @@ def build(cls: type[Any], data: Mapping[str, Any]) -> Entity:
 
 def build_response(api_key: int, version: int, data: Mapping[str, Any]) -> Entity:
     return build(response_class(api_key, version), data)
+
+
+# ---------------------------------------------------------------------------
+# Handlers' response entities, at the request's version.
+# ---------------------------------------------------------------------------
+
+
+class WrongResponse(TypeError):
+    """A handler answered something that is not a response of its request's API."""
+
+
+def at_version(api_key: int, version: int, body: Response | LegacyResponse) -> Entity:
+    """The handler's answer as the `version` response of `api_key`, ready to encode.
+
+    A handler builds its response with the classes of one version of the API (mostly
+    the newest); this converts it to the request's version (`convert`), or returns it
+    as it is when it already is that version. Anything that is not a response entity
+    of `api_key` raises `WrongResponse` rather than reaching the wire.
+    """
+    cls = response_class(api_key, version)
+    if type(body) is cls:
+        return body
+    if isinstance(body, dict):  # LegacyResponse
+        return build(cls, body)
+    if (
+        getattr(body, "__type__", None) is not EntityType.response
+        or getattr(body, "__api_key__", None) != api_key
+        or not dataclasses.is_dataclass(body)
+    ):
+        raise WrongResponse(
+            f"the {api_name(api_key)} handler answered {type(body).__module__}."
+            f"{type(body).__qualname__}, not a {api_name(api_key)} response entity"
+        )
+    return convert(body, cls)
+
+
+def convert(entity: Any, cls: type[T]) -> T:
+    """`entity`, an instance of one version of a kio entity, as an instance of `cls`,
+    another version of the same entity, recursively.
+
+    Fields both have are carried over; fields `cls` lacks are dropped (a newer field
+    an older client cannot read, as Kafka's serializers skip fields a version lacks);
+    fields only `cls` has take the schema default or a neutral zero, as `build` gives
+    them. A field whose kind differs between the two (a name in one version, an id in
+    the other) is the caller's to fill: build that version's classes instead.
+    """
+    return cast(T, _converter(type(entity), cls)(entity))
+
+
+_converters: dict[tuple[type[Any], type[Any]], Callable[[Any], Any]] = {}
+
+
+def _converter(src: type[Any], dst: type[Any]) -> Callable[[Any], Any]:
+    fn = _converters.get((src, dst))
+    if fn is None:
+        fn = _converters[(src, dst)] = _compile_converter(src, dst)
+    return fn
+
+
+def _same(entity: Any) -> Any:
+    return entity
+
+
+def _compile_converter(src: type[Any], dst: type[Any]) -> Callable[[Any], Any]:
+    if src is dst:
+        return _same
+    have = {f.name for f in dataclasses.fields(src)}
+    copied: list[str] = []  # scalars: the value as it is
+    nested: list[tuple[str, str, type[Any]]] = []  # (name, entity or entities, class)
+    zeros: dict[str, Any] = {}  # required here, absent there: immutable zeros
+    for plan in _plan(dst):
+        if plan.name not in have:
+            if plan.required:
+                zeros[plan.name] = _zero(plan)
+        elif plan.kind == "scalar":
+            copied.append(plan.name)
+        else:
+            nested.append((plan.name, plan.kind, plan.target))
+
+    def convert_one(entity: Any) -> Any:
+        kwargs = dict(zeros)
+        for name in copied:
+            kwargs[name] = getattr(entity, name)
+        for name, kind, target in nested:
+            value = getattr(entity, name)
+            if value is None:
+                kwargs[name] = None
+            elif kind == "entity":
+                kwargs[name] = _converter(type(value), target)(value)
+            else:
+                kwargs[name] = tuple(_converter(type(item), target)(item) for item in value)
+        return dst(**kwargs)
+
+    return convert_one
+
+
+class LazyModule:
+    """A module imported when one of its attributes is first read, then read like the
+    module (each attribute is looked up in it once). For kio's per-version schema
+    modules, which are slow to import: a start should not load a version no request
+    has asked for. Type-check the name as the real module:
+
+        if TYPE_CHECKING:
+            from kio.schema.metadata.v13 import response as metadata_v13
+        else:
+            metadata_v13 = lazy_module("kio.schema.metadata.v13.response")
+    """
+
+    def __init__(self, name: str) -> None:
+        self.__name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(importlib.import_module(self.__name), attr)
+        setattr(self, attr, value)  # found in the instance next time, no __getattr__
+        return value
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.__name!r}>"
+
+
+def lazy_module(name: str) -> Any:
+    return LazyModule(name)
 
 
 def error_response(

@@ -29,7 +29,7 @@ from broker.handlers import (
     transactions,
 )
 from broker.server import RequestContext
-from protocol.api import ApiTable, Response
+from protocol.api import ApiTable, LegacyResponse, Response
 
 
 class HandlerBroker(
@@ -50,7 +50,9 @@ class HandlerBroker(
 # A handler before the broker is bound to it. The request is `Any` here because each
 # handler takes its own API's request union; the unit tests check that union against
 # the versions registered below.
-BrokerHandler = Callable[[RequestContext, Any, HandlerBroker], Awaitable[Response | None]]
+BrokerHandler = Callable[
+    [RequestContext, Any, HandlerBroker], Awaitable[Response | LegacyResponse | None]
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,5 +114,5 @@ def build_table(broker: HandlerBroker) -> ApiTable[RequestContext]:
 
 async def _call(
     handler: BrokerHandler, broker: HandlerBroker, ctx: RequestContext, req: Any
-) -> Response | None:
+) -> Response | LegacyResponse | None:
     return await handler(ctx, req, broker)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+import uuid
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
+from kio.schema.types import BrokerId, ProducerId, TopicName
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker.cluster import Topic
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import TopicStores, auto_create_topic
 from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
 from broker.server import Endpoint, RequestContext
@@ -41,63 +46,67 @@ class ClusterBroker(TopicStores, TxnBroker, Protocol):
     def cluster_id(self) -> str: ...
     @property
     def advertised(self) -> Endpoint: ...
-    def api_version_entries(self) -> list[dict[str, int]]: ...
+    def api_version_entries(self) -> tuple[resp.api_versions_v4.ApiVersion, ...]: ...
 
 
 async def api_versions(
     ctx: RequestContext, req: ApiVersionsRequest, broker: ClusterBroker
-) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "error_code": ErrorCode.none,
-        "api_keys": broker.api_version_entries(),
-        "throttle_time": 0,
-    }
-    if ctx.api_version >= 3:
-        data["supported_features"] = [
-            {"name": name, "min_version": lo, "max_version": hi} for name, lo, hi, _ in FEATURES
-        ]
-        data["finalized_features_epoch"] = 1
-        data["finalized_features"] = [
-            {"name": name, "min_version_level": level, "max_version_level": level}
+) -> resp.api_versions_v4.ApiVersionsResponse:
+    # The features are v3+ fields: converting to an older version drops them.
+    m = resp.api_versions_v4
+    return m.ApiVersionsResponse(
+        error_code=ErrorCode.none,
+        api_keys=broker.api_version_entries(),
+        throttle_time=NO_THROTTLE,
+        supported_features=tuple(
+            m.SupportedFeatureKey(name=name, min_version=i16(lo), max_version=i16(hi))
+            for name, lo, hi, _ in FEATURES
+        ),
+        finalized_features_epoch=i64(1),
+        finalized_features=tuple(
+            m.FinalizedFeatureKey(
+                name=name, min_version_level=i16(level), max_version_level=i16(level)
+            )
             for name, _, _, level in FEATURES
-        ]
-    return data
+        ),
+    )
 
 
 async def metadata(
     ctx: RequestContext, req: MetadataRequest, broker: ClusterBroker
-) -> dict[str, Any]:
+) -> resp.metadata_v13.MetadataResponse:
+    # cluster_authorized_operations (v8-10 only) keeps its default, "not requested".
+    m = resp.metadata_v13
     state = broker.metadata.state
     version = ctx.api_version
     requested = req.topics
     allow_auto: bool = getattr(req, "allow_auto_topic_creation", True)  # v4+
-    wanted: list[tuple[str | None, Any]]
+    wanted: list[tuple[str | None, uuid.UUID | None]]
     if requested is None or (version == 0 and not requested):
         wanted = [(t.name, None) for t in sorted(state.topics.values(), key=lambda t: t.name)]
     else:
         wanted = [(t.name, getattr(t, "topic_id", None)) for t in requested]  # ids v10+
-    topics = []
+    topics: list[resp.metadata_v13.MetadataResponseTopic] = []
+
+    def failed(code: ErrorCode, name: str | None, topic_id: uuid.UUID | None = None) -> None:
+        topics.append(
+            m.MetadataResponseTopic(
+                error_code=code,
+                name=None if name is None else TopicName(name),
+                topic_id=topic_id,
+                partitions=(),
+            )
+        )
+
     for name, topic_id in wanted:
         if name is None and (topic_id is None or version < 12):
             # Kafka refuses a topic with neither name nor id, and ids before v12.
-            topics.append(
-                {
-                    "error_code": ErrorCode.invalid_request,
-                    "name": None if version >= 12 else "",
-                    "topic_id": topic_id,
-                }
-            )
+            failed(ErrorCode.invalid_request, None if version >= 12 else "", topic_id)
             continue
         if name is None and topic_id is not None:
             topic = state.topics_by_id.get(topic_id)
             if topic is None:
-                topics.append(
-                    {
-                        "error_code": ErrorCode.unknown_topic_id,
-                        "name": None,
-                        "topic_id": topic_id,
-                    }
-                )
+                failed(ErrorCode.unknown_topic_id, None, topic_id)
                 continue
         else:
             topic = state.topics.get(name or "")
@@ -107,39 +116,61 @@ async def metadata(
                 try:
                     topic = await auto_create_topic(broker, name)
                 except KafkaError as exc:
-                    topics.append({"error_code": exc.code, "name": name})
+                    failed(exc.code, name)
                     continue
             else:
-                topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name})
+                failed(ErrorCode.unknown_topic_or_partition, name)
                 continue
         topics.append(_topic_entry(broker.node_id, topic))
-    return {
-        "throttle_time": 0,
-        "brokers": [_broker_entry(broker, "node_id")],
-        "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
-        "topics": topics,
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-    }
+    ep = broker.advertised
+    return m.MetadataResponse(
+        throttle_time=NO_THROTTLE,
+        brokers=(
+            m.MetadataResponseBroker(
+                node_id=BrokerId(broker.node_id),
+                host=ep.host,
+                port=i32(ep.port),
+                rack=broker.config.get("broker.rack"),
+            ),
+        ),
+        cluster_id=broker.cluster_id,
+        controller_id=BrokerId(broker.node_id),
+        topics=tuple(topics),
+        error_code=ErrorCode.none,
+    )
 
 
 async def describe_cluster(
     ctx: RequestContext, req: DescribeClusterRequest, broker: ClusterBroker
-) -> dict[str, Any]:
+) -> resp.describe_cluster_v2.DescribeClusterResponse:
+    m = resp.describe_cluster_v2
     endpoint_type: int = getattr(req, "endpoint_type", 1)  # v1+; 1 is BROKERS
     if endpoint_type not in (1, 2):
-        return {
-            "error_code": ErrorCode.unsupported_endpoint_type,
-            "error_message": f"Unknown endpoint type {endpoint_type}",
-        }
-    return {
-        "error_code": ErrorCode.none,
-        "endpoint_type": endpoint_type,
-        "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
-        "brokers": [_broker_entry(broker, "broker_id")],
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-    }
+        return m.DescribeClusterResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.unsupported_endpoint_type,
+            error_message=f"Unknown endpoint type {endpoint_type}",
+            cluster_id="",
+            brokers=(),
+        )
+    ep = broker.advertised
+    return m.DescribeClusterResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        endpoint_type=i8(endpoint_type),
+        cluster_id=broker.cluster_id,
+        controller_id=BrokerId(broker.node_id),
+        brokers=(
+            m.DescribeClusterBroker(
+                broker_id=BrokerId(broker.node_id),
+                host=ep.host,
+                port=i32(ep.port),
+                rack=broker.config.get("broker.rack"),
+                is_fenced=False,
+            ),
+        ),
+        cluster_authorized_operations=i32(AUTHORIZED_OPERATIONS_OMITTED),
+    )
 
 
 def _batched(req: FindCoordinatorRequest) -> TypeIs[FindCoordinatorBatchRequest]:
@@ -149,7 +180,10 @@ def _batched(req: FindCoordinatorRequest) -> TypeIs[FindCoordinatorBatchRequest]
 
 async def find_coordinator(
     ctx: RequestContext, req: FindCoordinatorRequest, broker: ClusterBroker
-) -> dict[str, Any]:
+) -> (
+    resp.find_coordinator_v3.FindCoordinatorResponse
+    | resp.find_coordinator_v6.FindCoordinatorResponse
+):
     # A single node coordinates every group, transaction and share partition.
     ep = broker.advertised
     key_type: int = getattr(req, "key_type", 0)  # v1+; 0 is GROUP
@@ -157,76 +191,71 @@ async def find_coordinator(
         code, message = ErrorCode.invalid_request, f"Unknown coordinator key type {key_type}"
     else:
         code, message = ErrorCode.none, None
-    node = broker.node_id if code == ErrorCode.none else -1
+    node = BrokerId(broker.node_id if code == ErrorCode.none else -1)
+    port = i32(ep.port)
     if _batched(req):
-        return {
-            "coordinators": [
-                {
-                    "key": key,
-                    "node_id": node,
-                    "host": ep.host,
-                    "port": ep.port,
-                    "error_code": code,
-                    "error_message": message,
-                }
+        batched = resp.find_coordinator_v6
+        return batched.FindCoordinatorResponse(
+            throttle_time=NO_THROTTLE,
+            coordinators=tuple(
+                batched.Coordinator(
+                    key=key,
+                    node_id=node,
+                    host=ep.host,
+                    port=port,
+                    error_code=code,
+                    error_message=message,
+                )
                 for key in req.coordinator_keys
-            ]
-        }
-    return {
-        "error_code": code,
-        "error_message": message,
-        "node_id": node,
-        "host": ep.host,
-        "port": ep.port,
-    }
+            ),
+        )
+    return resp.find_coordinator_v3.FindCoordinatorResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=code,
+        error_message=message,
+        node_id=node,
+        host=ep.host,
+        port=port,
+    )
 
 
 async def init_producer_id(
     ctx: RequestContext, req: InitProducerIdRequest, broker: ClusterBroker
-) -> dict[str, Any]:
+) -> resp.init_producer_id_v5.InitProducerIdResponse:
     if req.transactional_id is not None:
         return await init_transactional_producer_id(ctx, req, broker)
     producer_id: int = getattr(req, "producer_id", -1)  # v3+
     producer_epoch: int = getattr(req, "producer_epoch", -1)  # v3+
     # KIP-360: an idempotent producer may bump its epoch to reset sequences.
-    if producer_id >= 0 and producer_epoch < 32766:
-        return {
-            "error_code": ErrorCode.none,
-            "producer_id": producer_id,
-            "producer_epoch": producer_epoch + 1,
-        }
-    pid = await broker.metadata.allocate_producer_id()
-    return {"error_code": ErrorCode.none, "producer_id": pid, "producer_epoch": 0}
+    if producer_id < 0 or producer_epoch >= 32766:
+        producer_id, producer_epoch = await broker.metadata.allocate_producer_id(), -1
+    return resp.init_producer_id_v5.InitProducerIdResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        producer_id=ProducerId(producer_id),
+        producer_epoch=i16(producer_epoch + 1),
+    )
 
 
-def _broker_entry(broker: ClusterBroker, id_field: str) -> dict[str, Any]:
-    """This broker as Metadata (`node_id`) or DescribeCluster (`broker_id`) lists it."""
-    ep = broker.advertised
-    return {
-        id_field: broker.node_id,
-        "host": ep.host,
-        "port": ep.port,
-        "rack": broker.config.get("broker.rack"),
-    }
-
-
-def _topic_entry(node: int, topic: Topic) -> dict[str, Any]:
-    return {
-        "error_code": ErrorCode.none,
-        "name": topic.name,
-        "topic_id": topic.topic_id,
-        "is_internal": False,
-        "partitions": [
-            {
-                "error_code": ErrorCode.none,
-                "partition_index": i,
-                "leader_id": node,
-                "leader_epoch": 0,
-                "replica_nodes": [node],
-                "isr_nodes": [node],
-                "offline_replicas": [],
-            }
+def _topic_entry(node: int, topic: Topic) -> resp.metadata_v13.MetadataResponseTopic:
+    m = resp.metadata_v13
+    leader = BrokerId(node)
+    return m.MetadataResponseTopic(
+        error_code=ErrorCode.none,
+        name=TopicName(topic.name),
+        topic_id=topic.topic_id,
+        is_internal=False,
+        partitions=tuple(
+            m.MetadataResponsePartition(
+                error_code=ErrorCode.none,
+                partition_index=i32(i),
+                leader_id=leader,
+                leader_epoch=i32(0),
+                replica_nodes=(leader,),
+                isr_nodes=(leader,),
+                offline_replicas=(),
+            )
             for i in range(topic.partitions)
-        ],
-        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-    }
+        ),
+        topic_authorized_operations=i32(AUTHORIZED_OPERATIONS_OMITTED),
+    )

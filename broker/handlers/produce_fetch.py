@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import structlog
+from kio.schema.types import BrokerId, ProducerId, TopicName
+from kio.static.primitive import Records, TZAware, i32, i64
 
 from broker.cluster import MetadataStore
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import verify_produce
 from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
 from coordinator.transactions import TransactionCoordinator
+from protocol import api
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import iter_batches
 
@@ -73,24 +79,101 @@ def _unknown_topic_error(name: str | None) -> ErrorCode:
     return ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
 
 
+class _Produced:
+    """One partition's Produce outcome while the request is served (the acks=all
+    wait may still turn it into an error)."""
+
+    __slots__ = (
+        "base_offset",
+        "error_code",
+        "error_message",
+        "index",
+        "log_append_time",
+        "log_start_offset",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.error_code = ErrorCode.none
+        self.error_message: str | None = None
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.log_start_offset = -1
+
+    def failed(self, exc: KafkaError) -> None:
+        self.error_code, self.error_message = exc.code, exc.message
+
+
+def _produce_response(
+    version: int, topics: list[tuple[str | None, uuid.UUID | None, list[_Produced]]]
+) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse:
+    """Produce names its topics before v13 and gives their ids from v13 (KIP-516)."""
+    if version >= 13:
+        m = resp.produce_v13
+        return m.ProduceResponse(
+            responses=tuple(
+                m.TopicProduceResponse(
+                    topic_id=topic_id,
+                    partition_responses=tuple(
+                        _produced_entry(m.PartitionProduceResponse, p) for p in parts
+                    ),
+                )
+                for _, topic_id, parts in topics
+            ),
+            throttle_time=NO_THROTTLE,
+        )
+    old = resp.produce_v12
+    return old.ProduceResponse(
+        responses=tuple(
+            old.TopicProduceResponse(
+                name=TopicName(name or ""),
+                partition_responses=tuple(
+                    _produced_entry(old.PartitionProduceResponse, p) for p in parts
+                ),
+            )
+            for name, _, parts in topics
+        ),
+        throttle_time=NO_THROTTLE,
+    )
+
+
+_EPOCH = datetime.datetime.fromtimestamp(0, datetime.UTC)
+
+# Both eras' partition results have the same fields: one builder, checked for each.
+PartitionProduced = TypeVar(
+    "PartitionProduced",
+    "resp.produce_v12.PartitionProduceResponse",
+    "resp.produce_v13.PartitionProduceResponse",
+)
+
+
+def _produced_entry(cls: type[PartitionProduced], p: _Produced) -> PartitionProduced:
+    return cls(
+        index=i32(p.index),
+        error_code=p.error_code,
+        error_message=p.error_message,
+        base_offset=i64(p.base_offset),
+        # -1 (None on the wire) unless the topic uses LogAppendTime.
+        log_append_time=None
+        if p.log_append_time < 0
+        else TZAware.parse(_EPOCH + datetime.timedelta(milliseconds=p.log_append_time)),
+        log_start_offset=i64(p.log_start_offset),
+        record_errors=(),
+    )
+
+
 async def produce(
     ctx: RequestContext, req: ProduceRequest, broker: DataBroker
-) -> dict[str, Any] | None:
+) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse | None:
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001)
-    responses = []
-    waits: list[tuple[dict[str, Any], Partition, int]] = []
+    responses: list[tuple[str | None, uuid.UUID | None, list[_Produced]]] = []
+    waits: list[tuple[_Produced, Partition, int]] = []
     for t in req.topic_data:
         name, topic_id = _topic_name(broker, t)
         parts = []
         for p in t.partition_data:
-            entry: dict[str, Any] = {
-                "index": p.index,
-                "error_code": ErrorCode.none,
-                "base_offset": -1,
-                "log_append_time": -1,
-                "log_start_offset": -1,
-            }
+            entry = _Produced(p.index)
             try:
                 if acks not in (-1, 0, 1):
                     raise KafkaError(
@@ -113,11 +196,9 @@ async def produce(
                     [header for _, header in batches],
                 )
                 outcome = part.append(data, batches)
-                entry.update(
-                    base_offset=outcome.base_offset,
-                    log_append_time=outcome.log_append_time,
-                    log_start_offset=outcome.log_start_offset,
-                )
+                entry.base_offset = outcome.base_offset
+                entry.log_append_time = outcome.log_append_time
+                entry.log_start_offset = outcome.log_start_offset
                 if acks == -1:
                     waits.append((entry, part, outcome.last_offset))
             except KafkaError as exc:
@@ -129,16 +210,16 @@ async def produce(
                         client_id=ctx.header.client_id,
                         error=exc.message,
                     )
-                entry.update(error_code=exc.code, error_message=exc.message)
+                entry.failed(exc)
             parts.append(entry)
-        responses.append({"name": name, "topic_id": topic_id, "partition_responses": parts})
+        responses.append((name, topic_id, parts))
     if len(waits) == 1:
         # One partition (the usual produce): awaited in this task, not a gathered one.
         entry, part, last = waits[0]
         try:
             await part.wait_durable(last, timeout_s)
         except KafkaError as exc:  # not flushed in time, or the fsync failed
-            entry.update(error_code=exc.code, error_message=exc.message)
+            entry.failed(exc)
     elif waits:
         results = await asyncio.gather(
             *(part.wait_durable(last, timeout_s) for _, part, last in waits),
@@ -146,12 +227,12 @@ async def produce(
         )
         for (entry, _, _), result in zip(waits, results, strict=True):
             if isinstance(result, KafkaError):
-                entry.update(error_code=result.code, error_message=result.message)
+                entry.failed(result)
             elif isinstance(result, BaseException):
                 raise result
     if acks == 0:
         return None
-    return {"responses": responses, "throttle_time": 0}
+    return _produce_response(ctx.api_version, responses)
 
 
 def _has_session(req: FetchRequest) -> TypeIs[FetchSessionRequest]:
@@ -159,7 +240,9 @@ def _has_session(req: FetchRequest) -> TypeIs[FetchSessionRequest]:
     return req.__version__ >= 7
 
 
-async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> dict[str, Any]:
+async def fetch(
+    ctx: RequestContext, req: FetchRequest, broker: DataBroker
+) -> resp.fetch_v12.FetchResponse | resp.fetch_v18.FetchResponse:
     committed_only = req.isolation_level == READ_COMMITTED
     # MaxWaitMs on the broker's clock (its logs'), so tests drive the long poll with a
     # ManualClock.
@@ -169,11 +252,12 @@ async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> d
         # spool answers every fetch in full and never creates a fetch session
         # (KIP-227 allows session id 0); a client asking for one it was never
         # given gets Kafka's error and falls back to full fetches.
-        return {
-            "error_code": ErrorCode.fetch_session_id_not_found,
-            "session_id": 0,
-            "responses": [],
-        }
+        return resp.fetch_v18.FetchResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.fetch_session_id_not_found,
+            session_id=i32(0),
+            responses=(),
+        )
     wanted: list[_Wanted] = []
     for t in req.topics:
         name, topic_id = _topic_name(broker, t)
@@ -187,104 +271,135 @@ async def fetch(ctx: RequestContext, req: FetchRequest, broker: DataBroker) -> d
         if total >= req.min_bytes or errors or remaining_ms <= 0 or not wanted:
             break
         await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
-    return {
-        "throttle_time": 0,
-        "error_code": ErrorCode.none,
-        "session_id": 0,
-        "responses": responses,
-    }
+    return _fetch_response(ctx.api_version, responses)
+
+
+FetchedTopics = dict[tuple[str | None, uuid.UUID | None], list["resp.fetch_v18.PartitionData"]]
+
+
+def _fetch_response(
+    version: int, topics: FetchedTopics
+) -> resp.fetch_v12.FetchResponse | resp.fetch_v18.FetchResponse:
+    """Fetch names its topics before v13 and gives their ids from v13 (KIP-516)."""
+    if version >= 13:
+        m = resp.fetch_v18
+        return m.FetchResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.none,
+            session_id=i32(0),
+            responses=tuple(
+                m.FetchableTopicResponse(topic_id=topic_id, partitions=tuple(parts))
+                for (_, topic_id), parts in topics.items()
+            ),
+        )
+    old = resp.fetch_v12
+    return old.FetchResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        session_id=i32(0),
+        responses=tuple(
+            old.FetchableTopicResponse(
+                topic=TopicName(name or ""),
+                partitions=tuple(api.convert(p, old.PartitionData) for p in parts),
+            )
+            for (name, _), parts in topics.items()
+        ),
+    )
 
 
 async def list_offsets(
     ctx: RequestContext, req: ListOffsetsRequest, broker: DataBroker
-) -> dict[str, Any]:
+) -> resp.list_offsets_v11.ListOffsetsResponse:
+    m = resp.list_offsets_v11
     isolation_level: int = getattr(req, "isolation_level", 0)  # v2+
     committed_only = isolation_level == READ_COMMITTED
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            entry: dict[str, Any] = {
-                "partition_index": p.partition_index,
-                "error_code": ErrorCode.none,
-                "timestamp": -1,
-                "offset": -1,
-                "leader_epoch": 0,
-            }
+            code, offset, ts = ErrorCode.none, -1, -1
             part = broker.logs.get(t.name, p.partition_index)
             if part is None:
-                entry.update(error_code=ErrorCode.unknown_topic_or_partition)
+                code = ErrorCode.unknown_topic_or_partition
             else:
                 offset, ts = _offset_for(part, p.timestamp, committed_only)
-                entry.update(offset=offset, timestamp=ts)
-            parts.append(entry)
-        topics.append({"name": t.name, "partitions": parts})
-    return {"throttle_time": 0, "topics": topics}
+            parts.append(
+                m.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index,
+                    error_code=code,
+                    timestamp=i64(ts),
+                    offset=i64(offset),
+                    leader_epoch=i32(0),
+                )
+            )
+        topics.append(m.ListOffsetsTopicResponse(name=t.name, partitions=tuple(parts)))
+    return m.ListOffsetsResponse(throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
 async def delete_records(
     ctx: RequestContext, req: DeleteRecordsRequest, broker: DataBroker
-) -> dict[str, Any]:
+) -> resp.delete_records_v2.DeleteRecordsResponse:
+    m = resp.delete_records_v2
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            entry: dict[str, Any] = {
-                "partition_index": p.partition_index,
-                "low_watermark": -1,
-                "error_code": ErrorCode.none,
-            }
+            low_watermark, code = -1, ErrorCode.none
             part = broker.logs.get(t.name, p.partition_index)
             try:
                 if part is None:
                     raise KafkaError(ErrorCode.unknown_topic_or_partition)
-                entry["low_watermark"] = await part.delete_records_before(p.offset)
+                low_watermark = await part.delete_records_before(p.offset)
                 log.info(
                     "records_deleted",
                     topic=t.name,
                     partition=p.partition_index,
-                    log_start_offset=entry["low_watermark"],
+                    log_start_offset=low_watermark,
                 )
             except KafkaError as exc:
-                entry["error_code"] = exc.code
-            parts.append(entry)
-        topics.append({"name": t.name, "partitions": parts})
-    return {"throttle_time": 0, "topics": topics}
+                code = exc.code
+            parts.append(
+                m.DeleteRecordsPartitionResult(
+                    partition_index=p.partition_index,
+                    low_watermark=i64(low_watermark),
+                    error_code=code,
+                )
+            )
+        topics.append(m.DeleteRecordsTopicResult(name=t.name, partitions=tuple(parts)))
+    return m.DeleteRecordsResponse(throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+
+_NO_RECORDS = Records(b"")
 
 
 def _fetch_once(
     logs: LogManager, max_bytes: int, wanted: list[_Wanted], committed_only: bool
-) -> tuple[list[dict[str, Any]], int, bool]:
+) -> tuple[FetchedTopics, int, bool]:
+    m = resp.fetch_v18
     budget = max_bytes
     total = 0
     errors = False
-    by_topic: dict[tuple[str | None, uuid.UUID | None], list[dict[str, Any]]] = {}
+    by_topic: FetchedTopics = {}
     for w in wanted:
-        entry: dict[str, Any] = {
-            "partition_index": w.partition,
-            "error_code": ErrorCode.none,
-            "high_watermark": -1,
-            "last_stable_offset": -1,
-            "log_start_offset": -1,
-            "aborted_transactions": None,
-            "preferred_read_replica": -1,
-            "records": b"",
-        }
         part = logs.get(w.name, w.partition) if w.name else None
         if part is None:
-            entry["error_code"] = _unknown_topic_error(w.name)
+            entry = m.PartitionData(
+                partition_index=i32(w.partition),
+                error_code=_unknown_topic_error(w.name),
+                high_watermark=i64(-1),
+                last_stable_offset=i64(-1),
+                log_start_offset=i64(-1),
+                aborted_transactions=None,
+                preferred_read_replica=BrokerId(-1),
+                records=_NO_RECORDS,
+            )
             errors = True
         else:
-            entry.update(
-                high_watermark=part.high_watermark,
-                last_stable_offset=part.last_stable_offset,
-                log_start_offset=part.log_start_offset,
-                aborted_transactions=[] if committed_only else None,
-            )
             # KIP-74: the first partition returns at least one whole batch even past
             # max_bytes; later ones only what is left of the budget.
             limit = min(w.partition_max_bytes, budget)
             size = max(limit, 1) if total == 0 else limit
+            code = ErrorCode.none
             try:
                 data = (
                     part.read(w.fetch_offset, size, committed_only=committed_only)
@@ -292,33 +407,43 @@ def _fetch_once(
                     else b""
                 )
             except KafkaError as exc:
-                entry["error_code"] = exc.code
+                code = exc.code
                 errors = True
                 data = b""
-            entry["records"] = data
-            if committed_only and data:
-                entry["aborted_transactions"] = _aborted_in(part, w.fetch_offset, data)
+            aborted: tuple[resp.fetch_v18.AbortedTransaction, ...] | None = None
+            if committed_only:
+                aborted = _aborted_in(part, w.fetch_offset, data) if data else ()
+            entry = m.PartitionData(
+                partition_index=i32(w.partition),
+                error_code=code,
+                high_watermark=i64(part.high_watermark),
+                last_stable_offset=i64(part.last_stable_offset),
+                log_start_offset=i64(part.log_start_offset),
+                aborted_transactions=aborted,
+                preferred_read_replica=BrokerId(-1),
+                records=Records(data),
+            )
             total += len(data)
             budget = max(budget - len(data), 0)
         by_topic.setdefault((w.name, w.topic_id), []).append(entry)
-    responses = [
-        {"topic": name, "topic_id": topic_id, "partitions": parts}
-        for (name, topic_id), parts in by_topic.items()
-    ]
-    return responses, total, errors
+    return by_topic, total, errors
 
 
-def _aborted_in(part: Partition, fetch_offset: int, data: bytes) -> list[dict[str, int]]:
+def _aborted_in(
+    part: Partition, fetch_offset: int, data: bytes
+) -> tuple[resp.fetch_v18.AbortedTransaction, ...]:
     """The aborted transactions a read_committed consumer needs to drop the aborted
     records of `data`: those overlapping [fetch_offset, the offset after the last batch
     returned), as Kafka's LocalLog.addAbortedTransactions bounds them."""
     upper = fetch_offset
     for _, header in iter_batches(data, validate=False):
         upper = header.next_offset
-    return [
-        {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+    return tuple(
+        resp.fetch_v18.AbortedTransaction(
+            producer_id=ProducerId(txn.producer_id), first_offset=i64(txn.first_offset)
+        )
         for txn in part.aborted_transactions(fetch_offset, upper)
-    ]
+    )
 
 
 async def _wait_for_data(logs: LogManager, wanted: list[_Wanted], timeout_s: float) -> None:

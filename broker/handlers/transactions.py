@@ -21,7 +21,11 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
+from kio.schema.types import ProducerId, TopicName, TransactionalId
+from kio.static.primitive import i16, i32
 
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.transactions import (
@@ -30,6 +34,7 @@ from coordinator.transactions import (
     TransactionCoordinator,
     offsets_partition,
 )
+from protocol import api
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, BatchHeader
 
@@ -91,21 +96,27 @@ def _log_refused(api: str, transactional_id: str | None, exc: KafkaError, client
 
 async def init_transactional_producer_id(
     ctx: RequestContext, req: InitProducerIdRequest, broker: TxnBroker
-) -> dict[str, Any]:
+) -> resp.init_producer_id_v5.InitProducerIdResponse:
     """InitProducerId with a transactional id (the idempotent path is in `cluster`)."""
     transactional_id = req.transactional_id
     assert transactional_id is not None
     producer_id: int = getattr(req, "producer_id", NO_PRODUCER_ID)  # v3+
     producer_epoch: int = getattr(req, "producer_epoch", NO_PRODUCER_EPOCH)  # v3+
-    failed = {
-        "producer_id": NO_PRODUCER_ID,
-        "producer_epoch": NO_PRODUCER_EPOCH,
-        "throttle_time": 0,
-    }
+
+    def answer(
+        code: ErrorCode, pid: int = NO_PRODUCER_ID, epoch: int = NO_PRODUCER_EPOCH
+    ) -> resp.init_producer_id_v5.InitProducerIdResponse:
+        return resp.init_producer_id_v5.InitProducerIdResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=code,
+            producer_id=ProducerId(pid),
+            producer_epoch=i16(epoch),
+        )
+
     expected: tuple[int, int] | None = None
     if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
         # Kafka refuses a producer id without an epoch and the other way round.
-        return {**failed, "error_code": ErrorCode.invalid_request}
+        return answer(ErrorCode.invalid_request)
     if producer_id != NO_PRODUCER_ID:
         expected = (producer_id, producer_epoch)
     timeout_ms = int(req.transaction_timeout.total_seconds() * 1000)
@@ -115,25 +126,29 @@ async def init_transactional_producer_id(
         )
     except KafkaError as exc:
         _log_refused("InitProducerId", transactional_id, exc, ctx.header.client_id or "")
-        return {**failed, "error_code": _code(exc, ctx.api_version, 4)}
-    return {
-        "error_code": ErrorCode.none,
-        "producer_id": pid,
-        "producer_epoch": epoch,
-        "throttle_time": 0,
-    }
+        return answer(_code(exc, ctx.api_version, 4))
+    return answer(ErrorCode.none, pid, epoch)
 
 
 # ------------------------------------------------------------------ AddPartitionsToTxn
 
 
-def _partition_results(errors: dict[TopicPartition, ErrorCode]) -> list[dict[str, Any]]:
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+def _partition_results(
+    errors: dict[TopicPartition, ErrorCode],
+) -> tuple[resp.add_partitions_to_txn_v5.AddPartitionsToTxnTopicResult, ...]:
+    m = resp.add_partitions_to_txn_v5
+    by_topic: dict[str, list[resp.add_partitions_to_txn_v5.AddPartitionsToTxnPartitionResult]]
+    by_topic = {}
     for (topic, partition), code in errors.items():
         by_topic.setdefault(topic, []).append(
-            {"partition_index": partition, "partition_error_code": code}
+            m.AddPartitionsToTxnPartitionResult(
+                partition_index=i32(partition), partition_error_code=code
+            )
         )
-    return [{"name": topic, "results_by_partition": parts} for topic, parts in by_topic.items()]
+    return tuple(
+        m.AddPartitionsToTxnTopicResult(name=TopicName(topic), results_by_partition=tuple(parts))
+        for topic, parts in by_topic.items()
+    )
 
 
 async def _add_one(
@@ -179,7 +194,10 @@ def _batched(req: AddPartitionsToTxnRequest) -> TypeIs[AddPartitionsToTxnBatchRe
 
 async def add_partitions_to_txn(
     ctx: RequestContext, req: AddPartitionsToTxnRequest, broker: TxnBroker
-) -> dict[str, Any]:
+) -> (
+    resp.add_partitions_to_txn_v3.AddPartitionsToTxnResponse
+    | resp.add_partitions_to_txn_v5.AddPartitionsToTxnResponse
+):
     client = ctx.header.client_id or ""
     if not _batched(req):
         errors = await _add_one(
@@ -192,7 +210,14 @@ async def add_partitions_to_txn(
             version=ctx.api_version,
             client=client,
         )
-        return {"throttle_time": 0, "results_by_topic_v3_and_below": _partition_results(errors)}
+        v3 = resp.add_partitions_to_txn_v3
+        return v3.AddPartitionsToTxnResponse(
+            throttle_time=NO_THROTTLE,
+            results_by_topic_v3_and_below=tuple(
+                api.convert(topic, v3.AddPartitionsToTxnTopicResult)
+                for topic in _partition_results(errors)
+            ),
+        )
     transactions: list[Any] = list(req.transactions)  # v4 or v5 entries, same fields
     results = await asyncio.gather(
         *(
@@ -209,14 +234,18 @@ async def add_partitions_to_txn(
             for t in transactions
         )
     )
-    return {
-        "throttle_time": 0,
-        "error_code": ErrorCode.none,
-        "results_by_transaction": [
-            {"transactional_id": t.transactional_id, "topic_results": _partition_results(errors)}
+    m = resp.add_partitions_to_txn_v5
+    return m.AddPartitionsToTxnResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        results_by_transaction=tuple(
+            m.AddPartitionsToTxnResult(
+                transactional_id=TransactionalId(t.transactional_id),
+                topic_results=_partition_results(errors),
+            )
             for t, errors in zip(transactions, results, strict=True)
-        ],
-    }
+        ),
+    )
 
 
 # ------------------------------------------------------------------ offsets in a transaction
@@ -224,21 +253,25 @@ async def add_partitions_to_txn(
 
 async def add_offsets_to_txn(
     ctx: RequestContext, req: AddOffsetsToTxnRequest, broker: TxnBroker
-) -> dict[str, Any]:
+) -> resp.add_offsets_to_txn_v4.AddOffsetsToTxnResponse:
     partition = (OFFSETS_TOPIC, offsets_partition(req.group_id))
+    code = ErrorCode.none
     try:
         await broker.transactions.add_partitions(
             req.transactional_id, req.producer_id, req.producer_epoch, [partition]
         )
     except KafkaError as exc:
         _log_refused("AddOffsetsToTxn", req.transactional_id, exc, ctx.header.client_id or "")
-        return {"throttle_time": 0, "error_code": _code(exc, ctx.api_version, 2)}
-    return {"throttle_time": 0, "error_code": ErrorCode.none}
+        code = _code(exc, ctx.api_version, 2)
+    return resp.add_offsets_to_txn_v4.AddOffsetsToTxnResponse(
+        throttle_time=NO_THROTTLE, error_code=code
+    )
 
 
 async def txn_offset_commit(
     ctx: RequestContext, req: TxnOffsetCommitRequest, broker: TxnBroker
-) -> dict[str, Any]:
+) -> resp.txn_offset_commit_v5.TxnOffsetCommitResponse:
+    m = resp.txn_offset_commit_v5
     generation: int = getattr(req, "generation_id", -1)  # v3+
     # See the module docstring: no group is known here.
     code = ErrorCode.illegal_generation if generation >= 0 else ErrorCode.group_id_not_found
@@ -253,31 +286,34 @@ async def txn_offset_commit(
     topics = []
     for t in req.topics:
         known = broker.metadata.state.topics.get(t.name)
-        parts = [
-            {
-                "partition_index": p.partition_index,
-                "error_code": code
+        parts = tuple(
+            m.TxnOffsetCommitResponsePartition(
+                partition_index=p.partition_index,
+                error_code=code
                 if known is not None and 0 <= p.partition_index < known.partitions
                 else ErrorCode.unknown_topic_or_partition,
-            }
+            )
             for p in t.partitions
-        ]
-        topics.append({"name": t.name, "partitions": parts})
-    return {"throttle_time": 0, "topics": topics}
+        )
+        topics.append(m.TxnOffsetCommitResponseTopic(name=t.name, partitions=parts))
+    return m.TxnOffsetCommitResponse(throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
 # ------------------------------------------------------------------ EndTxn
 
 
-async def end_txn(ctx: RequestContext, req: EndTxnRequest, broker: TxnBroker) -> dict[str, Any]:
+async def end_txn(
+    ctx: RequestContext, req: EndTxnRequest, broker: TxnBroker
+) -> resp.end_txn_v4.EndTxnResponse:
+    code = ErrorCode.none
     try:
         await broker.transactions.end_txn(
             req.transactional_id, req.producer_id, req.producer_epoch, req.committed
         )
     except KafkaError as exc:
         _log_refused("EndTxn", req.transactional_id, exc, ctx.header.client_id or "")
-        return {"throttle_time": 0, "error_code": _code(exc, ctx.api_version, 2)}
-    return {"throttle_time": 0, "error_code": ErrorCode.none}
+        code = _code(exc, ctx.api_version, 2)
+    return resp.end_txn_v4.EndTxnResponse(throttle_time=NO_THROTTLE, error_code=code)
 
 
 # ------------------------------------------------------------------ markers

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import struct
+import typing
 import uuid
 
 import pytest
 
+from broker.handlers.responses import NO_THROTTLE
 from protocol import api, guard
 from protocol.errors import ErrorCode
 from tests.unit.fresh import run_fresh
@@ -196,3 +199,92 @@ def test_a_key_found_in_another_version_is_remembered_and_a_wrong_one_still_refu
     api.build_response(3, 0, data)  # known now: accepted without another search
     with pytest.raises(ValueError, match=r"MetadataResponse has no field brokerz in any version$"):
         api.build_response(3, 0, {**data, "brokerz": []})
+
+
+def _metadata_v13(topic_id: uuid.UUID) -> typing.Any:
+    from kio.schema.metadata.v13 import response as m
+    from kio.schema.types import BrokerId, TopicName
+    from kio.static.primitive import i32
+
+    return m.MetadataResponse(
+        throttle_time=NO_THROTTLE,
+        brokers=(m.MetadataResponseBroker(node_id=BrokerId(1), host="h", port=i32(9092)),),
+        cluster_id="c",
+        topics=(
+            m.MetadataResponseTopic(
+                error_code=ErrorCode.none,
+                name=TopicName("t"),
+                topic_id=topic_id,
+                partitions=(
+                    m.MetadataResponsePartition(
+                        error_code=ErrorCode.none,
+                        partition_index=i32(0),
+                        leader_id=BrokerId(1),
+                        replica_nodes=(BrokerId(1),),
+                    ),
+                ),
+            ),
+        ),
+        error_code=ErrorCode.none,
+    )
+
+
+@pytest.mark.parametrize("version", range(0, 14))
+def test_a_newest_version_entity_is_encoded_as_every_older_version(version: int) -> None:
+    topic_id = uuid.uuid4()
+    newest = _metadata_v13(topic_id)
+    body = api.at_version(3, version, newest)
+    assert type(body) is api.response_class(3, version)
+    _, decoded = api.decode_response(3, version, api.encode_response(3, version, 7, body)[4:])
+    assert decoded == body
+    topic = decoded.topics[0]
+    assert (topic.name, topic.partitions[0].replica_nodes) == ("t", (1,))
+    assert decoded.brokers[0].port == 9092
+    # Fields a version lacks are dropped, those only it has take the schema default.
+    assert getattr(topic, "topic_id", topic_id) == topic_id
+    if 8 <= version <= 10:
+        assert decoded.cluster_authorized_operations == -(2**31)  # not requested
+
+
+def test_an_entity_of_the_request_version_is_encoded_as_it_is() -> None:
+    newest = _metadata_v13(uuid.uuid4())
+    assert api.at_version(3, 13, newest) is newest
+
+
+def test_convert_fills_what_the_older_version_lacks_with_zeros_and_defaults() -> None:
+    v0 = api.build_response(3, 0, {"topics": [{"name": "t", "partitions": [{}]}]})
+    v13 = api.convert(v0, api.response_class(3, 13))
+    assert v13.throttle_time == datetime.timedelta(0)
+    assert v13.topics[0].topic_id == uuid.UUID(int=0)
+    assert v13.topics[0].partitions[0].leader_epoch == -1  # the schema's default
+    assert v13.cluster_id is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda: api.build_response(1, 18, {}), id="another API's response"),
+        pytest.param(lambda: api.build(api.request_class(3, 13), {}), id="a request"),
+        pytest.param(lambda: [("topics", [])], id="no entity"),
+    ],
+)
+def test_an_answer_that_is_not_a_response_of_the_api_is_rejected(answer: typing.Any) -> None:
+    with pytest.raises(
+        api.WrongResponse, match=r"the metadata handler answered .*, not a metadata"
+    ):
+        api.at_version(3, 12, answer())
+
+
+def test_a_lazy_module_is_imported_when_an_attribute_is_first_read() -> None:
+    script = (
+        "import sys\n"
+        "from protocol import api\n"
+        "name = 'kio.schema.describe_cluster.v2.response'\n"
+        "lazy = api.lazy_module(name)\n"
+        "before = name in sys.modules\n"
+        "cls = lazy.DescribeClusterResponse\n"
+        "assert cls is sys.modules[name].DescribeClusterResponse\n"
+        "assert lazy.DescribeClusterResponse is cls\n"
+        "print(before, name in sys.modules)\n"
+    )
+    assert run_fresh(script) == "False True"

@@ -274,9 +274,9 @@ async def test_acks_all_times_out_when_the_clock_passes_the_request_timeout(s: S
         assert producing.done()
         answer = producing.result()
         assert answer is not None
-        [topic] = answer["responses"]
-        [entry] = topic["partition_responses"]
-        assert entry["error_code"] == ErrorCode.request_timed_out
+        [topic] = answer.responses
+        [entry] = topic.partition_responses
+        assert entry.error_code == ErrorCode.request_timed_out
     finally:
         held.gate.set()
         await asyncio.wait_for(asyncio.shield(producing), timeout=10)
@@ -380,9 +380,9 @@ async def test_a_one_partition_acks_all_produce_whose_fsync_fails_is_not_acknowl
     s.part.log.flush = held  # type: ignore[method-assign]
     answer = await asyncio.wait_for(produce(ctx(9), produce_request(s, 30_000), s), 10)  # type: ignore[arg-type]
     assert answer is not None
-    [topic] = answer["responses"]
-    [entry] = topic["partition_responses"]
-    assert entry["error_code"] == ErrorCode.kafka_storage_error
+    [topic] = answer.responses
+    [entry] = topic.partition_responses
+    assert entry.error_code == ErrorCode.kafka_storage_error
     assert s.part.high_watermark == 0
 
 

@@ -33,6 +33,7 @@ from broker.metrics import (
 )
 from broker.share.manager import EXPIRY_RETRY_BACKOFF_MS
 from coordinator.share_state import ShareStateKey
+from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 from tests.unit.test_share_manager import (
@@ -143,16 +144,22 @@ def test_produce_counts_appended_bytes_and_records_in_and_failed_partitions_reje
     m = BrokerMetrics()
     ok = build_batch([NewRecord(None, b"a"), NewRecord(None, b"bb"), NewRecord(None, b"c")])
     bad = build_batch([NewRecord(None, b"x")])
-    result = {
-        "responses": [
-            {
-                "partition_responses": [
-                    {"error_code": ErrorCode.none},
-                    {"error_code": ErrorCode.kafka_storage_error},
-                ]
-            }
-        ]
-    }
+    # The handler's answer as it builds it: a kio response entity.
+    result = api.build_response(
+        0,
+        13,
+        {
+            "responses": [
+                {
+                    "topic_id": uuid.uuid4(),
+                    "partition_responses": [
+                        {"index": 0, "error_code": ErrorCode.none},
+                        {"index": 1, "error_code": ErrorCode.kafka_storage_error},
+                    ],
+                }
+            ]
+        },
+    )
     m.payload(0, _produce_request(ok, bad), result)
     assert (m.bytes_in, m.messages_in, m.bytes_rejected) == (len(ok), 3, len(bad))
     # acks=0 has no response: what was sent counts as in.
@@ -166,7 +173,62 @@ def test_produce_counts_appended_bytes_and_records_in_and_failed_partitions_reje
     assert (m.bytes_in, m.messages_in) == (3 * len(ok), 6)
 
 
-def test_share_fetch_counts_bytes_out_and_a_partition_error_as_a_failed_request() -> None:
+def test_fetch_counts_the_record_bytes_it_sends_out() -> None:
+    m = BrokerMetrics()
+    partition = {"error_code": ErrorCode.none, "high_watermark": 9}
+    for version, topic in ((12, {"topic": "t"}), (18, {"topic_id": uuid.uuid4()})):
+        result = api.build_response(
+            1,
+            version,
+            {
+                "responses": [
+                    {
+                        **topic,
+                        "partitions": [
+                            {**partition, "partition_index": 0, "records": b"x" * 5},
+                            {**partition, "partition_index": 1, "records": None},
+                        ],
+                    }
+                ]
+            },
+        )
+        m.payload(1, None, result)
+    assert m.bytes_out == 10
+
+
+def test_share_requests_count_bytes_out_and_a_partition_error_as_a_failed_request() -> None:
+    m = BrokerMetrics()
+    part = {"error_code": ErrorCode.none, "acknowledge_error_code": 0, "partition_index": 0}
+    topic_id = uuid.uuid4()
+
+    def fetched(**data: Any) -> Any:
+        return api.build_response(78, 2, data)
+
+    good = fetched(
+        responses=[{"topic_id": topic_id, "partitions": [{**part, "records": b"x" * 7}]}]
+    )
+    failed_ack = fetched(
+        responses=[
+            {
+                "topic_id": topic_id,
+                "partitions": [
+                    {**part, "acknowledge_error_code": ErrorCode.invalid_record_state.value}
+                ],
+            }
+        ]
+    )
+    m.payload(SHARE_FETCH, None, good)
+    m.payload(SHARE_FETCH, None, failed_ack)
+    acked = {"topic_id": topic_id, "partitions": [{"partition_index": 0, "error_code": 0}]}
+    m.payload(79, None, api.build_response(79, 2, {"responses": [acked]}))
+    m.payload(79, None, api.build_response(79, 2, {"error_code": ErrorCode.invalid_request}))
+    assert (m.bytes_out, m.share_fetch_requests, m.share_fetch_failed) == (7, 2, 1)
+    assert (m.share_ack_requests, m.share_ack_failed) == (2, 1)
+
+
+def test_share_fetch_answered_as_a_mapping_counts_the_same() -> None:
+    # ShareFetch and ShareAcknowledge answer mappings until their handlers build
+    # entities (`api.LegacyResponse`).
     m = BrokerMetrics()
     part = {"error_code": ErrorCode.none, "acknowledge_error_code": ErrorCode.none}
     good = {

@@ -10,6 +10,7 @@ import struct
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -343,32 +344,34 @@ async def test_read_committed_fetch_stops_at_the_lso_and_lists_overlapping_abort
     await end_txn(part, 2, commit=True)  # 6
     await produce(part, 1, pid=3, seq=0, transactional=True)  # 7, open
 
-    def fetch(offset: int, committed: bool, max_bytes: int = 1 << 20) -> dict[str, object]:
+    def fetch(offset: int, committed: bool, max_bytes: int = 1 << 20) -> Any:
         wanted = [_Wanted(TOPIC, h.topic_id, 0, offset, max_bytes)]
-        responses, _, errors = _fetch_once(h.logs, 1 << 20, wanted, committed)
+        by_topic, _, errors = _fetch_once(h.logs, 1 << 20, wanted, committed)
         assert not errors
-        entry: dict[str, object] = responses[0]["partitions"][0]
+        [[entry]] = by_topic.values()
         return entry
 
-    def last_fetched(entry: dict[str, object]) -> int:
-        data = entry["records"]
-        assert isinstance(data, bytes)
-        return [header for _, header in iter_batches(data)][-1].last_offset
+    def last_fetched(entry: Any) -> int:
+        return [header for _, header in iter_batches(entry.records)][-1].last_offset
+
+    def aborted(entry: Any) -> list[tuple[int, int]] | None:
+        txns = entry.aborted_transactions
+        return None if txns is None else [(t.producer_id, t.first_offset) for t in txns]
 
     committed = fetch(0, True)
-    assert committed["last_stable_offset"] == 7 and committed["high_watermark"] == 8
+    assert committed.last_stable_offset == 7 and committed.high_watermark == 8
     assert last_fetched(committed) == 6
-    assert committed["aborted_transactions"] == [{"producer_id": 1, "first_offset": 0}]
+    assert aborted(committed) == [(1, 0)]
     # Past the aborted transaction's marker nothing is listed.
-    assert fetch(3, True)["aborted_transactions"] == []
+    assert aborted(fetch(3, True)) == []
     # At the LSO there is nothing to read yet.
-    assert fetch(7, True)["records"] == b""
+    assert fetch(7, True).records == b""
     uncommitted = fetch(0, False)
-    assert uncommitted["aborted_transactions"] is None
+    assert aborted(uncommitted) is None
     assert last_fetched(uncommitted) == 7
     # A read cut by max bytes to the first batch lists only what it covers.
     first_only = fetch(3, True, max_bytes=1)
-    assert last_fetched(first_only) == 4 and first_only["aborted_transactions"] == []
+    assert last_fetched(first_only) == 4 and aborted(first_only) == []
 
     assert _offset_for(part, LATEST, True) == (7, -1)
     assert _offset_for(part, LATEST, False) == (8, -1)

@@ -98,8 +98,8 @@ async def send(
     ctx = SimpleNamespace(api_version=version, header=SimpleNamespace(client_id="unit"))
     answer = await produce(ctx, req, s)  # type: ignore[arg-type]
     assert answer is not None
-    [topic] = answer["responses"]
-    [entry] = topic["partition_responses"]
+    [topic] = answer.responses
+    [entry] = topic.partition_responses
     return entry
 
 
@@ -117,16 +117,16 @@ async def test_a_batch_for_a_partition_outside_the_transaction_is_refused_and_no
     pid, epoch = await setup.transactions.init_producer_id(TID, TIMEOUT_MS)
     await setup.transactions.add_partitions(TID, pid, epoch, [(TOPIC, 0)])
     entry = await send(setup, version, 1, transactional_batch(pid, epoch))
-    assert entry["error_code"] == expected
-    assert "not part of its ongoing transaction" in entry["error_message"]
-    assert entry["base_offset"] == -1
+    assert entry.error_code == expected
+    assert "not part of its ongoing transaction" in entry.error_message
+    assert entry.base_offset == -1
     outside = setup.part(1)
     assert (outside.log_end_offset, outside.high_watermark) == (0, 0)
     assert outside.producers.entry(pid) is None
     assert outside.last_stable_offset == 0
     # The partition in the transaction takes the same batch.
     inside = await send(setup, version, 0, transactional_batch(pid, epoch))
-    assert (inside["error_code"], inside["base_offset"]) == (ErrorCode.none, 0)
+    assert (inside.error_code, inside.base_offset) == (ErrorCode.none, 0)
     assert setup.part(0).log_end_offset == 2 and setup.part(0).last_stable_offset == 0
 
 
@@ -140,8 +140,8 @@ async def test_a_batch_from_a_fenced_epoch_is_invalid_producer_epoch_and_not_app
     _, epoch = await setup.transactions.init_producer_id(TID, TIMEOUT_MS)
     await setup.transactions.add_partitions(TID, pid, epoch, [(TOPIC, 0)])
     entry = await send(setup, version, 0, transactional_batch(pid, old_epoch))
-    assert entry["error_code"] == ErrorCode.invalid_producer_epoch
-    assert "fenced epoch" in entry["error_message"]
+    assert entry.error_code == ErrorCode.invalid_producer_epoch
+    assert "fenced epoch" in entry.error_message
     part = setup.part(0)
     assert (part.log_end_offset, part.high_watermark) == (0, 0)
     assert part.producers.entry(pid) is None
@@ -153,7 +153,7 @@ async def test_a_transactional_batch_without_a_transactional_id_is_refused(
     pid, epoch = await setup.transactions.init_producer_id(TID, TIMEOUT_MS)
     await setup.transactions.add_partitions(TID, pid, epoch, [(TOPIC, 0)])
     entry = await send(setup, 11, 0, transactional_batch(pid, epoch), transactional_id=None)
-    assert entry["error_code"] == ErrorCode.transactional_id_authorization_failed
+    assert entry.error_code == ErrorCode.transactional_id_authorization_failed
     assert setup.part(0).log_end_offset == 0
 
 
@@ -166,5 +166,5 @@ async def test_a_batch_while_its_transaction_completes_is_concurrent_transaction
     assert m is not None
     setup.transactions.transactions[TID] = m.transit(S.PREPARE_COMMIT)
     entry = await send(setup, 11, 0, transactional_batch(pid, epoch))
-    assert entry["error_code"] == ErrorCode.concurrent_transactions
+    assert entry.error_code == ErrorCode.concurrent_transactions
     assert setup.part(0).log_end_offset == 0

@@ -90,12 +90,12 @@ class Node:
         """What a read_committed consumer keeps of the partition: the batches up to the
         LSO, without those of the aborted transactions Fetch lists."""
         wanted = [_Wanted(TOPIC, self.topic_id, index, 0, 1 << 20)]
-        responses, _, errors = _fetch_once(self.logs, 1 << 20, wanted, True)
+        by_topic, _, errors = _fetch_once(self.logs, 1 << 20, wanted, True)
         assert not errors
-        entry = responses[0]["partitions"][0]
-        aborted = {a["producer_id"]: a["first_offset"] for a in entry["aborted_transactions"]}
+        [[entry]] = by_topic.values()
+        aborted = {a.producer_id: a.first_offset for a in entry.aborted_transactions or ()}
         values = []
-        for pos, header in iter_batches(entry["records"]):
+        for pos, header in iter_batches(entry.records or b""):
             start = aborted.get(header.producer_id)
             if header.is_control:
                 if start is not None and header.base_offset >= start:
@@ -103,7 +103,7 @@ class Node:
                 continue
             if header.is_transactional and start is not None and header.base_offset >= start:
                 continue
-            values += [r.value or b"" for r in decode_records(entry["records"], pos, header)]
+            values += [r.value or b"" for r in decode_records(entry.records or b"", pos, header)]
         return values
 
 
