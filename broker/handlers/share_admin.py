@@ -12,10 +12,14 @@ errors are per group, DeleteGroups results per group.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i32, i64
 
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.logs import Partition
 from broker.server import RequestContext
 from coordinator.group_coordinator import GroupCoordinator, PartitionOffsets, TopicResult
@@ -50,8 +54,8 @@ def _invalid_group_id(group_id: str) -> KafkaError | None:
     return None
 
 
-def _error_fields(exc: KafkaError) -> dict[str, Any]:
-    return {"error_code": exc.code, "error_message": exc.message or exc.code.name}
+def _error_message(exc: KafkaError) -> str:
+    return exc.message or exc.code.name
 
 
 # ------------------------------------------------------------ DescribeShareGroupOffsets
@@ -59,7 +63,9 @@ def _error_fields(exc: KafkaError) -> dict[str, Any]:
 
 async def describe_share_group_offsets(
     ctx: RequestContext, req: DescribeShareGroupOffsetsRequest, broker: ShareAdminBroker
-) -> dict[str, Any]:
+) -> resp.describe_share_group_offsets_v1.DescribeShareGroupOffsetsResponse:
+    m = resp.describe_share_group_offsets_v1
+
     def end_offset(topic_id: uuid.UUID, partition: int) -> int | None:
         # Lag counts to the high watermark: what a consumer could be handed.
         log_part = broker.log_partition(topic_id, partition)
@@ -67,10 +73,13 @@ async def describe_share_group_offsets(
 
     groups = []
     for group in req.groups:
-        entry: dict[str, Any] = {"group_id": group.group_id, "error_code": ErrorCode.none}
         if group.topics is not None and not group.topics:
             # Kafka: an empty topic list (not null) answers the group with no topics.
-            groups.append({**entry, "topics": []})
+            groups.append(
+                m.DescribeShareGroupOffsetsResponseGroup(
+                    group_id=group.group_id, topics=(), error_code=ErrorCode.none
+                )
+            )
             continue
         wanted = (
             None
@@ -80,30 +89,46 @@ async def describe_share_group_offsets(
         try:
             topics = await broker.groups.describe_offsets(group.group_id, wanted, end_offset)
         except KafkaError as exc:
-            groups.append({**entry, **_error_fields(exc), "topics": []})
+            groups.append(
+                m.DescribeShareGroupOffsetsResponseGroup(
+                    group_id=group.group_id,
+                    topics=(),
+                    error_code=exc.code,
+                    error_message=_error_message(exc),
+                )
+            )
             continue
-        groups.append({**entry, "topics": [_described_topic(t) for t in topics]})
-    return {"throttle_time": 0, "groups": groups}
+        groups.append(
+            m.DescribeShareGroupOffsetsResponseGroup(
+                group_id=group.group_id,
+                topics=tuple(_described_topic(t) for t in topics),
+                error_code=ErrorCode.none,
+            )
+        )
+    return m.DescribeShareGroupOffsetsResponse(throttle_time=NO_THROTTLE, groups=tuple(groups))
 
 
-def _described_topic(topic: TopicResult) -> dict[str, Any]:
+def _described_topic(
+    topic: TopicResult,
+) -> resp.describe_share_group_offsets_v1.DescribeShareGroupOffsetsResponseTopic:
+    m = resp.describe_share_group_offsets_v1
     partitions = []
     for p in topic.partitions:
         assert isinstance(p, PartitionOffsets)
         partitions.append(
-            {
-                "partition_index": p.partition,
-                "start_offset": p.start_offset,
-                "leader_epoch": p.leader_epoch,
-                "lag": p.lag,  # v1 (KIP-1226); left out of v0
-                "error_code": ErrorCode.none,
-            }
+            m.DescribeShareGroupOffsetsResponsePartition(
+                partition_index=i32(p.partition),
+                start_offset=i64(p.start_offset),
+                leader_epoch=i32(p.leader_epoch),
+                lag=i64(p.lag),  # v1 (KIP-1226); left out of v0
+                error_code=ErrorCode.none,
+            )
         )
-    return {
-        "topic_name": topic.name,
-        "topic_id": topic.topic_id or ZERO_UUID,
-        "partitions": partitions,
-    }
+    return m.DescribeShareGroupOffsetsResponseTopic(
+        topic_name=TopicName(topic.name),
+        topic_id=topic.topic_id or ZERO_UUID,
+        partitions=tuple(partitions),
+    )
 
 
 # -------------------------------------------------------------- AlterShareGroupOffsets
@@ -111,7 +136,8 @@ def _described_topic(topic: TopicResult) -> dict[str, Any]:
 
 async def alter_share_group_offsets(
     ctx: RequestContext, req: AlterShareGroupOffsetsRequest, broker: ShareAdminBroker
-) -> dict[str, Any]:
+) -> resp.alter_share_group_offsets_v0.AlterShareGroupOffsetsResponse:
+    m = resp.alter_share_group_offsets_v0
     topics = [
         (t.topic_name, [(p.partition_index, p.start_offset) for p in t.partitions])
         for t in req.topics
@@ -123,23 +149,32 @@ async def alter_share_group_offsets(
         results = await broker.groups.alter_offsets(req.group_id, topics)
     except KafkaError as exc:
         log.info("share_offsets_reset_refused", group=req.group_id, error=exc.code.name)
-        return {"throttle_time": 0, **_error_fields(exc), "responses": []}
+        return m.AlterShareGroupOffsetsResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=exc.code,
+            error_message=_error_message(exc),
+            responses=(),
+        )
     responses = []
     for topic in results:
         partitions = []
         for p in topic.partitions:
             assert not isinstance(p, PartitionOffsets)
             partitions.append(
-                {"partition_index": p.partition, "error_code": p.error, "error_message": p.message}
+                m.AlterShareGroupOffsetsResponsePartition(
+                    partition_index=i32(p.partition), error_code=p.error, error_message=p.message
+                )
             )
         responses.append(
-            {
-                "topic_name": topic.name,
-                "topic_id": topic.topic_id or ZERO_UUID,
-                "partitions": partitions,
-            }
+            m.AlterShareGroupOffsetsResponseTopic(
+                topic_name=TopicName(topic.name),
+                topic_id=topic.topic_id or ZERO_UUID,
+                partitions=tuple(partitions),
+            )
         )
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "responses": responses}
+    return m.AlterShareGroupOffsetsResponse(
+        throttle_time=NO_THROTTLE, error_code=ErrorCode.none, responses=tuple(responses)
+    )
 
 
 # ------------------------------------------------------------- DeleteShareGroupOffsets
@@ -147,7 +182,8 @@ async def alter_share_group_offsets(
 
 async def delete_share_group_offsets(
     ctx: RequestContext, req: DeleteShareGroupOffsetsRequest, broker: ShareAdminBroker
-) -> dict[str, Any]:
+) -> resp.delete_share_group_offsets_v0.DeleteShareGroupOffsetsResponse:
+    m = resp.delete_share_group_offsets_v0
     try:
         invalid = _invalid_group_id(req.group_id)
         if invalid is not None:
@@ -157,17 +193,25 @@ async def delete_share_group_offsets(
         )
     except KafkaError as exc:
         log.info("share_offsets_delete_refused", group=req.group_id, error=exc.code.name)
-        return {"throttle_time": 0, **_error_fields(exc), "responses": []}
-    responses = [
-        {
-            "topic_name": topic.name,
-            "topic_id": topic.topic_id or ZERO_UUID,
-            "error_code": topic.error,
-            "error_message": topic.message,
-        }
-        for topic in results
-    ]
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "responses": responses}
+        return m.DeleteShareGroupOffsetsResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=exc.code,
+            error_message=_error_message(exc),
+            responses=(),
+        )
+    return m.DeleteShareGroupOffsetsResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        responses=tuple(
+            m.DeleteShareGroupOffsetsResponseTopic(
+                topic_name=TopicName(topic.name),
+                topic_id=topic.topic_id or ZERO_UUID,
+                error_code=topic.error,
+                error_message=topic.message,
+            )
+            for topic in results
+        ),
+    )
 
 
 # ------------------------------------------------------------------------ DeleteGroups
@@ -175,13 +219,17 @@ async def delete_share_group_offsets(
 
 async def delete_groups(
     ctx: RequestContext, req: DeleteGroupsRequest, broker: ShareAdminBroker
-) -> dict[str, Any]:
+) -> resp.delete_groups_v2.DeleteGroupsResponse:
+    m = resp.delete_groups_v2
     results = await broker.groups.delete_groups(list(req.groups_names))
-    return {
-        "throttle_time": 0,
+    return m.DeleteGroupsResponse(
+        throttle_time=NO_THROTTLE,
         # DeletableGroupResult has no message field: the code is all a client sees.
-        "results": [
-            {"group_id": group_id, "error_code": ErrorCode.none if exc is None else exc.code}
+        results=tuple(
+            m.DeletableGroupResult(
+                group_id=GroupId(group_id),
+                error_code=ErrorCode.none if exc is None else exc.code,
+            )
             for group_id, exc in results
-        ],
-    }
+        ),
+    )

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
+from kio.static.primitive import i8, i16, i32, i64
 
+from broker.handlers import responses as resp
 from broker.server import RequestContext
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.share_persister import StateWrite, write_states
@@ -55,16 +57,20 @@ class _Partition(Protocol):
 
 # A request's partition entry (each RPC has its own kio class for it).
 P = TypeVar("P", bound=_Partition)
-# One partition's operation: the response fields it adds, or a KafkaError.
-PartitionOp = Callable[[Persister, ShareStateKey, P], Awaitable[dict[str, Any]]]
+# A response's partition result (each RPC has its own kio class for it).
+R = TypeVar("R")
+# One topic's partition results, in the request's order.
+Results = list[tuple[uuid.UUID | None, list[R]]]
 
 
 async def _per_partition(
     persister: Persister,
     group_id: str,
     topics: Sequence[tuple[uuid.UUID | None, Sequence[P]]],
-    op: PartitionOp[P],
-) -> dict[str, Any]:
+    op: Callable[[Persister, ShareStateKey, P], Awaitable[R]],
+    failed: Callable[[int, KafkaError], R],
+) -> Results[R]:
+    """`op` on each partition: its result, or `failed`'s for the KafkaError it raised."""
     # Kafka's ShareCoordinatorService answers an empty response (no results at all)
     # when the group id is empty, or when the request names no topic or a topic with
     # no partitions.
@@ -75,62 +81,113 @@ async def _per_partition(
             topics=len(topics),
             reason="empty group id, topics or partitions",
         )
-        return {"results": []}
-    results = []
+        return []
+    results: Results[R] = []
     for topic_id, partitions in topics:
         parts = []
         for p in partitions:
-            entry: dict[str, Any] = {"partition": p.partition, "error_code": ErrorCode.none}
             try:
                 if topic_id is None:
                     # kio reads the zero uuid as None; Kafka's share coordinator
                     # refuses a null topic id with INVALID_REQUEST.
                     raise KafkaError(ErrorCode.invalid_request, "The topic id cannot be null.")
                 key = ShareStateKey(group_id, topic_id, p.partition)
-                entry.update(await op(persister, key, p))
+                entry = await op(persister, key, p)
             except KafkaError as exc:
                 # A failed durable write answers NOT_COORDINATOR, as Kafka's share
                 # coordinator does; the caller retries.
-                exc = for_coordinator_rpc(exc)
-                entry.update(error_code=exc.code, error_message=exc.message)
+                entry = failed(p.partition, for_coordinator_rpc(exc))
             parts.append(entry)
-        results.append({"topic_id": topic_id, "partitions": parts})
-    return {"results": results}
+        results.append((topic_id, parts))
+    return results
 
 
 async def initialize_share_group_state(
     ctx: RequestContext, req: InitializeShareGroupStateRequest, broker: ShareStateBroker
-) -> dict[str, Any]:
+) -> resp.initialize_share_group_state_v0.InitializeShareGroupStateResponse:
+    m = resp.initialize_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
-    return await _per_partition(broker.share_persister, req.group_id, topics, _initialize)
+    results = await _per_partition(
+        broker.share_persister, req.group_id, topics, _initialize, _initialize_failed
+    )
+    return m.InitializeShareGroupStateResponse(
+        results=tuple(
+            m.InitializeStateResult(topic_id=topic_id, partitions=tuple(parts))
+            for topic_id, parts in results
+        )
+    )
 
 
 async def _initialize(
     persister: Persister, key: ShareStateKey, p: InitializeStatePartition
-) -> dict[str, Any]:
+) -> resp.initialize_share_group_state_v0.PartitionResult:
     await persister.initialize_state(key, p.state_epoch, p.start_offset)
-    return {}
+    return resp.initialize_share_group_state_v0.PartitionResult(
+        partition=p.partition, error_code=ErrorCode.none
+    )
+
+
+def _initialize_failed(
+    partition: int, exc: KafkaError
+) -> resp.initialize_share_group_state_v0.PartitionResult:
+    return resp.initialize_share_group_state_v0.PartitionResult(
+        partition=i32(partition), error_code=exc.code, error_message=exc.message
+    )
 
 
 async def read_share_group_state(
     ctx: RequestContext, req: ReadShareGroupStateRequest, broker: ShareStateBroker
-) -> dict[str, Any]:
+) -> resp.read_share_group_state_v0.ReadShareGroupStateResponse:
+    m = resp.read_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
-    return await _per_partition(broker.share_persister, req.group_id, topics, _read)
+    results = await _per_partition(
+        broker.share_persister, req.group_id, topics, _read, _read_failed
+    )
+    return m.ReadShareGroupStateResponse(
+        results=tuple(
+            m.ReadStateResult(topic_id=topic_id, partitions=tuple(parts))
+            for topic_id, parts in results
+        )
+    )
 
 
-async def _read(persister: Persister, key: ShareStateKey, p: ReadStatePartition) -> dict[str, Any]:
+async def _read(
+    persister: Persister, key: ShareStateKey, p: ReadStatePartition
+) -> resp.read_share_group_state_v0.PartitionResult:
+    m = resp.read_share_group_state_v0
     state = await persister.read_state(key, p.leader_epoch)
-    return {
-        "state_epoch": state.state_epoch,
-        "start_offset": state.start_offset,
-        "state_batches": [b._asdict() for b in state.batches],
-    }
+    return m.PartitionResult(
+        partition=p.partition,
+        error_code=ErrorCode.none,
+        state_epoch=i32(state.state_epoch),
+        start_offset=i64(state.start_offset),
+        state_batches=tuple(
+            m.StateBatch(
+                first_offset=i64(b.first_offset),
+                last_offset=i64(b.last_offset),
+                delivery_state=i8(b.delivery_state),
+                delivery_count=i16(b.delivery_count),
+            )
+            for b in state.batches
+        ),
+    )
+
+
+def _read_failed(partition: int, exc: KafkaError) -> resp.read_share_group_state_v0.PartitionResult:
+    return resp.read_share_group_state_v0.PartitionResult(
+        partition=i32(partition),
+        error_code=exc.code,
+        error_message=exc.message,
+        state_epoch=i32(0),
+        start_offset=i64(0),
+        state_batches=(),
+    )
 
 
 async def write_share_group_state(
     ctx: RequestContext, req: WriteShareGroupStateRequest, broker: ShareStateBroker
-) -> dict[str, Any]:
+) -> resp.write_share_group_state_v1.WriteShareGroupStateResponse:
+    m = resp.write_share_group_state_v1
     # A comprehension, not list(): mypy keeps the union of the versions' entries.
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
     # Every partition's write is checked first, then all go out as one append and one
@@ -140,26 +197,34 @@ async def write_share_group_state(
 
     async def collect(
         persister: Persister, key: ShareStateKey, p: WriteStatePartition
-    ) -> dict[str, Any]:
+    ) -> resp.write_share_group_state_v1.PartitionResult:
         write = _state_write(key, p)  # may refuse the partition (INVALID_REQUEST) first
         slots[id(p)] = len(writes)
         writes.append(write)
-        return {}
+        return m.PartitionResult(partition=p.partition, error_code=ErrorCode.none)
 
-    response = await _per_partition(broker.share_persister, req.group_id, topics, collect)
-    if not writes:
-        return response
-    outcomes = await write_states(broker.share_persister, writes)
-    for (_, partitions), result in zip(topics, response["results"], strict=True):
-        for p, entry in zip(partitions, result["partitions"], strict=True):
-            slot = slots.get(id(p))
-            failure = None if slot is None else outcomes[slot]
-            if isinstance(failure, KafkaError):
-                exc = for_coordinator_rpc(failure)
-                entry.update(error_code=exc.code, error_message=exc.message)
-            elif failure is not None:
-                raise failure
-    return response
+    def failed(partition: int, exc: KafkaError) -> resp.write_share_group_state_v1.PartitionResult:
+        return m.PartitionResult(
+            partition=i32(partition), error_code=exc.code, error_message=exc.message
+        )
+
+    results = await _per_partition(broker.share_persister, req.group_id, topics, collect, failed)
+    if writes:
+        outcomes = await write_states(broker.share_persister, writes)
+        for (_, partitions), (_, parts) in zip(topics, results, strict=True):
+            for i, p in enumerate(partitions):
+                slot = slots.get(id(p))
+                failure = None if slot is None else outcomes[slot]
+                if isinstance(failure, KafkaError):
+                    parts[i] = failed(p.partition, for_coordinator_rpc(failure))
+                elif failure is not None:
+                    raise failure
+    return m.WriteShareGroupStateResponse(
+        results=tuple(
+            m.WriteStateResult(topic_id=topic_id, partitions=tuple(parts))
+            for topic_id, parts in results
+        )
+    )
 
 
 def _state_write(key: ShareStateKey, p: WriteStatePartition) -> StateWrite:
@@ -181,33 +246,76 @@ def _state_write(key: ShareStateKey, p: WriteStatePartition) -> StateWrite:
 
 async def delete_share_group_state(
     ctx: RequestContext, req: DeleteShareGroupStateRequest, broker: ShareStateBroker
-) -> dict[str, Any]:
+) -> resp.delete_share_group_state_v0.DeleteShareGroupStateResponse:
+    m = resp.delete_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
-    return await _per_partition(broker.share_persister, req.group_id, topics, _delete)
+    results = await _per_partition(
+        broker.share_persister, req.group_id, topics, _delete, _delete_failed
+    )
+    return m.DeleteShareGroupStateResponse(
+        results=tuple(
+            m.DeleteStateResult(topic_id=topic_id, partitions=tuple(parts))
+            for topic_id, parts in results
+        )
+    )
 
 
 async def _delete(
     persister: Persister, key: ShareStateKey, p: DeleteStatePartition
-) -> dict[str, Any]:
+) -> resp.delete_share_group_state_v0.PartitionResult:
     await persister.delete_state(key)
-    return {}
+    return resp.delete_share_group_state_v0.PartitionResult(
+        partition=p.partition, error_code=ErrorCode.none
+    )
+
+
+def _delete_failed(
+    partition: int, exc: KafkaError
+) -> resp.delete_share_group_state_v0.PartitionResult:
+    return resp.delete_share_group_state_v0.PartitionResult(
+        partition=i32(partition), error_code=exc.code, error_message=exc.message
+    )
 
 
 async def read_share_group_state_summary(
     ctx: RequestContext, req: ReadShareGroupStateSummaryRequest, broker: ShareStateBroker
-) -> dict[str, Any]:
+) -> resp.read_share_group_state_summary_v1.ReadShareGroupStateSummaryResponse:
+    m = resp.read_share_group_state_summary_v1
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
-    return await _per_partition(broker.share_persister, req.group_id, topics, _read_summary)
+    results = await _per_partition(
+        broker.share_persister, req.group_id, topics, _read_summary, _read_summary_failed
+    )
+    return m.ReadShareGroupStateSummaryResponse(
+        results=tuple(
+            m.ReadStateSummaryResult(topic_id=topic_id, partitions=tuple(parts))
+            for topic_id, parts in results
+        )
+    )
 
 
 async def _read_summary(
     persister: Persister, key: ShareStateKey, p: ReadStateSummaryPartition
-) -> dict[str, Any]:
+) -> resp.read_share_group_state_summary_v1.PartitionResult:
     state = await persister.read_summary(key)
-    return {
-        "state_epoch": state.state_epoch,
-        "leader_epoch": state.leader_epoch,
-        "start_offset": state.start_offset,
-        # v1 only (build_response leaves it out of v0); -1 when not known.
-        "delivery_complete_count": state.delivery_complete_count,
-    }
+    return resp.read_share_group_state_summary_v1.PartitionResult(
+        partition=p.partition,
+        error_code=ErrorCode.none,
+        state_epoch=i32(state.state_epoch),
+        leader_epoch=i32(state.leader_epoch),
+        start_offset=i64(state.start_offset),
+        # v1 only (converting to v0 drops it); -1 when not known.
+        delivery_complete_count=i32(state.delivery_complete_count),
+    )
+
+
+def _read_summary_failed(
+    partition: int, exc: KafkaError
+) -> resp.read_share_group_state_summary_v1.PartitionResult:
+    return resp.read_share_group_state_summary_v1.PartitionResult(
+        partition=i32(partition),
+        error_code=exc.code,
+        error_message=exc.message,
+        state_epoch=i32(0),
+        leader_epoch=i32(0),
+        start_offset=i64(0),
+    )
