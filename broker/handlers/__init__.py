@@ -1,14 +1,17 @@
 """Request handlers: one module-level function per API, found in the table below.
 
-Every handler is `async def name(ctx, req, broker) -> response mapping | None`:
+Every handler is `async def name(ctx, req, broker) -> response entity | None`:
 - `ctx` is the server's `RequestContext` (header, client, connection);
 - `req` is kio's decoded request entity, typed as the union of the versions served
   (`broker.handlers.requests` says why a union);
 - `broker` is typed as the module's small Protocol of the stores and managers the
   handler uses (`TopicsBroker`, ...), so a handler sees only those; the `Broker` is
   bound to it when the table is built, and mypy checks it satisfies every Protocol.
-The mapping is encoded as the request's version of the response by
-`protocol.api.build_response`, which refuses a key no version of that response has.
+The response is a kio response entity of the handler's API, built with one version's
+classes (`broker.handlers.responses`, mostly the newest), which mypy checks field by
+field; `protocol.api.at_version` converts it to the request's version and refuses
+anything that is not a response of that API. The share-group handlers still answer a
+mapping (`protocol.api.LegacyResponse`), built by `protocol.api.build_response`.
 """
 
 from __future__ import annotations
