@@ -288,3 +288,36 @@ def test_a_lazy_module_is_imported_when_an_attribute_is_first_read() -> None:
         "print(before, name in sys.modules)\n"
     )
     assert run_fresh(script) == "False True"
+
+
+def test_convert_builds_nested_entities_of_the_target_version() -> None:
+    v18, v16 = api.response_class(1, 18), api.response_class(1, 16)
+    leader = {"leader_id": 3, "leader_epoch": 7}
+    body = api.build_response(
+        1,
+        18,
+        {
+            "responses": [
+                {
+                    "topic_id": uuid.uuid4(),
+                    "partitions": [
+                        {"partition_index": 0, "records": b"r", "aborted_transactions": None},
+                        {"partition_index": 1, "current_leader": leader},
+                    ],
+                }
+            ]
+        },
+    )
+    assert type(body) is v18
+    converted = api.convert(body, v16)
+    default, moved = converted.responses[0].partitions
+    for partition in (default, moved):
+        assert type(partition).__module__ == v16.__module__
+        assert type(partition.current_leader).__module__ == v16.__module__
+    # A nested entity at its schema default becomes the target's default; one with
+    # values is converted.
+    assert default.current_leader is type(default).__dataclass_fields__["current_leader"].default
+    assert (moved.current_leader.leader_id, moved.current_leader.leader_epoch) == (3, 7)
+    assert (default.records, default.aborted_transactions) == (b"r", None)
+    _, decoded = api.decode_response(1, 16, api.encode_response(1, 16, 1, converted)[4:])
+    assert decoded == converted
