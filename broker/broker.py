@@ -24,7 +24,8 @@ from broker.logs import LogManager, Partition
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
 from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
 from broker.share.fetch import ShareFetchService
-from broker.share.manager import LogPartition, SharePartitionManager
+from broker.share.manager import SharePartitionManager
+from broker.share.reader import LogPartition
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata

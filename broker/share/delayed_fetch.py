@@ -17,8 +17,9 @@ from typing import Protocol
 
 from broker import trace
 from broker.logs import Partition, Subscribable, Wakeup
-from broker.share.manager import AckBatches, AckOutcome, FetchedPartition, SharePartitionManager
+from broker.share.manager import AckBatches, AckOutcome, SharePartitionManager
 from broker.share.partition import AcquiredRange, ShareAcquireMode
+from broker.share.reader import FetchedPartition
 from broker.share.session import ShareSession, ShareSessionCache, TopicIdPartition
 from coordinator.share_state import ShareStateKey
 from persister.clock import Clock

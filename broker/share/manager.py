@@ -1,18 +1,21 @@
 """The share-partition leader runtime: owns the `SharePartition`s of every share group.
 
 It loads a share partition's state from the persister the first time it is used
-(resolving `share.auto.offset.reset` when the state has no start offset yet), reads
-log batches for acquisition, persists every durable change before the caller
-answers, fires acquisition-lock timeouts, unloads idle partitions, and wakes parked
-share fetches when records become available again.
+(resolving `share.auto.offset.reset` when the state has no start offset yet), applies a
+request's acknowledgements and acquisitions across its partitions, releases a leaving
+member's records, unloads idle partitions, and wakes parked share fetches when records
+become available again. Its parts, each in its own module:
 
-Every change of a share partition is two-phase: the core applies it in memory, the
-manager writes its StateUpdate through the persister, then commits it, or rolls it
-back when the write fails, so memory is never ahead of the share coordinator. Changes
-of one share partition are serialized (one lock per partition held from the call into
-the core until commit or rollback), so none is built on one that may yet be undone; a
-fetch only try-acquires those locks and skips a busy partition, and every other wait for
-one is bounded (`broker.share.locks`), so no request waits on another for ever.
+- `broker.share.locks`: one change of a share partition at a time; a fetch only
+  try-acquires (Kafka's maybeAcquireFetchLock), every other wait is bounded, so no
+  request waits on another for ever.
+- `broker.share.state_writer`: every change is two-phase, applied in memory, written
+  through the persister, then committed or rolled back, so memory is never ahead of the
+  share coordinator; one request's changes over many partitions are one write (one fsync).
+- `broker.share.reader`: log batches read and acquired for a fetch, handed out once
+  durable in their log.
+- `broker.share.expiry`: acquisition-lock timeouts on the clock.
+
 An acquisition alone changes nothing durable (KIP-932: the Acquired state is transient)
 and commits at once: a ShareFetch writes only the acknowledgements it carries.
 Time comes from an injected `Clock`.
@@ -21,34 +24,42 @@ Time comes from an injected `Clock`.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
 from broker import trace
 from broker.metrics import ShareMetrics
+from broker.share.expiry import LockExpiry
 from broker.share.locks import FetchLocks
 from broker.share.partition import (
     NO_CHANGE,
-    AcquiredRange,
-    PendingChange,
     ReleaseResult,
     ShareAcquireMode,
     SharePartition,
     SharePartitionConfig,
 )
+from broker.share.reader import (
+    AcquisitionReader,
+    Prepared,
+)
+from broker.share.reader import FetchedPartition as FetchedPartition
+from broker.share.reader import LogPartition as LogPartition
+from broker.share.state_writer import (
+    LEADER_EPOCH,
+    PendingWrite,
+    StateWriter,
+    reraise_as,
+)
+from broker.share.state_writer import persister_error as persister_error
 from broker.tasks import guarded, spawn
 from coordinator.group_config import GroupConfig
-from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import Persister, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
-from persister.txn_index import AbortedTxn, aborted_batch_ranges
 from protocol.errors import ErrorCode, KafkaError
-from protocol.records import iter_batches
 
 log = structlog.get_logger("spool.share")
 
@@ -57,15 +68,6 @@ Listener = Callable[[], None]
 AckBatches = list[tuple[int, int, tuple[int, ...]]]
 # An acknowledgement's outcome: error code and message.
 AckOutcome = tuple[ErrorCode, str | None]
-# Kafka's leader epoch for share state writes; spool is one node and never changes leader.
-LEADER_EPOCH = 0
-# Bytes read from one partition's log per share fetch, like Kafka's default
-# max.partition.fetch.bytes: a fetch needs only MaxRecords records, and reading (and
-# parsing the batch headers of) the whole MaxBytes would make every fetch cost as much
-# as the backlog.
-PARTITION_READ_BYTES = 1024 * 1024
-# How long a fetch waits for records it acquired before their log fsync finished.
-DURABLE_WAIT_S = 30.0
 # A share partition holding no acquired records and unused this long is unloaded; its
 # state is durable and is read back on next use, so memory follows the active ones.
 IDLE_UNLOAD_MS = 60_000
@@ -81,111 +83,12 @@ EXPIRY_RETRY_BACKOFF_MS = 1_000
 # Past it an acknowledgement fails with REQUEST_TIMED_OUT and its records stay acquired.
 LOCK_WAIT_MS = 5_000
 
-# Share coordinator errors after which the leader's view of the partition cannot be trusted:
-# it is dropped and read afresh on next use (Kafka's fencedSharePartitionHandler).
-_FENCED = frozenset({ErrorCode.fenced_state_epoch, ErrorCode.fenced_leader_epoch})
-_DROP_STATE = frozenset(
-    {
-        ErrorCode.not_leader_or_follower,
-        ErrorCode.group_id_not_found,
-        ErrorCode.unknown_topic_or_partition,
-    }
-)
-_PASSED_ON = frozenset(
-    {
-        ErrorCode.kafka_storage_error,
-        ErrorCode.not_leader_or_follower,
-        ErrorCode.group_id_not_found,
-        ErrorCode.unknown_topic_or_partition,
-    }
-)
-_COORDINATOR_UNAVAILABLE = frozenset(
-    {
-        ErrorCode.not_coordinator,
-        ErrorCode.coordinator_not_available,
-        ErrorCode.coordinator_load_in_progress,
-    }
-)
-
-
-def persister_error(exc: Exception) -> KafkaError:
-    """What a share client is told when the share coordinator failed a call.
-
-    As Kafka's SharePartition.fetchPersisterError: a fenced state or leader epoch becomes
-    NOT_LEADER_OR_FOLLOWER (the client refreshes metadata and retries), coordinator errors
-    COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND and UNKNOWN_TOPIC_OR_PARTITION stay, and
-    any other code is UNKNOWN_SERVER_ERROR (it is no fault of the client's request). A failed
-    durable write (KAFKA_STORAGE_ERROR, or an OSError reaching us raw) is KAFKA_STORAGE_ERROR.
-    """
-    if isinstance(exc, KafkaError):
-        if exc.code in _FENCED:
-            return KafkaError(
-                ErrorCode.not_leader_or_follower,
-                f"share-partition state was fenced ({exc.code.name}): {exc.message or ''}",
-            )
-        if exc.code in _COORDINATOR_UNAVAILABLE:
-            return KafkaError(ErrorCode.coordinator_not_available, exc.message)
-        if exc.code in _PASSED_ON:
-            return exc
-        return KafkaError(
-            ErrorCode.unknown_server_error,
-            f"share coordinator failed with {exc.code.name}: {exc.message or ''}",
-        )
-    if isinstance(exc, OSError):
-        return KafkaError(
-            ErrorCode.kafka_storage_error, f"share-state write failed: {exc.strerror or exc}"
-        )
-    return KafkaError(ErrorCode.unknown_server_error, "share-state write failed: server error")
-
-
-def _reraise_as(error: KafkaError, cause: Exception) -> NoReturn:
-    if error is cause:
-        raise error
-    raise error from cause
-
-
-class LogPartition(Protocol):
-    """What the manager needs of a topic partition (broker.logs.Partition)."""
-
-    topic: str
-    index: int
-
-    @property
-    def log_start_offset(self) -> int: ...
-    @property
-    def high_watermark(self) -> int: ...
-    @property
-    def last_stable_offset(self) -> int: ...
-    @property
-    def log_end_offset(self) -> int: ...
-
-    def read(
-        self,
-        offset: int,
-        max_bytes: int,
-        *,
-        committed_only: bool = False,
-        beyond_high_watermark: bool = False,
-    ) -> bytes: ...
-    async def wait_durable(
-        self, last_offset: int, timeout_s: float, *, delivery: bool = False
-    ) -> None: ...
-    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]: ...
-
 
 class GroupConfigs(Protocol):
     def config(self, group_id: str) -> GroupConfig: ...
     async def ensure_initialized(
         self, group_id: str, topic_id: uuid.UUID, partition: int
     ) -> None: ...
-
-
-@dataclass(slots=True)
-class FetchedPartition:
-    records: bytes = b""
-    acquired: list[AcquiredRange] = field(default_factory=list)
-    error_code: ErrorCode = ErrorCode.none
-    error_message: str | None = None
 
 
 def partition_config(config: GroupConfig) -> SharePartitionConfig:
@@ -227,29 +130,46 @@ class SharePartitionManager:
         self.lock_wait_ms = lock_wait_ms
         self._locks: FetchLocks[ShareStateKey] = FetchLocks(clock, on_free=self._notify)
         self._listeners: dict[ShareStateKey, set[Listener]] = {}
-        # Lock-expiry wake-ups: a heap of (at_ms, key), and per key the earliest one queued.
-        self._deadlines: list[tuple[int, ShareStateKey]] = []
-        self._armed: dict[ShareStateKey, int] = {}
-        self._timer: Timer | None = None
-        self._timer_at: int | None = None
         self._sweep_timer: Timer | None = None
         self._background: set[asyncio.Future[Any]] = set()
         self._last_used: dict[ShareStateKey, int] = {}
         self._stopped = False
+        self.reader = AcquisitionReader(log_partition, clock, self.metrics)
+        self.writer = StateWriter(persister, self._topic_name, self._unload)
+        self.expiry = LockExpiry(
+            clock=clock,
+            partitions=self.partitions,
+            locks=self._locks,
+            writer=self.writer,
+            metrics=self.metrics,
+            notify=self._notify,
+            spawn=self._spawn,
+            topic_name=self._topic_name,
+            lock_wait_ms=lock_wait_ms,
+            retry_backoff_ms=expiry_retry_backoff_ms,
+        )
 
     def start(self) -> None:
         """Start the idle-unload sweep (lock-expiry timers start as records are acquired)."""
         self._stopped = False
+        self.expiry.start()
         self._schedule_sweep()
 
     def stop(self) -> None:
         self._stopped = True
-        for timer in (self._timer, self._sweep_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._timer_at = self._sweep_timer = None
+        self.expiry.stop()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+        self._sweep_timer = None
         for task in list(self._background):
             task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        spawn(coro, what=what, tasks=self._background)
+
+    async def expire_locks(self) -> None:
+        """Release the records of every acquisition lock that is due (`LockExpiry`)."""
+        await self.expiry.expire_locks()
 
     async def settle(self) -> None:
         """Wait until the background work started so far (lock expiry) has finished."""
@@ -257,119 +177,6 @@ class SharePartitionManager:
             await asyncio.gather(*pending, return_exceptions=True)
 
     # -- serialization and persistence ------------------------------------------------
-
-    async def _write(
-        self,
-        key: ShareStateKey,
-        sp: SharePartition,
-        change: PendingChange,
-        operation: str,
-        **context: object,
-    ) -> None:
-        """Persist `change` and commit it; on failure roll it back and raise the KafkaError
-        the client gets (the partition is dropped when its state was fenced)."""
-        update = change.state_update
-        if update is None:
-            change.commit()
-            return
-        if trace.ENABLED:
-            trace.event("state_write", partitions=1, operation=operation)
-        try:
-            await self.persister.write_state(
-                key,
-                sp.state_epoch,
-                LEADER_EPOCH,
-                update.start_offset,
-                update.state_batches,
-                delivery_complete_count=update.delivery_complete_count,
-            )
-        except BaseException as exc:
-            # Memory must not run ahead of the share coordinator: undo, whatever went wrong
-            # (a cancelled caller included, or the partition would stay locked forever).
-            change.rollback()
-            if not isinstance(exc, Exception):
-                raise
-            _reraise_as(self._failed(key, sp, operation, exc, context), exc)
-        change.commit()
-
-    async def _write_many(self, writes: list[_Write]) -> list[KafkaError | None]:
-        """Persist several partitions' changes as one share-state write (one append, one
-        fsync) and commit each; on failure roll each back. Per change, the KafkaError the
-        client gets or None. The caller holds every partition's lock."""
-        todo = [w for w in writes if w.change.state_update is not None]
-        for w in writes:
-            if w.change.state_update is None:
-                w.change.commit()
-        if not todo:
-            return [None] * len(writes)
-        if len(todo) == 1:
-            # One partition: the plain path (and any persister double's write_state).
-            w = todo[0]
-            try:
-                await self._write(w.key, w.sp, w.change, w.operation, **w.context)
-            except KafkaError as exc:
-                return [exc if x is w else None for x in writes]
-            return [None] * len(writes)
-        state_writes = []
-        for w in todo:
-            update = w.change.state_update
-            assert update is not None
-            state_writes.append(
-                StateWrite(
-                    w.key,
-                    w.sp.state_epoch,
-                    LEADER_EPOCH,
-                    update.start_offset,
-                    update.state_batches,
-                    update.delivery_complete_count,
-                )
-            )
-        if trace.ENABLED:
-            trace.event("state_write", partitions=len(state_writes))
-        try:
-            outcomes = await write_states(self.persister, state_writes)
-        except BaseException:
-            # Memory must not run ahead of the share coordinator (a cancelled caller too).
-            for w in todo:
-                w.change.rollback()
-            raise
-        errors: dict[int, KafkaError] = {}
-        for w, outcome in zip(todo, outcomes, strict=True):
-            if outcome is None:
-                w.change.commit()
-                continue
-            w.change.rollback()
-            errors[id(w)] = self._failed(w.key, w.sp, w.operation, outcome, w.context)
-        return [errors.get(id(w)) for w in writes]
-
-    def _failed(
-        self,
-        key: ShareStateKey,
-        sp: SharePartition | None,
-        operation: str,
-        exc: Exception,
-        context: dict[str, object],
-        event: str = "share_state_write_failed",
-    ) -> KafkaError:
-        """Log a failed share coordinator call with its context; the error for the client."""
-        error = persister_error(exc)
-        # A fenced epoch is the share coordinator doing its job; anything else is a failure.
-        emit = log.warning if error.code in _DROP_STATE else log.error
-        emit(
-            event,
-            group=key.group_id,
-            topic=self._topic_name(key),
-            topic_id=str(key.topic_id),
-            partition=key.partition,
-            operation=operation,
-            error=error.code.name,
-            reason=error.message,
-            **context,
-            exc_info=None if isinstance(exc, KafkaError | OSError) else exc,
-        )
-        if error.code in _DROP_STATE:
-            self._unload(key, sp)
-        return error
 
     def _unload(self, key: ShareStateKey, sp: SharePartition | None) -> None:
         """Forget a share partition whose state was fenced: the next use reads it afresh."""
@@ -399,10 +206,12 @@ class SharePartitionManager:
             try:
                 sp = await self._load(key)
             except KafkaError as exc:
-                _reraise_as(persister_error(exc), exc)
+                reraise_as(persister_error(exc), exc)
             except Exception as exc:
-                failed = self._failed(key, None, "load", exc, {}, event="share_state_read_failed")
-                _reraise_as(failed, exc)
+                failed = self.writer.failed(
+                    key, None, "load", exc, {}, event="share_state_read_failed"
+                )
+                reraise_as(failed, exc)
             self.partitions[key] = sp
         self._last_used[key] = self.clock.now_ms()
         return sp
@@ -428,7 +237,7 @@ class SharePartitionManager:
         )
         if not sp.initialized:
             start = self._reset_offset(config, log_part)
-            await self._write(key, sp, sp.initialize(start), "initialize")
+            await self.writer.write(key, sp, sp.initialize(start), "initialize")
             log.info(
                 "share_partition_initialized",
                 group=key.group_id,
@@ -537,7 +346,7 @@ class SharePartitionManager:
         held, busy = await self._locks.ordered(acks, self.lock_wait_ms)
         for key in busy:
             ack_results[key] = _busy(key, self.lock_wait_ms)
-        prepared: list[_Prepared] = []
+        prepared: list[Prepared] = []
         try:
             for key in list(keys) + [key for key in held if key not in fetching]:
                 if key in busy:
@@ -553,9 +362,9 @@ class SharePartitionManager:
                 )
                 if p is not None:
                     prepared.append(p)
-            outcomes = await self._write_many(
+            outcomes = await self.writer.write_many(
                 [
-                    _Write(p.key, p.sp, p.change, p.operation, {"member": member_id})
+                    PendingWrite(p.key, p.sp, p.change, p.operation, {"member": member_id})
                     for p in prepared
                 ]
             )
@@ -574,7 +383,7 @@ class SharePartitionManager:
         # The locks are let go: fetches parked on these partitions may take them.
         for key in released:
             self._notify(key)
-        await self._until_durable(fetched)
+        await self.reader.until_durable(fetched)
         return ack_results, fetched
 
     async def _prepare(
@@ -588,7 +397,7 @@ class SharePartitionManager:
         ack_results: dict[ShareStateKey, AckOutcome],
         fetched: dict[ShareStateKey, FetchedPartition],
         mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
-    ) -> _Prepared | None:
+    ) -> Prepared | None:
         """A partition's part of the request in memory, under its lock: the member's
         acknowledgements, then an acquisition stacked on them. None when there is nothing
         to write or report (its outcome, a failed load or a refusal, is given already)."""
@@ -600,51 +409,20 @@ class SharePartitionManager:
             if key in fetching:
                 fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
             return None
-        prepared = _Prepared(key, sp, NO_CHANGE)
+        prepared = Prepared(key, sp, NO_CHANGE)
         if key in acks:
             self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
         if key in fetching and budget[0] > 0 and budget[1] > 0:
-            await self._prepare_acquire(prepared, member_id, budget, batch_size, fetched, mode)
+            await self.reader.prepare_acquire(
+                prepared, member_id, budget, batch_size, fetched, mode
+            )
         if prepared.change is NO_CHANGE and prepared.acquired is None and not prepared.acknowledged:
             return None
         return prepared
 
-    async def _until_durable(self, fetched: dict[ShareStateKey, FetchedPartition]) -> None:
-        """Return once every record handed out is durable in its log.
-
-        A fetch acquires records as soon as they are appended, so that its work (and the
-        write of any acknowledgements it carries) is done while the records' own fsync
-        runs; nothing is handed out before the high watermark has passed it. When the
-        log's fsync failed, the partition answers with the error and its records stay
-        acquired until their lock expires. Records are counted as acquired (metrics)
-        when they are handed out."""
-        for key, got in fetched.items():
-            if not got.acquired:
-                continue
-            log_part = self.log_partition(key.topic_id, key.partition)
-            last = got.acquired[-1].last_offset
-            if log_part is None or log_part.high_watermark > last:
-                self.metrics.acquired(key, got.acquired)
-                continue
-            try:
-                await log_part.wait_durable(last, DURABLE_WAIT_S, delivery=True)
-            except KafkaError as exc:
-                log.error(
-                    "acquired_records_not_durable",
-                    group=key.group_id,
-                    topic=log_part.topic,
-                    partition=key.partition,
-                    last_offset=last,
-                    error=exc.code.name,
-                    reason=exc.message,
-                )
-                fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
-            else:
-                self.metrics.acquired(key, got.acquired)
-
     def _written(
         self,
-        p: _Prepared,
+        p: Prepared,
         error: KafkaError | None,
         acks: Mapping[ShareStateKey, AckBatches],
         ack_results: dict[ShareStateKey, AckOutcome],
@@ -664,87 +442,8 @@ class SharePartitionManager:
         if p.acknowledged:
             self._acknowledged(p, acks[p.key], ack_results, released)
         if p.acquired is not None:
-            fetched[p.key] = self._acquired(p.key, p)
-        self._arm(p.key, p.sp)
-
-    async def _prepare_acquire(
-        self,
-        prepared: _Prepared,
-        member_id: str,
-        budget: list[int],
-        batch_size: int,
-        fetched: dict[ShareStateKey, FetchedPartition],
-        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
-    ) -> None:
-        """Acquire in memory (not yet durable) on top of `prepared.change`, holding the
-        partition's lock; spends `budget` ([records, bytes]). What the fetch got without
-        a write to wait for goes straight into `fetched`."""
-        key, sp = prepared.key, prepared.sp
-        log_part = self.log_partition(key.topic_id, key.partition)
-        if log_part is None:
-            fetched[key] = FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
-            return
-        # Retention or DeleteRecords moved the log start: SPSO follows first.
-        sp.stack_on(prepared.change)
-        prepared.change = sp.update_log_start_offset(log_part.log_start_offset)
-        if not sp.can_acquire():
-            fetched[key] = FetchedPartition()
-            return
-        committed_only = sp.config.isolation_level == "read_committed"
-        # read_uncommitted acquires up to the log end: handed out once durable (see
-        # `_until_durable`), the fetch's work overlaps the records' fsync.
-        upper = log_part.last_stable_offset if committed_only else log_part.log_end_offset
-        offset = sp.next_fetch_offset()
-        if offset >= upper:
-            fetched[key] = FetchedPartition()
-            return
-        data = log_part.read(
-            offset,
-            max(min(budget[1], PARTITION_READ_BYTES), 1),
-            committed_only=committed_only,
-            beyond_high_watermark=not committed_only,
-        )
-        headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
-        if not headers:
-            fetched[key] = FetchedPartition()
-            return
-        # Control batches (transaction markers) are never delivered: archived as gaps; so
-        # are, for share.isolation.level=read_committed, the batches of aborted transactions.
-        gaps = [(h.base_offset, h.last_offset) for _, h in headers if h.is_control]
-        if committed_only:
-            aborted = log_part.aborted_transactions(offset, headers[-1][1].next_offset)
-            if aborted:
-                gaps = sorted(gaps + aborted_batch_ranges((h for _, h in headers), aborted))
-        sp.stack_on(prepared.change)
-        result = sp.acquire(
-            member_id,
-            [(h.base_offset, h.last_offset) for _, h in headers],
-            max_records=budget[0],
-            batch_size=batch_size,
-            now_ms=self.clock.now_ms(),
-            gaps=gaps,
-            mode=mode,
-        )
-        prepared.change = result.change
-        chunks = []
-        for pos, h in headers:
-            if any(
-                r.first_offset <= h.last_offset and r.last_offset >= h.base_offset
-                for r in result.acquired
-            ):
-                chunks.append(data[pos : pos + h.size])
-        prepared.acquired = result.acquired
-        prepared.records = b"".join(chunks)
-        prepared.operation = "acknowledge_and_acquire" if prepared.acknowledged else "acquire"
-        budget[0] -= result.record_count
-        budget[1] -= len(prepared.records)
-
-    def _acquired(self, key: ShareStateKey, p: _Prepared) -> FetchedPartition:
-        """An acquisition now committed, to hand out once its records are durable (the
-        caller arms the partition's lock timer once for the whole change)."""
-        if not p.acquired:
-            return FetchedPartition()
-        return FetchedPartition(records=p.records, acquired=list(p.acquired))
+            fetched[p.key] = self.reader.acquired(p.key, p)
+        self.expiry.arm(p.key, p.sp)
 
     # -- acknowledge --------------------------------------------------------------
 
@@ -773,7 +472,7 @@ class SharePartitionManager:
 
     def _prepare_acknowledge(
         self,
-        prepared: _Prepared,
+        prepared: Prepared,
         batches: AckBatches,
         member_id: str,
         results: dict[ShareStateKey, AckOutcome],
@@ -809,7 +508,7 @@ class SharePartitionManager:
 
     def _acknowledged(
         self,
-        prepared: _Prepared,
+        prepared: Prepared,
         batches: AckBatches,
         results: dict[ShareStateKey, AckOutcome],
         released: list[ShareStateKey],
@@ -840,7 +539,7 @@ class SharePartitionManager:
         for key in busy:
             self._release_busy(key, member_id)
         now = self.clock.now_ms()
-        changes: list[tuple[_Write, ReleaseResult]] = []
+        changes: list[tuple[PendingWrite, ReleaseResult]] = []
         notify: list[ShareStateKey] = []
         released = 0
         try:
@@ -850,8 +549,10 @@ class SharePartitionManager:
                     continue
                 result = sp.release_member(member_id, now)
                 context: dict[str, object] = {"member": member_id}
-                changes.append((_Write(key, sp, result.change, "release_member", context), result))
-            outcomes = await self._write_many([w for w, _ in changes])
+                changes.append(
+                    (PendingWrite(key, sp, result.change, "release_member", context), result)
+                )
+            outcomes = await self.writer.write_many([w for w, _ in changes])
         except BaseException:
             for w, _ in changes:
                 if w.change.pending:
@@ -939,111 +640,6 @@ class SharePartitionManager:
             self._last_used.pop(key, None)
             self._notify(key)
 
-    # -- acquisition lock timeouts ---------------------------------------------------
-
-    def _arm(self, key: ShareStateKey, sp: SharePartition) -> None:
-        deadline = sp.next_lock_deadline()
-        if deadline is not None:
-            self._wake_at(key, deadline)
-
-    def _wake_at(self, key: ShareStateKey, at_ms: int) -> None:
-        """Look at `key`'s locks at `at_ms` (unless a wake-up at or before it is queued)."""
-        armed = self._armed.get(key)
-        if armed is not None and armed <= at_ms:
-            return
-        self._armed[key] = at_ms
-        heapq.heappush(self._deadlines, (at_ms, key))
-        if self._timer_at is None or at_ms < self._timer_at:
-            self._schedule(at_ms)
-
-    def _schedule(self, at_ms: int) -> None:
-        if self._stopped:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at_ms
-        self._timer = self.clock.call_at(
-            at_ms, guarded(self._on_timer, what="share_lock_expiry_timer")
-        )
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        self._spawn(self.expire_locks(), "share_lock_expiry")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], what: str, **context: object) -> None:
-        spawn(coro, what=what, tasks=self._background, **context)
-
-    async def expire_locks(self) -> None:
-        """Release the records of every lock that is due; a partition whose write fails is
-        tried again `expiry_retry_backoff_ms` later."""
-        try:
-            now = self.clock.now_ms()
-            due: dict[ShareStateKey, None] = {}
-            while self._deadlines and self._deadlines[0][0] <= now:
-                at_ms, key = heapq.heappop(self._deadlines)
-                if self._armed.get(key) == at_ms:
-                    del self._armed[key]
-                due[key] = None
-            for key in due:
-                try:
-                    await self._expire(key)
-                except Exception:
-                    # A bug, not a failed write (_expire handles those): keep the other
-                    # partitions' expiry going, and look at this one again later.
-                    log.exception(
-                        "share_lock_expiry_failed",
-                        group=key.group_id,
-                        topic=self._topic_name(key),
-                        partition=key.partition,
-                    )
-                    self._wake_at(key, self.clock.now_ms() + self.expiry_retry_backoff_ms)
-        finally:
-            if self._deadlines and (
-                self._timer_at is None or self._deadlines[0][0] < self._timer_at
-            ):
-                self._schedule(self._deadlines[0][0])
-
-    async def _expire(self, key: ShareStateKey) -> None:
-        if not await self._locks.acquire(key, self.lock_wait_ms):
-            # Another request kept the partition busy all along: look again shortly.
-            self._wake_at(key, self.clock.now_ms() + self.expiry_retry_backoff_ms)
-            return
-        try:
-            sp = self.partitions.get(key)
-            if sp is None:
-                return
-            now = self.clock.now_ms()
-            deadline = sp.next_lock_deadline()
-            if deadline is None:
-                return
-            if deadline > now:
-                self._wake_at(key, deadline)
-                return
-            result = sp.expire_locks(now)
-            try:
-                await self._write(key, sp, result.change, "lock_expiry")
-            except KafkaError:
-                # Logged by _write. The records stay acquired past their deadline until a
-                # write succeeds; a fenced partition was dropped and needs no retry.
-                if self.partitions.get(key) is sp:
-                    self._wake_at(key, now + self.expiry_retry_backoff_ms)
-                return
-            self.metrics.locks_expired(key, result.released, _count(result.archived))
-            self._arm(key, sp)
-        finally:
-            self._locks.release(key)
-        if result.available or result.archived:
-            log.info(
-                "acquisition_locks_expired",
-                group=key.group_id,
-                topic_id=str(key.topic_id),
-                partition=key.partition,
-                available=result.released,
-                archived=_count(result.archived),
-            )
-            self._notify(key)
-
     # -- wake-ups for parked share fetches -----------------------------------------
 
     def add_listener(self, key: ShareStateKey, listener: Listener) -> None:
@@ -1063,32 +659,6 @@ class SharePartitionManager:
     def _notify(self, key: ShareStateKey) -> None:
         for listener in list(self._listeners.get(key, ())):
             listener()
-
-
-@dataclass(slots=True, eq=False)
-class _Write:
-    """A share partition's pending change, to persist with others (`_write_many`)."""
-
-    key: ShareStateKey
-    sp: SharePartition
-    change: PendingChange
-    operation: str
-    context: dict[str, object]
-
-
-@dataclass(slots=True, eq=False)
-class _Prepared:
-    """A partition's part of a request, applied in memory, its change not yet durable:
-    acknowledgements and/or an acquisition (stacked into one change) and its batches."""
-
-    key: ShareStateKey
-    sp: SharePartition
-    change: PendingChange
-    operation: str = "acquire"
-    acknowledged: bool = False
-    released: int = 0  # records the acknowledgements made AVAILABLE again
-    acquired: tuple[AcquiredRange, ...] | None = None  # None: nothing was acquired
-    records: bytes = b""
 
 
 def _busy(key: ShareStateKey, waited_ms: int) -> AckOutcome:

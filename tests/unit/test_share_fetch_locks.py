@@ -136,7 +136,8 @@ async def test_an_acknowledgement_of_a_partition_busy_too_long_fails_with_reques
     assert code == ErrorCode.request_timed_out and message and "busy" in message
     assert await holder == (ErrorCode.none, None)
     # Not applied, not lost: 5-9 are still "m"'s, to acknowledge again.
-    assert mgr.partitions[X].record_state(5).state == Q
+    still = mgr.partitions[X].record_state(5)
+    assert still is not None and still.state == Q
     assert await mgr.acknowledge(X, "m", [(5, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     mgr.stop()
 
