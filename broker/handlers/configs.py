@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import structlog
+from kio.static.primitive import i8
 
 from broker.cluster import MetadataStore, Record, Topic
 from broker.config import (
@@ -17,6 +18,8 @@ from broker.config import (
     format_value,
     parse_value,
 )
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import validate_topic_configs
 from broker.logs import LogManager
 from broker.server import RequestContext
@@ -59,19 +62,31 @@ class _Detail(NamedTuple):
     documentation: bool  # v3+
 
 
+if TYPE_CHECKING:
+    # For annotations only: reading them at import would load the schema module.
+    Described = resp.describe_configs_v4.DescribeConfigsResourceResult
+    Synonym = resp.describe_configs_v4.DescribeConfigsSynonym
+
+
+def _synonym(name: str, value: str | None, source: int) -> Synonym:
+    return resp.describe_configs_v4.DescribeConfigsSynonym(
+        name=name, value=value, source=i8(source)
+    )
+
+
 def _entry(
-    key: ConfigDef, value: Any, source: int, synonyms: list[dict[str, Any]], detail: _Detail
-) -> dict[str, Any]:
-    return {
-        "name": key.name,
-        "value": format_value(value),
-        "read_only": key.read_only,
-        "config_source": source,
-        "is_sensitive": False,
-        "synonyms": synonyms if detail.synonyms else [],
-        "config_type": key.type,
-        "documentation": key.doc if detail.documentation else None,
-    }
+    key: ConfigDef, value: Any, source: int, synonyms: list[Synonym], detail: _Detail
+) -> Described:
+    return resp.describe_configs_v4.DescribeConfigsResourceResult(
+        name=key.name,
+        value=format_value(value),
+        read_only=key.read_only,
+        config_source=i8(source),
+        is_sensitive=False,
+        synonyms=tuple(synonyms) if detail.synonyms else (),
+        config_type=i8(key.type),
+        documentation=key.doc if detail.documentation else None,
+    )
 
 
 def apply_ops(
@@ -124,7 +139,7 @@ def _check_broker_name(broker: ConfigsBroker, name: str) -> None:
         )
 
 
-def _describe_topic(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+def _describe_topic(broker: ConfigsBroker, name: str, detail: _Detail) -> list[Described]:
     topic = broker.metadata.state.topics.get(name)
     if topic is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name!r} does not exist")
@@ -134,9 +149,7 @@ def _describe_topic(broker: ConfigsBroker, name: str, detail: _Detail) -> list[d
         synonyms = []
         if config in topic.configs:
             source = SOURCE_DYNAMIC_TOPIC
-            synonyms.append(
-                {"name": config, "value": topic.configs[config], "source": SOURCE_DYNAMIC_TOPIC}
-            )
+            synonyms.append(_synonym(config, topic.configs[config], SOURCE_DYNAMIC_TOPIC))
         else:
             source = SOURCE_DEFAULT
         if key.broker_synonym:
@@ -145,68 +158,62 @@ def _describe_topic(broker: ConfigsBroker, name: str, detail: _Detail) -> list[d
                 if config not in topic.configs:
                     source = bsrc
                 synonyms.append(
-                    {
-                        "name": key.broker_synonym,
-                        "value": format_value(broker.config.get(key.broker_synonym)),
-                        "source": bsrc,
-                    }
+                    _synonym(
+                        key.broker_synonym,
+                        format_value(broker.config.get(key.broker_synonym)),
+                        bsrc,
+                    )
                 )
             synonyms.append(
-                {
-                    "name": key.broker_synonym,
-                    "value": format_value(BROKER_KEYS[key.broker_synonym].default),
-                    "source": SOURCE_DEFAULT,
-                }
+                _synonym(
+                    key.broker_synonym,
+                    format_value(BROKER_KEYS[key.broker_synonym].default),
+                    SOURCE_DEFAULT,
+                )
             )
         out.append(_entry(key, settings[config], source, synonyms, detail))
     return out
 
 
-def _describe_broker(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+def _describe_broker(broker: ConfigsBroker, name: str, detail: _Detail) -> list[Described]:
     _check_broker_name(broker, name)
     out = []
     for config, key in sorted(BROKER_KEYS.items()):
         source = broker.config.source(config)
-        synonyms = [
-            {"name": config, "value": format_value(broker.config.get(config)), "source": source}
-        ]
+        synonyms = [_synonym(config, format_value(broker.config.get(config)), source)]
         out.append(_entry(key, broker.config.get(config), source, synonyms, detail))
     return out
 
 
-def _describe_group(broker: ConfigsBroker, name: str, detail: _Detail) -> list[dict[str, Any]]:
+def _describe_group(broker: ConfigsBroker, name: str, detail: _Detail) -> list[Described]:
     if not name:
         raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
     out = []
     for e in broker.groups.configs.describe(name):
         out.append(
-            {
-                "name": e.name,
-                "value": e.value,
-                "read_only": False,
-                "config_source": e.source,
-                "is_sensitive": False,
-                "synonyms": [{"name": e.name, "value": e.value, "source": e.source}]
-                if detail.synonyms
-                else [],
-                "config_type": e.type,
-                "documentation": e.doc if detail.documentation else None,
-            }
+            resp.describe_configs_v4.DescribeConfigsResourceResult(
+                name=e.name,
+                value=e.value,
+                read_only=False,
+                config_source=i8(e.source),
+                is_sensitive=False,
+                synonyms=(_synonym(e.name, e.value, e.source),) if detail.synonyms else (),
+                config_type=i8(e.type),
+                documentation=e.doc if detail.documentation else None,
+            )
         )
     return out
 
 
 async def describe_configs(
     ctx: RequestContext, req: DescribeConfigsRequest, broker: ConfigsBroker
-) -> dict[str, Any]:
+) -> resp.describe_configs_v4.DescribeConfigsResponse:
+    m = resp.describe_configs_v4
     detail = _Detail(req.include_synonyms, getattr(req, "include_documentation", False))
     results = []
     for res in req.resources:
-        entry: dict[str, Any] = {
-            "resource_type": res.resource_type,
-            "resource_name": res.resource_name,
-            "error_code": ErrorCode.none,
-        }
+        configs: list[Described] = []
+        code, message = ErrorCode.none, None
         try:
             if res.resource_type == TOPIC:
                 configs = _describe_topic(broker, res.resource_name, detail)
@@ -220,12 +227,19 @@ async def describe_configs(
                 )
             if res.configuration_keys is not None:
                 wanted = set(res.configuration_keys)
-                configs = [c for c in configs if c["name"] in wanted]
-            entry["configs"] = configs
+                configs = [c for c in configs if c.name in wanted]
         except KafkaError as exc:
-            entry.update(error_code=exc.code, error_message=exc.message)
-        results.append(entry)
-    return {"throttle_time": 0, "results": results}
+            configs, code, message = [], exc.code, exc.message
+        results.append(
+            m.DescribeConfigsResult(
+                error_code=code,
+                error_message=message,
+                resource_type=res.resource_type,
+                resource_name=res.resource_name,
+                configs=tuple(configs),
+            )
+        )
+    return m.DescribeConfigsResponse(throttle_time=NO_THROTTLE, results=tuple(results))
 
 
 async def _alter_topic(
@@ -279,14 +293,11 @@ async def _alter_broker(
 
 async def incremental_alter_configs(
     ctx: RequestContext, req: IncrementalAlterConfigsRequest, broker: ConfigsBroker
-) -> dict[str, Any]:
+) -> resp.incremental_alter_configs_v1.IncrementalAlterConfigsResponse:
+    m = resp.incremental_alter_configs_v1
     responses = []
     for res in req.resources:
-        entry: dict[str, Any] = {
-            "resource_type": res.resource_type,
-            "resource_name": res.resource_name,
-            "error_code": ErrorCode.none,
-        }
+        code, message = ErrorCode.none, None
         try:
             ops = [AlterConfigOp(c.name, c.config_operation, c.value) for c in res.configs]
             names = [op.name for op in ops]
@@ -306,9 +317,16 @@ async def incremental_alter_configs(
                     ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
                 )
         except KafkaError as exc:
-            entry.update(error_code=exc.code, error_message=exc.message)
-        responses.append(entry)
-    return {"throttle_time": 0, "responses": responses}
+            code, message = exc.code, exc.message
+        responses.append(
+            m.AlterConfigsResourceResponse(
+                error_code=code,
+                error_message=message,
+                resource_type=res.resource_type,
+                resource_name=res.resource_name,
+            )
+        )
+    return m.IncrementalAlterConfigsResponse(throttle_time=NO_THROTTLE, responses=tuple(responses))
 
 
 def apply_dynamic_broker_config(broker: ConfigsBroker) -> None:

@@ -7,9 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
+from kio.schema.types import TopicName
+from kio.static.primitive import i8, i16, i32
 
 from broker.cluster import MetadataStore, Record, Topic, validate_topic_name
 from broker.config import TOPIC_KEYS, BrokerConfig, format_value, parse_value
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.logs import LogManager
 from broker.server import RequestContext
 from protocol.errors import ErrorCode, KafkaError
@@ -51,6 +55,8 @@ class TopicsBroker(TopicStores, Protocol):
 
 
 MAX_PARTITIONS = 10_000
+# CreateTopics answers a topic it did not create with the zero id.
+ZERO_UUID = uuid.UUID(int=0)
 
 
 def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str]:
@@ -208,7 +214,7 @@ def _check_new_topic(broker: TopicsBroker, t: Any, seen: set[str]) -> tuple[int,
 
 async def create_topics(
     ctx: RequestContext, req: CreateTopicsRequest, broker: TopicsBroker
-) -> dict[str, Any]:
+) -> resp.create_topics_v7.CreateTopicsResponse:
     """The whole request is one metadata operation, as in Kafka's controller (one
     event, ReplicationControlManager.createTopics): each topic is checked against the
     state every earlier operation left, so of concurrent requests creating one name
@@ -247,35 +253,45 @@ async def create_topics(
         for i in created:
             outcomes[i] = exc
     await _undo_creations(broker, failed)
+    m = resp.create_topics_v7
     results = []
     for t, outcome in zip([t.name for t in req.topics], outcomes, strict=True):
-        result: dict[str, Any] = {"name": t, "error_code": ErrorCode.none}
         if isinstance(outcome, KafkaError):
-            result.update(
-                error_code=outcome.code,
-                error_message=outcome.message,
-                num_partitions=-1,
-                replication_factor=-1,
+            results.append(
+                m.CreatableTopicResult(
+                    name=t,
+                    topic_id=ZERO_UUID,
+                    error_code=outcome.code,
+                    error_message=outcome.message,
+                    num_partitions=i32(-1),
+                    replication_factor=i16(-1),
+                    configs=(),
+                )
             )
-        else:
-            settings = broker.logs.topic_settings(outcome.configs)
-            result.update(
+            continue
+        settings = broker.logs.topic_settings(outcome.configs)
+        results.append(
+            m.CreatableTopicResult(
+                name=t,
                 topic_id=None if req.validate_only else outcome.topic_id,
-                num_partitions=outcome.partitions,
-                replication_factor=1,
-                configs=[
-                    {
-                        "name": name,
-                        "value": format_value(settings[name]),
-                        "read_only": False,
-                        "config_source": 1 if name in outcome.configs else 5,
-                        "is_sensitive": False,
-                    }
+                error_code=ErrorCode.none,
+                error_message=None,
+                num_partitions=i32(outcome.partitions),
+                replication_factor=i16(1),
+                configs=tuple(
+                    m.CreatableTopicConfigs(
+                        name=name,
+                        value=format_value(settings[name]),
+                        read_only=False,
+                        # TOPIC_CONFIG (1) when set for the topic, else DEFAULT_CONFIG (5).
+                        config_source=i8(1 if name in outcome.configs else 5),
+                        is_sensitive=False,
+                    )
                     for name in sorted(TOPIC_KEYS)
-                ],
+                ),
             )
-        results.append(result)
-    return {"throttle_time": 0, "topics": results}
+        )
+    return m.CreateTopicsResponse(throttle_time=NO_THROTTLE, topics=tuple(results))
 
 
 def _by_id(req: DeleteTopicsRequest) -> TypeIs[DeleteTopicsByIdRequest]:
@@ -285,7 +301,7 @@ def _by_id(req: DeleteTopicsRequest) -> TypeIs[DeleteTopicsByIdRequest]:
 
 async def delete_topics(
     ctx: RequestContext, req: DeleteTopicsRequest, broker: TopicsBroker
-) -> dict[str, Any]:
+) -> resp.delete_topics_v6.DeleteTopicsResponse:
     """The whole request is one metadata operation: each name (or id) is resolved and
     its topic deleted in the turn that writes the deletion, so a DeleteTopics racing a
     CreateTopics of the name deletes the topic that exists at its turn, or answers
@@ -333,15 +349,23 @@ async def delete_topics(
         outcomes[:] = [o if isinstance(o, KafkaError) else exc for o in outcomes] or [
             exc for _ in wanted
         ]
+    m = resp.delete_topics_v6
     responses = []
     for (name, topic_id), outcome in zip(wanted, outcomes, strict=True):
-        entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none}
         if isinstance(outcome, KafkaError):
-            entry.update(error_code=outcome.code, error_message=outcome.message)
+            code, message = outcome.code, outcome.message
         else:
-            entry.update(name=outcome.name, topic_id=outcome.topic_id)
-        responses.append(entry)
-    return {"throttle_time": 0, "responses": responses}
+            code, message = ErrorCode.none, None
+            name, topic_id = outcome.name, outcome.topic_id
+        responses.append(
+            m.DeletableTopicResult(
+                name=None if name is None else TopicName(name),
+                topic_id=topic_id,
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return m.DeleteTopicsResponse(throttle_time=NO_THROTTLE, responses=tuple(responses))
 
 
 def _remove_deleted(broker: TopicsBroker, outcomes: list[Outcome]) -> None:
@@ -361,7 +385,7 @@ Growth = tuple[Topic, Topic] | KafkaError
 
 async def create_partitions(
     ctx: RequestContext, req: CreatePartitionsRequest, broker: TopicsBroker
-) -> dict[str, Any]:
+) -> resp.create_partitions_v3.CreatePartitionsResponse:
     """The whole request is one metadata operation, as Kafka's controller runs it (one
     event, ReplicationControlManager.createPartitions): the count is checked against
     the partitions the topic has at this request's turn, so of concurrent requests
@@ -415,13 +439,16 @@ async def create_partitions(
             exc for _ in req.topics
         ]
     await _undo_growths(broker, failed)
-    results = []
-    for name, outcome in zip(names, outcomes, strict=True):
-        entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.none}
-        if isinstance(outcome, KafkaError):
-            entry.update(error_code=outcome.code, error_message=outcome.message)
-        results.append(entry)
-    return {"throttle_time": 0, "results": results}
+    m = resp.create_partitions_v3
+    results = tuple(
+        m.CreatePartitionsTopicResult(
+            name=name, error_code=outcome.code, error_message=outcome.message
+        )
+        if isinstance(outcome, KafkaError)
+        else m.CreatePartitionsTopicResult(name=name, error_code=ErrorCode.none)
+        for name, outcome in zip(names, outcomes, strict=True)
+    )
+    return m.CreatePartitionsResponse(throttle_time=NO_THROTTLE, results=results)
 
 
 def _open_grown(

@@ -128,9 +128,18 @@ def _set_config(name: str, key: str, value: str) -> Any:
     return _request(resources=[resource], validate_only=False)
 
 
-def _code(answer: dict[str, Any]) -> ErrorCode:
-    (entry,) = answer.get("topics") or answer.get("results") or answer["responses"]
-    return ErrorCode(entry["error_code"])
+def _entries(answer: Any) -> Any:
+    """The per-topic (or per-resource) results of a CreateTopics, CreatePartitions,
+    DeleteTopics or IncrementalAlterConfigs response entity."""
+    for field in ("topics", "results", "responses"):
+        if hasattr(answer, field):
+            return getattr(answer, field)
+    raise AssertionError(f"no results in {answer!r}")
+
+
+def _code(answer: Any) -> ErrorCode:
+    (entry,) = _entries(answer)
+    return ErrorCode(entry.error_code)
 
 
 async def test_concurrent_creates_of_one_name_create_it_once(
@@ -140,12 +149,12 @@ async def test_concurrent_creates_of_one_name_create_it_once(
     answers = await asyncio.gather(*(create_topics(None, _create("t"), broker) for _ in range(N)))
     codes = sorted(_code(a) for a in answers)
     assert codes == [ErrorCode.none] + [ErrorCode.topic_already_exists] * (N - 1)
-    loser = next(a["topics"][0] for a in answers if a["topics"][0]["error_code"])
-    assert loser["error_message"] == "Topic 't' already exists."
-    (winner,) = (a["topics"][0] for a in answers if not a["topics"][0]["error_code"])
-    assert broker.metadata.state.topics["t"].topic_id == winner["topic_id"]
-    assert broker.logs.events == [("open", "t", (winner["topic_id"], 3))]
-    assert open_broker().metadata.state.topics["t"].topic_id == winner["topic_id"]
+    loser = next(a.topics[0] for a in answers if a.topics[0].error_code)
+    assert loser.error_message == "Topic 't' already exists."
+    (winner,) = (a.topics[0] for a in answers if not a.topics[0].error_code)
+    assert broker.metadata.state.topics["t"].topic_id == winner.topic_id
+    assert broker.logs.events == [("open", "t", (winner.topic_id, 3))]
+    assert open_broker().metadata.state.topics["t"].topic_id == winner.topic_id
 
 
 async def test_auto_creation_racing_creates_gets_the_one_topic(
@@ -198,11 +207,11 @@ async def test_concurrent_growths_to_one_count_grow_once(
     answers = await asyncio.gather(*grows)
     codes = sorted(_code(a) for a in answers)
     assert codes == [ErrorCode.none] + [ErrorCode.invalid_partitions] * (N - 1)
-    messages = {a["results"][0].get("error_message") for a in answers}
+    messages = {a.results[0].error_message for a in answers}
     # Kafka's ReplicationControlManager.createPartitions.
     assert messages == {None, "Topic already has 5 partition(s)."}
     answer = await create_partitions(None, _grow("t", 4), broker)
-    assert answer["results"][0]["error_message"] == (
+    assert answer.results[0].error_message == (
         "The topic t currently has 5 partition(s); 4 would not be an increase."
     )
     assert open_broker().metadata.state.topics["t"].partitions == 5
@@ -246,7 +255,7 @@ async def test_concurrent_alters_of_different_keys_keep_every_key(
             for k, v in settings.items()
         )
     )
-    assert all(a["responses"][0]["error_code"] == ErrorCode.none for a in answers)
+    assert all(a.responses[0].error_code == ErrorCode.none for a in answers)
     assert broker.metadata.state.topics["t"].configs == settings
     # The logs were reconfigured in the order of the writes, the last with every key.
     assert broker.logs.events[-1] == ("reconfigure", "t", settings)
