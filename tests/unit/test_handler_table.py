@@ -15,8 +15,8 @@ from kio.static.constants import EntityType
 from broker.broker import Broker
 from broker.config import BrokerConfig, load_static
 from broker.handlers import APIS, requests
-from broker.server import Endpoint
-from protocol import api
+from broker.server import Endpoint, RequestContext
+from protocol import api, guard
 from tests.unit.fresh import run_fresh
 
 
@@ -41,8 +41,6 @@ def test_request_type_is_the_union_of_the_served_versions(entry: typing.Any) -> 
 # Handlers that still answer mappings (`protocol.api.LegacyResponse`).
 LEGACY = {"share_group_heartbeat", "share_group_describe", "list_groups", "share_fetch"}
 LEGACY |= {"share_acknowledge"}
-LEGACY |= {"create_topics", "delete_topics", "create_partitions"}
-LEGACY |= {"describe_configs", "incremental_alter_configs"}
 
 
 @pytest.mark.parametrize("entry", APIS, ids=lambda a: api.api_name(a.key))
@@ -106,7 +104,7 @@ _WARM_UP = """
 import asyncio, json, sys
 from pathlib import Path
 from broker.broker import Broker
-from broker.server import Endpoint
+from broker.server import Endpoint, RequestContext
 from broker.config import BrokerConfig, load_static
 from kio.schema.index import api_key_map, schema_name_map
 
@@ -174,3 +172,31 @@ async def test_a_failed_warm_up_is_logged_and_freezes_nothing(
     with capture_logs() as logs:
         await cli._warm_up(WarmBroker())
     assert frozen == [True]  # once warm, the classes leave the collector's reach
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda: api.build_response(1, 18, {}), id="another API's response"),
+        pytest.param(lambda: api.build(api.request_class(3, 12), {}), id="a request"),
+    ],
+)
+async def test_a_handler_answering_the_wrong_entity_is_refused_before_the_wire(
+    answer: typing.Any,
+) -> None:
+    # mypy refuses such a handler (its return annotation, checked above); one that got
+    # past it anyway raises here, which the connection answers UNKNOWN_SERVER_ERROR.
+    broker = Broker(
+        BrokerConfig(load_static(None, [])), Path("/nonexistent"), Endpoint("127.0.0.1", 0)
+    )
+
+    async def metadata(ctx: RequestContext, req: typing.Any) -> typing.Any:
+        return answer()
+
+    broker.table = api.ApiTable()
+    broker.table.register(3, 12, 12, metadata)
+    request = api.build(api.request_class(3, 12), {"topics": None})
+    frame = api.encode_request(3, 12, 7, "unit", request)[4:]
+    header, offset = guard.decode_request_header(frame)
+    with pytest.raises(api.WrongResponse, match="the metadata handler answered"):
+        await broker.dispatch(RequestContext(header, "127.0.0.1", 1), frame, offset)
