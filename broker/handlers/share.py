@@ -2,18 +2,32 @@
 
 ShareFetch and ShareAcknowledge are decoded into `broker.share.fetch`'s requests, answered
 by its `ShareFetchService` (share sessions, acknowledgements, the delayed share fetch) and
-encoded here; nothing of their logic lives in this module."""
+encoded here; nothing of their logic lives in this module. Every answer is a typed kio
+response entity of the newest version spool serves (`broker.handlers.responses`), which
+`protocol.api.at_version` converts to the request's version."""
 
 from __future__ import annotations
 
+import datetime
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
 from broker.cluster import MetadataStore
+from broker.handlers import responses as resp
+from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
-from broker.share.fetch import ShareAcknowledgeParams, ShareFetchParams, ShareFetchService
+from broker.share.delayed_fetch import FetchEntry
+from broker.share.fetch import (
+    AckOutcome,
+    ShareAcknowledgeParams,
+    ShareFetchParams,
+    ShareFetchService,
+)
 from broker.share.manager import AckBatches
 from broker.share.session import TopicIdPartition
 from coordinator.group_coordinator import GroupCoordinator
@@ -47,17 +61,21 @@ class ShareBroker(Protocol):
 SHARE_GROUP_TYPE = "share"
 # Share groups report "share" as their protocol type in ListGroups, as Kafka does.
 SHARE_PROTOCOL_TYPE = "share"
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+AUTHORIZED_OPERATIONS_OMITTED = i32(-(2**31))
 ZERO_UUID = uuid.UUID(int=0)
 
 
-def _leader(node_id: int) -> dict[str, int]:
-    return {"leader_id": node_id, "leader_epoch": 0}
+T = TypeVar("T")
+
+
+def _ms(ms: int) -> i32Timedelta:
+    return i32Timedelta.parse(datetime.timedelta(milliseconds=ms))
 
 
 async def share_group_heartbeat(
     ctx: RequestContext, req: ShareGroupHeartbeatRequest, broker: ShareBroker
-) -> dict[str, Any]:
+) -> resp.share_group_heartbeat_v1.ShareGroupHeartbeatResponse:
+    m = resp.share_group_heartbeat_v1
     try:
         result = await broker.groups.heartbeat(
             req.group_id,
@@ -77,34 +95,39 @@ async def share_group_heartbeat(
             error=exc.code.name,
             reason=exc.message,
         )
-        return {
-            "error_code": exc.code,
-            "error_message": exc.message,
-            "member_id": req.member_id,
-            "member_epoch": -1,
-            "heartbeat_interval": 0,
-            "assignment": None,
-        }
+        return m.ShareGroupHeartbeatResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=exc.code,
+            error_message=exc.message,
+            member_id=req.member_id,
+            member_epoch=i32(-1),
+            heartbeat_interval=_ms(0),
+            assignment=None,
+        )
     assignment = None
     if result.assignment is not None:
-        assignment = {
-            "topic_partitions": [
-                {"topic_id": topic_id, "partitions": sorted(parts)}
+        assignment = m.Assignment(
+            topic_partitions=tuple(
+                m.TopicPartitions(
+                    topic_id=topic_id, partitions=tuple(i32(p) for p in sorted(parts))
+                )
                 for topic_id, parts in sorted(result.assignment.items(), key=lambda i: str(i[0]))
-            ]
-        }
-    return {
-        "error_code": ErrorCode.none,
-        "member_id": result.member_id,
-        "member_epoch": result.member_epoch,
-        "heartbeat_interval": result.heartbeat_interval_ms,
-        "assignment": assignment,
-    }
+            )
+        )
+    return m.ShareGroupHeartbeatResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        member_id=result.member_id,
+        member_epoch=i32(result.member_epoch),
+        heartbeat_interval=_ms(result.heartbeat_interval_ms),
+        assignment=assignment,
+    )
 
 
 async def share_group_describe(
     ctx: RequestContext, req: ShareGroupDescribeRequest, broker: ShareBroker
-) -> dict[str, Any]:
+) -> resp.share_group_describe_v1.ShareGroupDescribeResponse:
+    m = resp.share_group_describe_v1
     names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
     groups = []
     for group_id in req.group_ids:
@@ -112,53 +135,60 @@ async def share_group_describe(
             d = broker.groups.describe(group_id)
         except KafkaError as exc:
             groups.append(
-                {
-                    "group_id": group_id,
-                    "error_code": exc.code,
-                    "error_message": exc.message,
-                    "group_state": "Dead",
-                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-                }
+                m.DescribedGroup(
+                    error_code=exc.code,
+                    error_message=exc.message,
+                    group_id=group_id,
+                    group_state="Dead",
+                    group_epoch=i32(0),
+                    assignment_epoch=i32(0),
+                    assignor_name="",
+                    members=(),
+                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                )
             )
             continue
         groups.append(
-            {
-                "error_code": ErrorCode.none,
-                "group_id": d.group_id,
-                "group_state": d.group_state,
-                "group_epoch": d.group_epoch,
-                "assignment_epoch": d.assignment_epoch,
-                "assignor_name": d.assignor_name,
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "rack_id": m.rack_id,
-                        "member_epoch": m.member_epoch,
-                        "client_id": m.client_id,
-                        "client_host": m.client_host,
-                        "subscribed_topic_names": list(m.subscribed_topic_names),
-                        "assignment": {
-                            "topic_partitions": [
-                                {
-                                    "topic_id": tid,
-                                    "topic_name": names.get(tid, ""),
-                                    "partitions": sorted(parts),
-                                }
-                                for tid, parts in m.assignment.items()
-                            ]
-                        },
-                    }
-                    for m in d.members
-                ],
-                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-            }
+            m.DescribedGroup(
+                error_code=ErrorCode.none,
+                group_id=GroupId(d.group_id),
+                group_state=d.group_state,
+                group_epoch=i32(d.group_epoch),
+                assignment_epoch=i32(d.assignment_epoch),
+                assignor_name=d.assignor_name,
+                members=tuple(
+                    m.Member(
+                        member_id=member.member_id,
+                        rack_id=member.rack_id,
+                        member_epoch=i32(member.member_epoch),
+                        client_id=member.client_id,
+                        client_host=member.client_host,
+                        subscribed_topic_names=tuple(
+                            TopicName(t) for t in member.subscribed_topic_names
+                        ),
+                        assignment=m.Assignment(
+                            topic_partitions=tuple(
+                                m.TopicPartitions(
+                                    topic_id=tid,
+                                    topic_name=TopicName(names.get(tid, "")),
+                                    partitions=tuple(i32(p) for p in sorted(parts)),
+                                )
+                                for tid, parts in member.assignment.items()
+                            )
+                        ),
+                    )
+                    for member in d.members
+                ),
+                authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            )
         )
-    return {"throttle_time": 0, "groups": groups}
+    return m.ShareGroupDescribeResponse(throttle_time=NO_THROTTLE, groups=tuple(groups))
 
 
 async def list_groups(
     ctx: RequestContext, req: ListGroupsRequest, broker: ShareBroker
-) -> dict[str, Any]:
+) -> resp.list_groups_v5.ListGroupsResponse:
+    m = resp.list_groups_v5
     states_filter: tuple[str, ...] = getattr(req, "states_filter", ())  # v4+
     types_filter: tuple[str, ...] = getattr(req, "types_filter", ())  # v5+
     states = {s.lower() for s in states_filter or ()}
@@ -169,14 +199,16 @@ async def list_groups(
             if states and g.state.lower() not in states:
                 continue
             groups.append(
-                {
-                    "group_id": g.group_id,
-                    "protocol_type": SHARE_PROTOCOL_TYPE,
-                    "group_state": g.state,
-                    "group_type": SHARE_GROUP_TYPE,
-                }
+                m.ListedGroup(
+                    group_id=GroupId(g.group_id),
+                    protocol_type=SHARE_PROTOCOL_TYPE,
+                    group_state=g.state,
+                    group_type=SHARE_GROUP_TYPE,
+                )
             )
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+    return m.ListGroupsResponse(
+        throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=tuple(groups)
+    )
 
 
 def _topic_id(topic_id: uuid.UUID | None) -> uuid.UUID:
@@ -197,9 +229,17 @@ def _acks(req: ShareFetchRequest | ShareAcknowledgeRequest) -> dict[TopicIdParti
     }
 
 
+def _by_topic(entries: Iterable[tuple[TopicIdPartition, T]]) -> list[tuple[uuid.UUID, list[T]]]:
+    """Partition entries grouped per topic, in (topic id, partition) order."""
+    by_topic: dict[uuid.UUID, list[T]] = {}
+    for (tid, _), e in sorted(entries, key=lambda i: (str(i[0][0]), i[0][1])):
+        by_topic.setdefault(tid, []).append(e)
+    return list(by_topic.items())
+
+
 async def share_fetch(
     ctx: RequestContext, req: ShareFetchRequest, broker: ShareBroker
-) -> dict[str, Any]:
+) -> resp.share_fetch_v2.ShareFetchResponse:
     params = ShareFetchParams(
         group_id=req.group_id or "",
         member_id=req.member_id or "",
@@ -223,39 +263,46 @@ async def share_fetch(
         connection_id=str(ctx.connection_id),
     )
     result = await broker.share_service.share_fetch(params)
-    leader = _leader(broker.node_id)
-    entries = {
-        tp: {
-            "partition_index": tp[1],
-            "error_code": e.error_code,
-            "error_message": e.error_message,
-            "acknowledge_error_code": e.acknowledge_error_code,
-            "acknowledge_error_message": e.acknowledge_error_message,
-            "current_leader": leader,
-            "records": e.records,
-            "acquired_records": [
-                {
-                    "first_offset": r.first_offset,
-                    "last_offset": r.last_offset,
-                    "delivery_count": r.delivery_count,
-                }
+    m = resp.share_fetch_v2
+    leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
+
+    def partition(tp: TopicIdPartition, e: FetchEntry) -> resp.share_fetch_v2.PartitionData:
+        return m.PartitionData(
+            partition_index=i32(tp[1]),
+            error_code=e.error_code,
+            error_message=e.error_message,
+            acknowledge_error_code=i16(e.acknowledge_error_code),
+            acknowledge_error_message=e.acknowledge_error_message,
+            current_leader=leader,
+            records=Records(e.records),
+            acquired_records=tuple(
+                m.AcquiredRecords(
+                    first_offset=i64(r.first_offset),
+                    last_offset=i64(r.last_offset),
+                    delivery_count=i16(r.delivery_count),
+                )
                 for r in e.acquired
-            ],
-        }
-        for tp, e in result.partitions.items()
-    }
-    return {
-        "throttle_time": 0,
-        "acquisition_lock_timeout": result.acquisition_lock_timeout_ms,
-        "error_code": result.error_code,
-        "error_message": result.error_message,
-        "responses": _group(entries),
-    }
+            ),
+        )
+
+    return m.ShareFetchResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=result.error_code,
+        error_message=result.error_message,
+        acquisition_lock_timeout=_ms(result.acquisition_lock_timeout_ms),
+        responses=tuple(
+            m.ShareFetchableTopicResponse(topic_id=tid, partitions=tuple(parts))
+            for tid, parts in _by_topic(
+                (tp, partition(tp, e)) for tp, e in result.partitions.items()
+            )
+        ),
+        node_endpoints=(),
+    )
 
 
 async def share_acknowledge(
     ctx: RequestContext, req: ShareAcknowledgeRequest, broker: ShareBroker
-) -> dict[str, Any]:
+) -> resp.share_acknowledge_v2.ShareAcknowledgeResponse:
     params = ShareAcknowledgeParams(
         group_id=req.group_id or "",
         member_id=req.member_id or "",
@@ -266,27 +313,30 @@ async def share_acknowledge(
         version=ctx.api_version,
     )
     result = await broker.share_service.share_acknowledge(params)
-    leader = _leader(broker.node_id)
-    entries = {
-        tp: {
-            "partition_index": tp[1],
-            "error_code": code,
-            "error_message": message,
-            "current_leader": leader,
-        }
-        for tp, (code, message) in result.partitions.items()
-    }
-    return {
-        "throttle_time": 0,
-        "acquisition_lock_timeout": result.acquisition_lock_timeout_ms,
-        "error_code": result.error_code,
-        "error_message": result.error_message,
-        "responses": _group(entries),
-    }
+    m = resp.share_acknowledge_v2
+    leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
 
+    def partition(
+        tp: TopicIdPartition, outcome: AckOutcome
+    ) -> resp.share_acknowledge_v2.PartitionData:
+        code, message = outcome
+        return m.PartitionData(
+            partition_index=i32(tp[1]),
+            error_code=code,
+            error_message=message,
+            current_leader=leader,
+        )
 
-def _group(entries: dict[tuple[uuid.UUID, int], dict[str, Any]]) -> list[dict[str, Any]]:
-    by_topic: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    for (tid, _), e in sorted(entries.items(), key=lambda i: (str(i[0][0]), i[0][1])):
-        by_topic.setdefault(tid, []).append(e)
-    return [{"topic_id": tid, "partitions": parts} for tid, parts in by_topic.items()]
+    return m.ShareAcknowledgeResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=result.error_code,
+        error_message=result.error_message,
+        acquisition_lock_timeout=_ms(result.acquisition_lock_timeout_ms),
+        responses=tuple(
+            m.ShareAcknowledgeTopicResponse(topic_id=tid, partitions=tuple(parts))
+            for tid, parts in _by_topic(
+                (tp, partition(tp, outcome)) for tp, outcome in result.partitions.items()
+            )
+        ),
+        node_endpoints=(),
+    )
