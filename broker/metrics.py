@@ -272,17 +272,13 @@ class BrokerMetrics:
         by_version[api_version] = by_version.get(api_version, 0) + 1
         stats.total_time_ms.observe((self.timer() - started) * 1000.0)
 
-    def payload(
-        self, api_key: int, request: Any, result: api.Response | api.LegacyResponse | None
-    ) -> None:
+    def payload(self, api_key: int, request: Any, result: api.Response | None) -> None:
         """Bytes and share request outcomes of an answered request (a walk over its
         partitions, never its records). `result` is what the handler answered: a
         response entity of `api_key` (`protocol.api.at_version` has checked it), or
         None for a Produce with acks=0."""
         if api_key == PRODUCE:
             self._produced(request, result if _is_produce(result) else None)
-        elif isinstance(result, dict):
-            self._legacy_payload(api_key, result)
         elif _is_fetch(result):
             self.bytes_out += sum(
                 len(p.records or b"") for topic in result.responses for p in topic.partitions
@@ -303,17 +299,6 @@ class BrokerMetrics:
                 for topic in result.responses
                 for p in topic.partitions
             )
-
-    def _legacy_payload(self, api_key: int, result: api.LegacyResponse) -> None:
-        """ShareFetch and ShareAcknowledge answered as mappings (`api.LegacyResponse`),
-        until their handlers build entities."""
-        if api_key == SHARE_FETCH:
-            self.bytes_out += _records_bytes(result)
-            self.share_fetch_requests += 1
-            self.share_fetch_failed += _failed(result, "acknowledge_error_code")
-        elif api_key == SHARE_ACKNOWLEDGE:
-            self.share_ack_requests += 1
-            self.share_ack_failed += _failed(result)
 
     def _produced(self, request: Any, result: ProduceResponse | None) -> None:
         # `request` is a ProduceRequest of any version (mypy joins their topic entries
@@ -365,26 +350,6 @@ def _is_share_fetch(result: object) -> TypeIs[ShareFetchResponse]:
 
 def _is_share_acknowledge(result: object) -> TypeIs[ShareAcknowledgeResponse]:
     return getattr(result, "__api_key__", None) == SHARE_ACKNOWLEDGE
-
-
-def _records_bytes(result: api.LegacyResponse) -> int:
-    return sum(
-        len(p.get("records") or b"")
-        for topic in result.get("responses") or ()
-        for p in topic.get("partitions") or ()
-    )
-
-
-def _failed(result: api.LegacyResponse, *also: str) -> int:
-    """1 if the response or any partition in it carries an error, else 0."""
-    if result.get("error_code", ErrorCode.none) != ErrorCode.none:
-        return 1
-    fields = ("error_code", *also)
-    for topic in result.get("responses") or ():
-        for p in topic.get("partitions") or ():
-            if any(p.get(f, ErrorCode.none) != ErrorCode.none for f in fields):
-                return 1
-    return 0
 
 
 # -- the exposition side ----------------------------------------------------------------

@@ -45,14 +45,10 @@ Entity = Any
 # `at_version` turns into the request's version, or None for no response at all
 # (Produce with acks=0).
 Response = Payload
-# A handler not yet converted to entities answers a mapping, which `at_version` builds
-# (`build_response`). Only the share-group handlers (ShareFetch, ShareAcknowledge,
-# ShareGroupHeartbeat, ShareGroupDescribe, ListGroups) still do; remove it with them.
-LegacyResponse = Mapping[str, Any]
 # The request context the server passes handlers (the broker's `RequestContext`).
 Ctx = TypeVar("Ctx")
 # A handler as the table holds it: request context and decoded kio request entity in.
-Handler = Callable[[Ctx, Any], Awaitable[Response | LegacyResponse | None]]
+Handler = Callable[[Ctx, Any], Awaitable[Response | None]]
 T = TypeVar("T")
 
 
@@ -418,7 +414,7 @@ class WrongResponse(TypeError):
     """A handler answered something that is not a response of its request's API."""
 
 
-def at_version(api_key: int, version: int, body: Response | LegacyResponse) -> Entity:
+def at_version(api_key: int, version: int, body: Response) -> Entity:
     """The handler's answer as the `version` response of `api_key`, ready to encode.
 
     A handler builds its response with the classes of one version of the API (mostly
@@ -429,8 +425,6 @@ def at_version(api_key: int, version: int, body: Response | LegacyResponse) -> E
     cls = response_class(api_key, version)
     if type(body) is cls:
         return body
-    if isinstance(body, dict):  # LegacyResponse
-        return build(cls, body)
     if (
         getattr(body, "__type__", None) is not EntityType.response
         or getattr(body, "__api_key__", None) != api_key

@@ -10,8 +10,7 @@ Every handler is `async def name(ctx, req, broker) -> response entity | None`:
 The response is a kio response entity of the handler's API, built with one version's
 classes (`broker.handlers.responses`, mostly the newest), which mypy checks field by
 field; `protocol.api.at_version` converts it to the request's version and refuses
-anything that is not a response of that API. The share-group handlers still answer a
-mapping (`protocol.api.LegacyResponse`), built by `protocol.api.build_response`.
+anything that is not a response of that API.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from broker.handlers import (
     transactions,
 )
 from broker.server import RequestContext
-from protocol.api import ApiTable, LegacyResponse, Response
+from protocol.api import ApiTable, Response
 
 
 class HandlerBroker(
@@ -53,9 +52,7 @@ class HandlerBroker(
 # A handler before the broker is bound to it. The request is `Any` here because each
 # handler takes its own API's request union; the unit tests check that union against
 # the versions registered below.
-BrokerHandler = Callable[
-    [RequestContext, Any, HandlerBroker], Awaitable[Response | LegacyResponse | None]
-]
+BrokerHandler = Callable[[RequestContext, Any, HandlerBroker], Awaitable[Response | None]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,5 +114,5 @@ def build_table(broker: HandlerBroker) -> ApiTable[RequestContext]:
 
 async def _call(
     handler: BrokerHandler, broker: HandlerBroker, ctx: RequestContext, req: Any
-) -> Response | LegacyResponse | None:
+) -> Response | None:
     return await handler(ctx, req, broker)

@@ -38,19 +38,12 @@ def test_request_type_is_the_union_of_the_served_versions(entry: typing.Any) -> 
     assert annotated == served
 
 
-# Handlers that still answer mappings (`protocol.api.LegacyResponse`).
-LEGACY = {"share_group_heartbeat", "share_group_describe", "list_groups", "share_fetch"}
-LEGACY |= {"share_acknowledge"}
-
-
 @pytest.mark.parametrize("entry", APIS, ids=lambda a: api.api_name(a.key))
 def test_response_type_is_a_response_entity_of_the_api(entry: typing.Any) -> None:
     # mypy checks a handler's body against its return annotation; this checks that the
     # annotation is its own API's response (kio classes, read through the lazily
     # loaded `broker.handlers.responses`), so a handler answering another API's entity
     # or a mapping fails `mypy --strict`.
-    if entry.handler.__name__ in LEGACY:
-        pytest.skip("answers a mapping until its handler builds entities")
     hint = typing.get_type_hints(entry.handler, localns=vars(requests))["return"]
     answered = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
     answered.discard(type(None))  # Produce with acks=0

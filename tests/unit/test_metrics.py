@@ -226,28 +226,6 @@ def test_share_requests_count_bytes_out_and_a_partition_error_as_a_failed_reques
     assert (m.share_ack_requests, m.share_ack_failed) == (2, 1)
 
 
-def test_share_fetch_answered_as_a_mapping_counts_the_same() -> None:
-    # ShareFetch and ShareAcknowledge answer mappings until their handlers build
-    # entities (`api.LegacyResponse`).
-    m = BrokerMetrics()
-    part = {"error_code": ErrorCode.none, "acknowledge_error_code": ErrorCode.none}
-    good = {
-        "error_code": ErrorCode.none,
-        "responses": [{"partitions": [{**part, "records": b"x" * 7}]}],
-    }
-    failed_ack = {
-        "error_code": ErrorCode.none,
-        "responses": [
-            {"partitions": [{**part, "acknowledge_error_code": ErrorCode.invalid_record_state}]}
-        ],
-    }
-    m.payload(SHARE_FETCH, None, good)
-    m.payload(SHARE_FETCH, None, failed_ack)
-    m.payload(79, None, {"error_code": ErrorCode.invalid_request, "responses": []})
-    assert (m.bytes_out, m.share_fetch_requests, m.share_fetch_failed) == (7, 2, 1)
-    assert (m.share_ack_requests, m.share_ack_failed) == (1, 1)
-
-
 def test_acknowledgements_are_counted_per_type_and_a_release_at_the_limit_is_archived() -> None:
     share = ShareMetrics()
     # 0-4 accepted; 5-9 per offset: release, release, reject, accept, accept.
