@@ -265,6 +265,7 @@ def test_convert_fills_what_the_older_version_lacks_with_zeros_and_defaults() ->
     [
         pytest.param(lambda: api.build_response(1, 18, {}), id="another API's response"),
         pytest.param(lambda: api.build(api.request_class(3, 13), {}), id="a request"),
+        pytest.param(lambda: {"topics": []}, id="a mapping"),
         pytest.param(lambda: [("topics", [])], id="no entity"),
     ],
 )
