@@ -656,7 +656,7 @@ async def _dispatch_cpu_us(
     from broker.broker import Broker
     from broker.config import BrokerConfig
     from broker.server import Endpoint, RequestContext
-    from protocol import api, guard
+    from protocol import api, request_check
     from protocol.records import NewRecord, build_batch
 
     spool_logging.configure("console", "warning")
@@ -664,7 +664,7 @@ async def _dispatch_cpu_us(
     def request(key: int, version: int, body: dict[str, Any]) -> tuple[Any, bytes, int]:
         entity = api.build(api.request_class(key, version), body)
         frame = api.encode_request(key, version, 1, "spool-bench-cold", entity)[4:]
-        header, offset = guard.decode_request_header(frame)
+        header, offset = request_check.decode_request_header(frame)
         return RequestContext(header, "127.0.0.1", 1), frame, offset
 
     broker = Broker(BrokerConfig({}), directory, Endpoint("127.0.0.1", free_port()))

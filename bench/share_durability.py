@@ -165,8 +165,8 @@ def build_share_state_log(directory: Path, updates: int, keys: int = RECOVERY_KE
     from coordinator.share_state import PersistedBatch, ShareStateKey
     from persister import share_records
     from persister.commit import GroupCommit
-    from persister.log import LogConfig
-    from persister.record_log import RecordLog
+    from persister.coordinator_log import RecordLog
+    from persister.file_log import LogConfig
 
     shard = ShareCoordinatorShard()
     state_keys = [ShareStateKey("bench-group", uuid.uuid4(), p) for p in range(keys)]

@@ -6,7 +6,7 @@
 
 For each size a data dir is written in a temp dir: `meta/` and a share-state log of that
 many records, encoded with `persister.share_records` and appended by the coordinators'
-record-log writer (`persister.record_log.RecordLog`) in batches of 100, as the share
+record-log writer (`persister.coordinator_log.RecordLog`) in batches of 100, as the share
 coordinator writes them. KEYS share partitions take turns; each record of a key
 acknowledges its next 10 offsets and moves its start offset, and every
 SNAPSHOT_EVERY-th record of a key is a ShareSnapshot of the state so far (Kafka's
@@ -115,9 +115,9 @@ def write_topics(data_dir: Path, topic_ids: Sequence[uuid.UUID], partitions: int
     """The topics the share partitions belong to, as the audit reads them: `meta/` topic
     records and, per partition, a log whose end offset is `end` (an empty segment based
     there, as a log whose records retention deleted), so every state offset is in range."""
-    from broker.cluster import Topic, _encode, topic_record
+    from coordinator.metadata import Topic, _encode, topic_record
     from persister.commit import GroupCommit
-    from persister.record_log import RecordLog
+    from persister.coordinator_log import RecordLog
     from persister.segment import LOG_SUFFIX, segment_file_name
 
     meta = RecordLog(data_dir / "meta", GroupCommit())
@@ -138,8 +138,8 @@ def write_share_state_log(data_dir: Path, count: int, keys: int = KEYS) -> Gener
     segments, and whose topics hold every offset they name (see the module docstring)."""
     from persister.clock import ManualClock
     from persister.commit import GroupCommit
-    from persister.log import LogConfig
-    from persister.record_log import RecordLog
+    from persister.coordinator_log import RecordLog
+    from persister.file_log import LogConfig
     from persister.share_records import ShareSnapshot, encode
 
     started = time.perf_counter()

@@ -14,14 +14,13 @@ import structlog
 from kio.static.primitive import i16
 
 from broker import trace
-from broker.cluster import MetadataStore
 from broker.config import BrokerConfig
 from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import marker_writer
-from broker.logs import LogManager, Partition
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
+from broker.partitions import LogManager, Partition
 from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
 from broker.share.fetch import ShareFetchService
 from broker.share.manager import SharePartitionManager
@@ -31,13 +30,14 @@ from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.metadata import MetadataStore
 from coordinator.share_persister import DurablePersister
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
 from persister.dirlock import DataDirLock
 from persister.storage import FILE_STORAGE, StorageEngine
-from protocol import api, guard
+from protocol import api, request_check
 from protocol.errors import ErrorCode
 
 log = structlog.get_logger("spool.broker")
@@ -355,8 +355,8 @@ class Broker:
         # The structure check first: kio's reader aborts the process on lying lengths.
         # MalformedRequest (from either) propagates: the server closes the connection.
         try:
-            frame = guard.check_request(h.api_key, h.api_version, frame, body_offset)
-        except guard.InvalidRequest as exc:
+            frame = request_check.check_request(h.api_key, h.api_version, frame, body_offset)
+        except request_check.InvalidRequest as exc:
             log.warning(
                 "invalid_request",
                 api=api.api_name(h.api_key),

@@ -51,10 +51,10 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from typing_extensions import TypeIs
 
-    from broker.cluster import MetadataStore
-    from broker.logs import LogManager, Partition
+    from broker.partitions import LogManager, Partition
     from broker.server import Server
     from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.metadata import MetadataStore
     from coordinator.share_persister import DurablePersister
 
     # The responses the handlers of the APIs counted here build (the versions

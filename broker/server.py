@@ -40,7 +40,7 @@ import structlog
 
 from broker import trace
 from persister.clock import SYSTEM_CLOCK, Clock, Timer, ms_of, wait_all
-from protocol import api, guard
+from protocol import api, request_check
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ INT_MAX = 2**31 - 1
 
 # Descriptors new connections may not take, so the broker itself can still open files
 # (a segment roll, a clean close, importing a schema module on first use) once clients
-# have taken the rest; partition creation keeps more free (broker.logs).
+# have taken the rest; partition creation keeps more free (broker.partitions).
 MIN_FREE_FILES_FOR_CONNECTIONS = 16
 
 _connection_ids = itertools.count(1)
@@ -684,7 +684,7 @@ class Connection:
             self.log.warning("unknown_api_key_closed", api_key=api_key, api_version=api_version)
             return None
         try:
-            return guard.decode_request_header(frame)
+            return request_check.decode_request_header(frame)
         except OSError as exc:
             # The broker's failure, not the client's: e.g. no descriptor left to import
             # the schema module of an api version seen for the first time.

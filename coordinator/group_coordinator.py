@@ -49,7 +49,7 @@ from coordinator.share_state import (
     ShareStateKey,
 )
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
-from persister.record_log import MemoryRecordLog
+from persister.coordinator_log import MemoryRecordLog
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError

@@ -38,7 +38,7 @@ from typing import Any
 from coordinator import share_group as sg
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigRecord
-from persister.record_log import KeyValue
+from persister.coordinator_log import KeyValue
 
 GroupRecord = sg.ShareGroupRecord | GroupConfigRecord
 
@@ -273,7 +273,7 @@ def _record_keys(record: GroupRecord) -> list[tuple[Hashable, bool]]:
 
 
 def compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hashable, bool]]:
-    """The keys a stored record sets, for `persister.record_log.compact_by_key`; the
+    """The keys a stored record sets, for `persister.coordinator_log.compact_by_key`; the
     same for both formats, so a log mixing them compacts correctly."""
     parsed = _parse_key(key)
     if isinstance(parsed, list):

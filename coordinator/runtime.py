@@ -79,8 +79,8 @@ import structlog
 
 from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
-from persister.log import PartitionLog
-from persister.record_log import CompactionKeys, KeyValue, compact_by_key
+from persister.coordinator_log import CompactionKeys, KeyValue, compact_by_key
+from persister.file_log import PartitionLog
 from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError
 
@@ -684,7 +684,7 @@ def _is_storage_failure(exc: BaseException) -> bool:
 class KeyCompaction:
     """Compaction for logs whose every record sets its key's whole value: keep the
     newest record per key in the closed segments, drop keys whose newest is a tombstone
-    (`persister.record_log.compact_by_key`), and merge the closed segments into one, so
+    (`persister.coordinator_log.compact_by_key`), and merge the closed segments into one, so
     the log holds the live state plus the active segment."""
 
     def __init__(self, keys_of: CompactionKeys, clock: Clock = SYSTEM_CLOCK) -> None:

@@ -54,12 +54,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
-from persister.share_fold import (
-    PackedBatches,
-    apply_update,
-    merge_packed,
-    updated_epoch_and_start,
-)
 from persister.share_records import (
     NO_EPOCH,
     UNINITIALIZED_START_OFFSET,
@@ -73,6 +67,12 @@ from persister.share_records import (
     decode,
     encode,
     merge_batches,
+)
+from persister.share_replay import (
+    PackedBatches,
+    apply_update,
+    merge_packed,
+    updated_epoch_and_start,
 )
 from protocol.errors import ErrorCode, KafkaError
 
@@ -125,7 +125,7 @@ class _Entry:
         )
 
     def snapshot(self, key: ShareKey) -> ShareSnapshot:
-        """The entry as the ShareSnapshot that stands for it (persister.share_fold's form)."""
+        """The entry as the ShareSnapshot that stands for it (persister.share_replay's form)."""
         return ShareSnapshot(
             key,
             self.snapshot_epoch,
@@ -371,7 +371,7 @@ class ShareCoordinatorShard:
         elif isinstance(record, ShareSnapshot):
             self._entries[key] = _Entry.of(record, updates_since_snapshot=0)
         else:
-            # The update rules live in persister.share_fold, shared with the Spark
+            # The update rules live in persister.share_replay, shared with the Spark
             # compaction, so a compacted log replays to exactly this state.
             entry = self._entries.get(key)
             if entry is None:

@@ -41,8 +41,8 @@ from persister import share_records
 from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
-from persister.log import PartitionLog
-from persister.record_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
+from persister.coordinator_log import KeyValue, MemoryRecordLog, RecordLog, internal_log_config
+from persister.file_log import PartitionLog
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt

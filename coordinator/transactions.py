@@ -51,7 +51,7 @@ import structlog
 
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
-from persister.record_log import KeyValue, MemoryRecordLog
+from persister.coordinator_log import KeyValue, MemoryRecordLog
 from persister.storage import CoordinatorLog
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID

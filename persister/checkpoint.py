@@ -18,7 +18,7 @@ It is replaced atomically (temp file, fsync, rename, directory fsync), so a cras
 the old checkpoint or the new one. Reading it checks the magic, the version (a newer one
 than this code knows is ignored), the CRC and the kind; anything wrong means "no
 checkpoint" and a full replay, logged. The `.tmp` name of an unfinished write is one the
-log's opening removes as a stray (`persister.log`).
+log's opening removes as a stray (`persister.file_log`).
 
 Which offsets a checkpoint may cover is the runtime's business: only records that are
 fsynced and replayed, so no failed write's truncation can ever cut below it; and before
@@ -31,7 +31,7 @@ bringing the stale state back.
 Producer-state snapshots of topic partitions (`<offset>.snapshot`, as Kafka names them;
 the encoding is `persister.producer_state`) are files of the same kind: written at a
 segment roll and at a clean close, replaced atomically, the newest few kept; the log
-loads the newest usable one (`persister.log.PartitionLog.load_producer_state`).
+loads the newest usable one (`persister.file_log.PartitionLog.load_producer_state`).
 """
 
 from __future__ import annotations

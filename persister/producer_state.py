@@ -34,7 +34,7 @@ A produce request carrying several batches for one partition is checked with
 
 Snapshots (Kafka's `<offset>.snapshot` files, ProducerStateManager.takeSnapshot): the
 state of every producer as of a log offset, so that opening a log loads the newest
-usable one and scans only the batches after it (`persister.log`). `snapshot_bytes` /
+usable one and scans only the batches after it (`persister.file_log`). `snapshot_bytes` /
 `load_snapshot` are the encoding, all big-endian:
 
     version int16 (1) | crc32c uint32 of the rest | producer count int32 | per producer:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import structlog
 
+from persister.file_log import CLEANED_SUFFIX, PartitionLog
 from persister.files import write_synced
-from persister.log import CLEANED_SUFFIX, PartitionLog
 from persister.segment import LOG_SUFFIX, segment_file_name
 from persister.share_records import (
     ShareKey,

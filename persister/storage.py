@@ -3,7 +3,7 @@
 Two kinds of log sit under the broker, and the layers above reach them only through the
 Protocols here:
 
-- `TopicLog`: the log of one topic partition, as `broker.logs.Partition` and
+- `TopicLog`: the log of one topic partition, as `broker.partitions.Partition` and
   `LogManager` drive it (Kafka's UnifiedLog as its ReplicaManager and LogManager use it):
   append validated batches, read whole batches, offsets, the producer state and the
   aborted-transaction index, DeleteRecords and retention, undo a failed write, flush
@@ -14,20 +14,20 @@ Protocols here:
   replay on startup (from a checkpoint's offset), close.
 
 A `StorageEngine` opens both. `FileStorage` is the one engine so far: segment files under
-the data directory (`persister.log.PartitionLog`, `persister.record_log.RecordLog`), which
+the data directory (`persister.file_log.PartitionLog`, `persister.coordinator_log.RecordLog`), which
 mypy checks against these Protocols where `FileStorage` returns them and where
-`FILE_STORAGE` is typed. `persister.record_log.MemoryRecordLog` is a `CoordinatorLog`
+`FILE_STORAGE` is typed. `persister.coordinator_log.MemoryRecordLog` is a `CoordinatorLog`
 for unit tests.
 
 What is still the file backend's own, and the next backend has to answer for:
-- `TopicLog.directory`: `broker.logs.LogManager` lays out the topic directories itself
+- `TopicLog.directory`: `broker.partitions.LogManager` lays out the topic directories itself
   (`<topic>-<partition>`, the `partition.metadata` topic-id marker, deleted topics
   renamed and removed, directories of topics deleted while the broker was down).
 - `CoordinatorLog.partition_log`: the segmented file log under a record log, for the
   features that work on segment files (checkpoints bounded by its offsets, compaction of
   closed segments, adopting a Spark compaction). A log without one (None) runs with
   neither, as `MemoryRecordLog` does.
-- `broker.cluster.MetadataStore` and `coordinator.share_persister.DurablePersister`
+- `coordinator.metadata.MetadataStore` and `coordinator.share_persister.DurablePersister`
   open their `RecordLog` themselves.
 """
 
@@ -39,9 +39,9 @@ from typing import Protocol
 
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
-from persister.log import AppendResult, LogConfig, PartitionLog
+from persister.coordinator_log import KeyValue, RecordLog
+from persister.file_log import AppendResult, LogConfig, PartitionLog
 from persister.producer_state import ProducerStateManager
-from persister.record_log import KeyValue, RecordLog
 from persister.txn_index import AbortedTxn
 
 

@@ -139,7 +139,7 @@ def decode_request(api_key: int, version: int, frame: bytes | memoryview, offset
     try:
         entity, _ = _reader(cls)(frame, offset)
     except Exception as exc:
-        # Run `protocol.guard` first: kio aborts the process on some bad lengths.
+        # Run `protocol.request_check` first: kio aborts the process on some bad lengths.
         raise MalformedRequest(api_key, version, f"{type(exc).__name__}: {exc}") from exc
     return entity
 

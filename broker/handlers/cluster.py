@@ -9,12 +9,12 @@ import structlog
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import i8, i16, i32, i64
 
-from broker.cluster import Topic
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import TopicStores, auto_create_topic
 from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
 from broker.server import Endpoint, RequestContext
+from coordinator.metadata import Topic
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:

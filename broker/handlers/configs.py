@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import structlog
 from kio.static.primitive import i8
 
-from broker.cluster import MetadataStore, Record, Topic
 from broker.config import (
     BROKER_KEYS,
     SOURCE_DEFAULT,
@@ -21,10 +20,11 @@ from broker.config import (
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import validate_topic_configs
-from broker.logs import LogManager
+from broker.partitions import LogManager
 from broker.server import RequestContext
 from coordinator.group_config import AlterConfigOp
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.metadata import MetadataStore, Record, Topic
 from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
 

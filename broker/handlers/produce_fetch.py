@@ -11,12 +11,12 @@ import structlog
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import Records, TZAware, i32, i64
 
-from broker.cluster import MetadataStore
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import verify_produce
-from broker.logs import LogManager, Partition, validate_produce_data, wait_for_any
+from broker.partitions import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
+from coordinator.metadata import MetadataStore
 from coordinator.transactions import TransactionCoordinator
 from protocol import api
 from protocol.errors import ErrorCode, KafkaError

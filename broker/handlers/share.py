@@ -17,7 +17,6 @@ import structlog
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
-from broker.cluster import MetadataStore
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
@@ -31,6 +30,7 @@ from broker.share.fetch import (
 from broker.share.manager import AckBatches
 from broker.share.session import TopicIdPartition
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.metadata import MetadataStore
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:

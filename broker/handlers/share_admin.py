@@ -20,7 +20,7 @@ from kio.static.primitive import i32, i64
 
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
-from broker.logs import Partition
+from broker.partitions import Partition
 from broker.server import RequestContext
 from coordinator.group_coordinator import GroupCoordinator, PartitionOffsets, TopicResult
 from protocol.errors import ErrorCode, KafkaError

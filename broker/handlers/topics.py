@@ -10,12 +10,12 @@ import structlog
 from kio.schema.types import TopicName
 from kio.static.primitive import i8, i16, i32
 
-from broker.cluster import MetadataStore, Record, Topic, validate_topic_name
 from broker.config import TOPIC_KEYS, BrokerConfig, format_value, parse_value
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
-from broker.logs import LogManager
+from broker.partitions import LogManager
 from broker.server import RequestContext
+from coordinator.metadata import MetadataStore, Record, Topic, validate_topic_name
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:

@@ -41,7 +41,6 @@ from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, BatchHeader
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
-    from broker.cluster import MetadataStore
     from broker.handlers.requests import (
         AddOffsetsToTxnRequest,
         AddPartitionsToTxnBatchRequest,
@@ -50,7 +49,8 @@ if TYPE_CHECKING:
         InitProducerIdRequest,
         TxnOffsetCommitRequest,
     )
-    from broker.logs import LogManager, Partition
+    from broker.partitions import LogManager, Partition
+    from coordinator.metadata import MetadataStore
 
 log = structlog.get_logger("spool.transactions")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker import trace
-from broker.logs import Partition, Subscribable, Wakeup
+from broker.partitions import Partition, Subscribable, Wakeup
 from broker.share.manager import AckBatches, AckOutcome, SharePartitionManager
 from broker.share.partition import AcquiredRange, ShareAcquireMode
 from broker.share.reader import FetchedPartition

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from broker.logs import Partition
+from broker.partitions import Partition
 from broker.share.delayed_fetch import DelayedShareFetch, FetchEntry
 from broker.share.manager import AckBatches, SharePartitionManager
 from broker.share.partition import ShareAcquireMode

@@ -44,7 +44,7 @@ DURABLE_WAIT_S = 30.0
 
 
 class LogPartition(Protocol):
-    """What the manager needs of a topic partition (broker.logs.Partition)."""
+    """What the manager needs of a topic partition (broker.partitions.Partition)."""
 
     topic: str
     index: int

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from persister.log import PartitionLog, commit_segment_swaps
+from persister.file_log import PartitionLog, commit_segment_swaps
 from persister.spark.compact import (
     MANIFEST,
     MANIFEST_FORMAT,

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from persister import share_fold
+from persister import share_replay
 from persister.dirlock import in_use
 from persister.segment import LOG_SUFFIX
 from persister.share_records import (
@@ -319,8 +319,8 @@ def scan_file(
 
 def fold(records: Iterable[LogRecord]) -> ShareSnapshot | None:
     """A key's state after `records` by the coordinator's own replay rules
-    (persister.share_fold), as the ShareSnapshot that stands for it; None if deleted."""
-    return share_fold.fold(r.share for r in records)
+    (persister.share_replay), as the ShareSnapshot that stands for it; None if deleted."""
+    return share_replay.fold(r.share for r in records)
 
 
 def from_last_reset(records: Sequence[LogRecord]) -> Sequence[LogRecord]:
@@ -355,7 +355,7 @@ def key_states(records: Sequence[LogRecord]) -> list[ShareSnapshot | None]:
     states: list[ShareSnapshot | None] = [None]
     state: ShareSnapshot | None = None
     for record in records:
-        state = share_fold.apply(state, record.share)
+        state = share_replay.apply(state, record.share)
         states.append(state)
     return states
 
@@ -552,10 +552,10 @@ def _replay_kept(kept: Sequence[LogRecord], states: States) -> ShareSnapshot | N
     replayed again only when that first state differs."""
     if not kept:
         return None
-    first = share_fold.apply(None, kept[0].share)
+    first = share_replay.apply(None, kept[0].share)
     if first == states[len(states) - len(kept)]:
         return states[-1]
-    return share_fold.fold((r.share for r in kept[1:]), first)
+    return share_replay.fold((r.share for r in kept[1:]), first)
 
 
 def _describe_state(state: ShareSnapshot | None) -> str:

@@ -2,7 +2,7 @@
 
 Reads every closed segment of `DATA/share-state/` (never the active one) on Spark and
 folds each key's (group, topic id, partition) records into one ShareSnapshot with
-`persister.share_fold` (the coordinator's own replay rules), in one pass: each split
+`persister.share_replay` (the coordinator's own replay rules), in one pass: each split
 folds its keys from their last snapshot or tombstone in it and keeps their raw updates
 where it has none (`fold_split`), so what is shuffled is one small run per key and
 split; each key's runs are then folded in offset order (`fold_runs`). Keys whose state
@@ -39,8 +39,8 @@ from typing import IO, Any, NamedTuple
 
 from persister.files import write_synced
 from persister.segment import LOG_SUFFIX
-from persister.share_fold import apply, fold
 from persister.share_records import ShareKey, ShareSnapshot, ShareUpdate, decode, encode
+from persister.share_replay import apply, fold
 from persister.spark.segments import (
     DEFAULT_SPLIT_BYTES,
     SNAPSHOT,

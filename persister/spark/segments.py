@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 SHARE_STATE_DIR = "share-state"
-# The cluster-metadata log every spool data dir has (broker.cluster.MetadataStore).
+# The cluster-metadata log every spool data dir has (coordinator.metadata.MetadataStore).
 _META_DIR = "meta"
 SNAPSHOT = "snapshot"
 UPDATE = "update"

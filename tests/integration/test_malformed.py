@@ -390,7 +390,7 @@ def test_produce_errors_for_missing_partition_and_oversized_batch_append_nothing
     assert_still_serving(broker, "after-limits")
 
 
-# --- lying lengths and broken schema rules (protocol/guard.py) ------------------------
+# --- lying lengths and broken schema rules (protocol/request_check.py) ------------------------
 #
 # These share one broker that holds a topic with records: after every bad frame the
 # process must be up, the bad connection closed (unparseable) or answered

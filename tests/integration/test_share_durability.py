@@ -27,7 +27,7 @@ from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from coordinator.share_coordinator import ShareCoordinatorShard
 from coordinator.share_state import ShareStateKey
-from persister.log import LogConfig, PartitionLog
+from persister.file_log import LogConfig, PartitionLog
 from persister.share_compaction import read_share_records
 from protocol.records import iter_batches
 from tests.integration.conftest import CLIENT_LOGGER, Broker, create_topic

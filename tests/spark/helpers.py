@@ -9,7 +9,7 @@ from pathlib import Path
 
 from coordinator.share_coordinator import ShareCoordinatorShard
 from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
-from persister.log import LogConfig, PartitionLog
+from persister.file_log import LogConfig, PartitionLog
 from persister.share_compaction import read_share_records
 from persister.share_records import ShareRecord, encode
 from protocol.records import NewRecord, build_batch

@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 from broker.cli import main as spool_main
 from coordinator import group_records
 from coordinator.group_config import GroupConfigRecord
-from persister.log import PartitionLog
-from persister.record_log import internal_log_config
+from persister.coordinator_log import internal_log_config
+from persister.file_log import PartitionLog
 from persister.share_records import (
     ShareKey,
     ShareRecord,

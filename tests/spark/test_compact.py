@@ -25,7 +25,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker.cli import main as spool_main
-from persister.log import LogConfig, PartitionLog
+from persister.file_log import LogConfig, PartitionLog
 from persister.share_compaction import compact_share_log
 from persister.spark import adopt as spark_adopt
 from persister.spark.compact import MANIFEST, compact, fold_key, write_manifest, write_segments

@@ -1,4 +1,4 @@
-"""`persister.share_fold.fold` against the share coordinator's replay (no Spark needed):
+"""`persister.share_replay.fold` against the share coordinator's replay (no Spark needed):
 folding a key's records gives the state replay leaves, a log whose prefix is
 replaced by one folded snapshot per key replays to the same state as the original, and
 `spool compact`'s split-then-key fold equals folding each key's records."""
@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from coordinator.share_coordinator import ShareCoordinatorShard
 from coordinator.share_state import ShareState, ShareStateKey
-from persister.share_fold import fold
 from persister.share_records import (
     ShareKey,
     ShareRecord,
@@ -27,6 +26,7 @@ from persister.share_records import (
     decode,
     encode,
 )
+from persister.share_replay import fold
 from persister.spark.compact import KeyRun, fold_key, fold_runs, fold_split
 from persister.spark.segments import Row, Split, read_split
 from protocol.records import NewRecord, build_batch

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from broker.handlers.responses import NO_THROTTLE
-from protocol import api, guard
+from protocol import api, request_check
 from protocol.errors import ErrorCode
 from tests.unit.fresh import run_fresh
 
@@ -69,7 +69,7 @@ def test_request_header_round_trips_flexible_and_legacy() -> None:
     for key, version in ((3, 12), (3, 4)):
         body = api.build(api.request_class(key, version), {"topics": None})
         frame = api.encode_request(key, version, 7, "client-x", body)[4:]
-        header, offset = guard.decode_request_header(frame)
+        header, offset = request_check.decode_request_header(frame)
         assert (header.api_key, header.api_version, header.correlation_id) == (key, version, 7)
         assert header.client_id == "client-x"
         assert api.decode_request(key, version, frame, offset) == body
@@ -78,7 +78,7 @@ def test_request_header_round_trips_flexible_and_legacy() -> None:
 def test_trailing_bytes_after_a_body_are_ignored_as_kafka_does() -> None:
     body = api.build(api.request_class(3, 12), {"topics": None})
     frame = api.encode_request(3, 12, 1, "c", body)[4:] + b"\x01\x00\x00"
-    _, offset = guard.decode_request_header(frame)
+    _, offset = request_check.decode_request_header(frame)
     assert api.decode_request(3, 12, frame, offset) == body
 
 

@@ -26,13 +26,13 @@ import pytest
 from broker.broker import compaction_loop, retention_loop
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import fetch, produce
-from broker.logs import LogManager, Partition, validate_produce_data
 from broker.metrics import BrokerMetrics
+from broker.partitions import LogManager, Partition, validate_produce_data
 from broker.server import Server
 from coordinator.transactions import TransactionCoordinator
 from persister.clock import ManualClock, ms_of, sleep, wait_all
 from persister.commit import GroupCommit
-from persister.record_log import MemoryRecordLog
+from persister.coordinator_log import MemoryRecordLog
 from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from persister.commit import GroupCommit
-from persister.log import LogConfig, PartitionLog
+from persister.file_log import LogConfig, PartitionLog
 from tests.unit.test_log import NOW, make_batch, read_all
 
 

@@ -18,7 +18,7 @@ from coordinator.group_config import SET, AlterConfigOp, GroupConfigRecord, Grou
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.share_persister import InMemoryPersister
 from persister.commit import GroupCommit
-from persister.record_log import KeyValue, RecordLog, internal_log_config
+from persister.coordinator_log import KeyValue, RecordLog, internal_log_config
 from protocol.records import decode_records, iter_batches
 
 T = uuid.UUID(int=5)

@@ -16,7 +16,7 @@ from broker.broker import Broker
 from broker.config import BrokerConfig, load_static
 from broker.handlers import APIS, requests
 from broker.server import Endpoint, RequestContext
-from protocol import api, guard
+from protocol import api, request_check
 from tests.unit.fresh import run_fresh
 
 
@@ -190,6 +190,6 @@ async def test_a_handler_answering_the_wrong_entity_is_refused_before_the_wire(
     broker.table.register(3, 12, 12, metadata)
     request = api.build(api.request_class(3, 12), {"topics": None})
     frame = api.encode_request(3, 12, 7, "unit", request)[4:]
-    header, offset = guard.decode_request_header(frame)
+    header, offset = request_check.decode_request_header(frame)
     with pytest.raises(api.WrongResponse, match="the metadata handler answered"):
         await broker.dispatch(RequestContext(header, "127.0.0.1", 1), frame, offset)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from persister.log import (
+from persister.file_log import (
     CLEAN_SHUTDOWN_FILE,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -802,7 +802,7 @@ def test_a_segment_roll_the_disk_refuses_leaves_the_active_segment_writable(
 ) -> None:
     import errno
 
-    from persister import log as log_module
+    from persister import file_log as log_module
 
     plog = PartitionLog.open(tmp_path / "p", LogConfig(segment_bytes=300, retention_ms=-1), NOW)
     plog.append(make_batch(payload=200), NOW)

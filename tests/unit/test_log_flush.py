@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from persister import segment as segment_module
-from persister.log import RECOVERY_POINT_CHECKPOINT, PartitionLog
+from persister.file_log import RECOVERY_POINT_CHECKPOINT, PartitionLog
 from persister.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tests.unit.test_log import NOW, fill, headers, make_batch, read_all, small_config
 

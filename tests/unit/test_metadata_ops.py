@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from broker.cluster import MetadataStore
 from broker.config import TOPIC_KEYS, BrokerConfig
 from broker.handlers.configs import TOPIC as TOPIC_RESOURCE
 from broker.handlers.configs import incremental_alter_configs
@@ -26,6 +25,7 @@ from broker.handlers.topics import (
     create_topics,
     delete_topics,
 )
+from coordinator.metadata import MetadataStore
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode, KafkaError
 

@@ -19,7 +19,7 @@ from coordinator.share_persister import DurablePersister, StateWrite, write_stat
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
-from persister.record_log import KeyValue
+from persister.coordinator_log import KeyValue
 from protocol.errors import ErrorCode, KafkaError
 from tests.unit import test_runtime
 from tests.unit.test_runtime import ERRNOS, STAGES, Disk, Row, TableStore, reopen

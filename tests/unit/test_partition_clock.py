@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from broker.config import BrokerConfig
-from broker.logs import LogManager, validate_produce_data
+from broker.partitions import LogManager, validate_produce_data
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol.records import NewRecord, build_batch

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.logs import LogManager, Partition, validate_produce_data
+from broker.partitions import LogManager, Partition, validate_produce_data
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode, KafkaError

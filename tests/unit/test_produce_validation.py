@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.logs import MAX_DECOMPRESSED_BATCH_BYTES, validate_produce_data
+from broker.partitions import MAX_DECOMPRESSED_BATCH_BYTES, validate_produce_data
 from protocol.compression import GZIP, ZSTD
 from protocol.errors import CorruptRecordError
 from protocol.records import NewRecord, build_batch

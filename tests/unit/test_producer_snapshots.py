@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from broker.logs import Partition
+from broker.partitions import Partition
 from persister.checkpoint import producer_snapshot_offsets, producer_snapshot_path
-from persister.log import LogConfig, PartitionLog
+from persister.file_log import LogConfig, PartitionLog
 from persister.producer_state import ProducerStateManager
 from tests.unit import test_transactions_log
 from tests.unit.test_producer_state import batch

@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 
 import persister.segment
-from broker.cluster import MetadataStore, topic_record
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import SET, AlterConfigOp, GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.metadata import MetadataStore, topic_record
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction, for_coordinator_rpc
 from coordinator.share_persister import DurablePersister, InMemoryPersister
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
-from persister.record_log import KeyValue, RecordLog, internal_log_config
+from persister.coordinator_log import KeyValue, RecordLog, internal_log_config
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import decode_records, iter_batches
 
@@ -816,7 +816,7 @@ def metadata_state(store: MetadataStore) -> dict[str, Any]:
 
 
 def new_topic(name: str, partitions: int = 1) -> dict[str, Any]:
-    from broker.cluster import Topic
+    from coordinator.metadata import Topic
 
     return topic_record(Topic(name, uuid.uuid4(), partitions))
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from broker.config import BrokerConfig
-from broker.logs import MIN_FREE_FILES, LogManager
+from broker.partitions import MIN_FREE_FILES, LogManager
 from broker.server import (
     INT_MAX,
     ByteBudget,
@@ -435,7 +435,7 @@ def test_a_partition_whose_producer_state_cannot_be_read_closes_its_log(
 ) -> None:
     # The fd limit may be hit after the log opened, while its producer state is loaded
     # (that lists the directory); the opened log must not be left behind.
-    from persister.log import PartitionLog
+    from persister.file_log import PartitionLog
 
     logs = LogManager(tmp_path, BrokerConfig({}), GroupCommit())
     before = open_files()

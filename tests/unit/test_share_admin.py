@@ -17,7 +17,7 @@ from coordinator.group_coordinator import GroupCoordinator, PartitionOffsets, Pa
 from coordinator.share_persister import InMemoryPersister
 from coordinator.share_state import PersistedBatch, ShareStateKey
 from persister.clock import ManualClock
-from persister.record_log import KeyValue, MemoryRecordLog
+from persister.coordinator_log import KeyValue, MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
 
 T1 = uuid.UUID(int=1)

@@ -29,7 +29,7 @@ from coordinator.share_group import (
 from coordinator.share_persister import InMemoryPersister
 from coordinator.share_state import UNINITIALIZED_START_OFFSET, ShareStateKey
 from persister.clock import ManualClock
-from persister.record_log import KeyValue, MemoryRecordLog
+from persister.coordinator_log import KeyValue, MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
 
 T1 = uuid.UUID(int=1)

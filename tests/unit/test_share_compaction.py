@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from coordinator.share_coordinator import ShareCoordinatorShard
 from coordinator.share_state import PersistedBatch, ShareState, ShareStateKey
-from persister.log import CLEANED_SUFFIX, LogConfig, PartitionLog
+from persister.file_log import CLEANED_SUFFIX, LogConfig, PartitionLog
 from persister.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,

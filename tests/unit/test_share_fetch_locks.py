@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from broker.logs import Wakeup
+from broker.partitions import Wakeup
 from broker.share.locks import FetchLocks
 from broker.share.manager import LOCK_WAIT_MS, FetchedPartition, SharePartitionManager
 from broker.share.partition import InFlightRange, RecordState

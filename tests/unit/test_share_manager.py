@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 from structlog.testing import capture_logs
 
-from broker.logs import Wakeup
+from broker.partitions import Wakeup
 from broker.share.manager import (
     EXPIRY_RETRY_BACKOFF_MS,
     FetchedPartition,

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from broker.logs import Listener, Wakeup, wait_for_any
+from broker.partitions import Listener, Wakeup, wait_for_any
 from broker.server import Server
 from persister.clock import ManualClock
 from persister.commit import GroupCommit

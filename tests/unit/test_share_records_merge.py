@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persister.share_fold import PackedBatches, merge_packed
 from persister.share_records import StateBatch, merge_batches
+from persister.share_replay import PackedBatches, merge_packed
 
 
 def _quadratic_merge(

@@ -7,10 +7,10 @@ import uuid
 from pathlib import Path
 
 from broker.config import BrokerConfig
-from broker.logs import LogManager, validate_produce_data
+from broker.partitions import LogManager, validate_produce_data
 from persister.clock import SYSTEM_CLOCK, Clock, ManualClock
 from persister.commit import GroupCommit
-from persister.log import LogConfig
+from persister.file_log import LogConfig
 from persister.storage import CoordinatorLog, FileStorage, TopicLog
 from protocol.records import NewRecord, build_batch
 

@@ -22,7 +22,7 @@ from coordinator.transactions import (
     TxnTombstone,
 )
 from persister.clock import ManualClock
-from persister.record_log import KeyValue, MemoryRecordLog
+from persister.coordinator_log import KeyValue, MemoryRecordLog
 from protocol.errors import ErrorCode, KafkaError
 
 TID = "txn-a"

@@ -16,7 +16,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import LATEST, _fetch_once, _offset_for, _Wanted
-from broker.logs import LogManager, Partition, validate_produce_data
+from broker.partitions import LogManager, Partition, validate_produce_data
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from persister.segment import LogSegment

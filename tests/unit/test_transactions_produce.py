@@ -16,10 +16,10 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import produce
-from broker.logs import LogManager, Partition
+from broker.partitions import LogManager, Partition
 from coordinator.transactions import S, TransactionCoordinator
 from persister.commit import GroupCommit
-from persister.record_log import MemoryRecordLog
+from persister.coordinator_log import MemoryRecordLog
 from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch

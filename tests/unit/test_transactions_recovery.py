@@ -19,10 +19,10 @@ import pytest
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import _fetch_once, _Wanted
 from broker.handlers.transactions import marker_writer
-from broker.logs import LogManager, Partition, validate_produce_data
+from broker.partitions import LogManager, Partition, validate_produce_data
 from coordinator.transactions import S, TopicPartition, TransactionCoordinator
 from persister.commit import GroupCommit
-from persister.record_log import RecordLog
+from persister.coordinator_log import RecordLog
 from protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tests.unit import test_commit
 

@@ -1,4 +1,4 @@
-"""The request structure check (`protocol.guard`): no body reaches kio's reader unless
+"""The request structure check (`protocol.request_check`): no body reaches kio's reader unless
 every declared length fits the frame, and schema rules kio does not enforce are
 answered as INVALID_REQUEST."""
 
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.serial import entity_writer
 
-from protocol import api, guard
+from protocol import api, request_check
 from tests.fuzz import frames
 
 # The 21-byte frame that aborted the broker: Metadata v12 whose topics compact array
@@ -43,13 +43,13 @@ def frame_of(api_key: int, version: int, body: Any, client_id: str = "test") -> 
 
 def check(frame: bytes) -> bytes:
     """Header, then the guard, as dispatch runs them; returns what kio would read."""
-    header, offset = guard.decode_request_header(frame)
-    return guard.check_request(header.api_key, header.api_version, frame, offset)
+    header, offset = request_check.decode_request_header(frame)
+    return request_check.check_request(header.api_key, header.api_version, frame, offset)
 
 
 def decode(frame: bytes) -> Any:
-    header, offset = guard.decode_request_header(frame)
-    checked = guard.check_request(header.api_key, header.api_version, frame, offset)
+    header, offset = request_check.decode_request_header(frame)
+    checked = request_check.check_request(header.api_key, header.api_version, frame, offset)
     return api.decode_request(header.api_key, header.api_version, checked, offset)
 
 
@@ -185,7 +185,7 @@ def test_null_where_the_array_is_not_nullable_is_invalid_request(
 ) -> None:
     # kio's writer writes a None array as null whatever the schema says.
     body = _replace(body_of(api_key, version, data), field, None)
-    with pytest.raises(guard.InvalidRequest) as caught:
+    with pytest.raises(request_check.InvalidRequest) as caught:
         check(frame_of(api_key, version, body))
     assert caught.value.field_path == field
     assert "not nullable" in caught.value.reason
@@ -206,7 +206,7 @@ def test_negative_string_length_other_than_null_is_invalid_request() -> None:
     target = next(n for n in lengths if n.path == "topics[0].name")
     frame = frame_of(3, 4, body)
     frame = frame[: len(frame) - len(payload)] + frames.splice_length(payload, target, -5)
-    with pytest.raises(guard.InvalidRequest) as caught:
+    with pytest.raises(request_check.InvalidRequest) as caught:
         check(frame)
     assert caught.value.field_path == "topics[0].name"
     assert "negative string length -5" in caught.value.reason
@@ -216,7 +216,7 @@ def test_text_that_is_not_utf8_is_invalid_request() -> None:
     frame = bytearray(frame_of(3, 12, body_of(3, 12, {"topics": [{"name": "abc"}]})))
     at = frame.index(b"abc")
     frame[at : at + 3] = b"a\xff\xfe"
-    with pytest.raises(guard.InvalidRequest) as caught:
+    with pytest.raises(request_check.InvalidRequest) as caught:
         check(bytes(frame))
     assert caught.value.field_path == "topics[0].name"
     assert "UTF-8" in caught.value.reason
@@ -226,7 +226,7 @@ def test_boolean_byte_other_than_zero_or_one_is_invalid_request() -> None:
     frame = bytearray(frame_of(3, 12, body_of(3, 12, {"topics": None})))
     # Body: topics (0x00), allow_auto_topic_creation, include_topic_authorized_operations, tags.
     frame[-3] = 7
-    with pytest.raises(guard.InvalidRequest) as caught:
+    with pytest.raises(request_check.InvalidRequest) as caught:
         check(bytes(frame))
     assert caught.value.field_path == "allow_auto_topic_creation"
 
@@ -234,7 +234,7 @@ def test_boolean_byte_other_than_zero_or_one_is_invalid_request() -> None:
 def test_unparseable_bytes_win_over_a_broken_rule() -> None:
     """Null in a non-nullable array, then a cut-short frame: the connection must close."""
     frame = frame_of(20, 6, _replace(body_of(20, 6, {"timeout": 5}), "topics", None))
-    with pytest.raises(guard.InvalidRequest):
+    with pytest.raises(request_check.InvalidRequest):
         check(frame)
     with pytest.raises(api.MalformedRequest) as caught:
         check(frame[:-3])
@@ -360,14 +360,14 @@ def test_client_id_length_past_the_end_is_malformed() -> None:
     frame = bytearray(frame_of(3, 12, body_of(3, 12, {"topics": None}), client_id="abc"))
     struct.pack_into(">h", frame, 8, 30000)
     with pytest.raises(api.MalformedRequest) as caught:
-        guard.decode_request_header(bytes(frame))
+        request_check.decode_request_header(bytes(frame))
     assert (caught.value.api_key, caught.value.api_version) == (3, 12)
     assert caught.value.reason.startswith("client_id: string of 30000 bytes")
 
 
 def test_negative_client_id_length_is_a_null_client_id_as_in_kafka() -> None:
     frame = struct.pack(">hhih", 18, 0, 5, -7)
-    header, offset = guard.decode_request_header(frame)
+    header, offset = request_check.decode_request_header(frame)
     assert header.client_id is None and offset == 10
 
 
@@ -375,21 +375,21 @@ def test_header_tags_are_skipped_and_a_cut_tag_section_is_malformed() -> None:
     frame = frame_of(3, 12, body_of(3, 12, {"topics": None}), client_id="c")
     # Header: fixed 8, client id 2+1, then the tag count at 11.
     tagged = frame[:11] + b"\x01\x05\x02\xaa\xbb" + frame[12:]
-    header, offset = guard.decode_request_header(tagged)
+    header, offset = request_check.decode_request_header(tagged)
     assert header.client_id == "c" and offset == 16
     with pytest.raises(api.MalformedRequest):
-        guard.decode_request_header(frame[:11] + b"\x01\x05\x09\xaa")
+        request_check.decode_request_header(frame[:11] + b"\x01\x05\x09\xaa")
 
 
 def test_client_id_that_is_not_utf8_is_decoded_leniently() -> None:
     frame = struct.pack(">hhih", 18, 0, 5, 2) + b"\xff\xfe"
-    header, _ = guard.decode_request_header(frame)
+    header, _ = request_check.decode_request_header(frame)
     assert header.client_id == "\ufffd\ufffd"
 
 
 def test_decode_errors_after_the_guard_are_malformed_request() -> None:
     frame = frame_of(3, 12, body_of(3, 12, {"topics": [{"name": "t"}]}))
-    _, offset = guard.decode_request_header(frame)
+    _, offset = request_check.decode_request_header(frame)
     with pytest.raises(api.MalformedRequest) as caught:
         api.decode_request(3, 12, frame[:-4], offset)  # kio sees it cut short
     assert caught.value.api_key == 3
@@ -440,12 +440,12 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
 def _guard_then_kio(payload: bytes) -> None:
     """The guard raises only its two exceptions; when it passes, kio decodes."""
     try:
-        header, offset = guard.decode_request_header(payload)
+        header, offset = request_check.decode_request_header(payload)
     except api.MalformedRequest:
         return
     try:
-        checked = guard.check_request(header.api_key, header.api_version, payload, offset)
-    except (api.MalformedRequest, guard.InvalidRequest):
+        checked = request_check.check_request(header.api_key, header.api_version, payload, offset)
+    except (api.MalformedRequest, request_check.InvalidRequest):
         return
     cls = api.request_class(header.api_key, header.api_version)
     entity, _ = api._reader(cls)(checked, offset)
@@ -492,7 +492,7 @@ def test_timestamps_and_durations_kio_cannot_represent_are_invalid_request() -> 
         namespace={"__flexible__": False, "__api_key__": 3, "__version__": 0},
     )
     good = struct.pack(">q", 1_700_000_000_000)
-    assert guard.check_entity(probe, good, 0) == good
+    assert request_check.check_entity(probe, good, 0) == good
     for bad in (-5, 2**62):
-        with pytest.raises(guard.InvalidRequest):
-            guard.check_entity(probe, struct.pack(">q", bad), 0)
+        with pytest.raises(request_check.InvalidRequest):
+            request_check.check_entity(probe, struct.pack(">q", bad), 0)

@@ -33,7 +33,7 @@ import structlog
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
-from persister.record_log import (
+from persister.coordinator_log import (
     INTERNAL_SEGMENT_BYTES,
     KeyValue,
     RecordLog,

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
+from persister.file_log import CLEANED_SUFFIX, LogConfig, PartitionLog
 from persister.files import write_synced
-from persister.log import CLEANED_SUFFIX, LogConfig, PartitionLog
 from persister.segment import LOG_SUFFIX, segment_file_name
 from protocol.records import (
     BatchHeader,

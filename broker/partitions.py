@@ -32,7 +32,7 @@ from broker import trace
 from broker.config import TOPIC_KEYS, BrokerConfig, parse_value
 from persister.clock import SYSTEM_CLOCK, Clock, ms_of
 from persister.commit import GroupCommit
-from persister.log import AppendResult, LogConfig
+from persister.file_log import AppendResult, LogConfig
 from persister.producer_state import CompletedTxn, ProducerStateManager
 from persister.storage import FILE_STORAGE, StorageEngine, TopicLog
 from persister.txn_index import AbortedTxn
