@@ -76,6 +76,9 @@ class Listeners:
         self._first.pop(listener, None)
         self._rest.pop(listener, None)
 
+    def __len__(self) -> int:
+        return len(self._first) + len(self._rest)
+
     def notify(self) -> None:
         for listener in list(self._first):
             listener()

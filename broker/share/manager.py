@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from broker import trace
 from broker.metrics import ShareMetrics
+from broker.partitions import Listener, Listeners
 from broker.share.expiry import LockExpiry
 from broker.share.locks import FetchLocks
 from broker.share.partition import (
@@ -63,7 +63,6 @@ from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.share")
 
-Listener = Callable[[], None]
 # A partition's AcknowledgementBatches: (first offset, last offset, acknowledge types).
 AckBatches = list[tuple[int, int, tuple[int, ...]]]
 # An acknowledgement's outcome: error code and message.
@@ -129,7 +128,7 @@ class SharePartitionManager:
         # One change at a time per share partition, held from the core until commit.
         self.lock_wait_ms = lock_wait_ms
         self._locks: FetchLocks[ShareStateKey] = FetchLocks(clock, on_free=self._notify)
-        self._listeners: dict[ShareStateKey, set[Listener]] = {}
+        self._listeners: dict[ShareStateKey, Listeners] = {}
         self._sweep_timer: Timer | None = None
         self._background: set[asyncio.Future[Any]] = set()
         self._last_used: dict[ShareStateKey, int] = {}
@@ -599,13 +598,16 @@ class SharePartitionManager:
             key
             for key, sp in self.partitions.items()
             if sp.acquired_count == 0
-            and key not in self._listeners
+            and not self._listeners.get(key)
             and key not in self._locks
             and at_ms - self._last_used.get(key, 0) >= idle_for
         ]
         for key in idle:
             del self.partitions[key]
             self._last_used.pop(key, None)
+        # Wake-up entries whose parked fetches have all gone (`listeners` keeps them).
+        for key in [key for key, listeners in self._listeners.items() if not listeners]:
+            del self._listeners[key]
         if idle:
             log.info("share_partitions_unloaded", count=len(idle), loaded=len(self.partitions))
         return len(idle)
@@ -643,22 +645,28 @@ class SharePartitionManager:
     # -- wake-ups for parked share fetches -----------------------------------------
 
     def add_listener(self, key: ShareStateKey, listener: Listener) -> None:
-        self._listeners.setdefault(key, set()).add(listener)
+        self.listeners(key).add_listener(listener)
 
     def remove_listener(self, key: ShareStateKey, listener: Listener) -> None:
         listeners = self._listeners.get(key)
         if listeners is not None:
-            listeners.discard(listener)
+            listeners.remove_listener(listener)
             if not listeners:
                 del self._listeners[key]
 
-    def listeners(self, key: ShareStateKey) -> _KeyListeners:
-        """The wake-ups of one share partition, as a source for `wait_for_any`."""
-        return _KeyListeners(self, key)
+    def listeners(self, key: ShareStateKey) -> Listeners:
+        """The wake-ups of one share partition (the same `Listeners` a topic partition
+        keeps), as a source for `wait_for_any`; an emptied entry is dropped when the
+        partition is unloaded."""
+        listeners = self._listeners.get(key)
+        if listeners is None:
+            listeners = self._listeners[key] = Listeners()
+        return listeners
 
     def _notify(self, key: ShareStateKey) -> None:
-        for listener in list(self._listeners.get(key, ())):
-            listener()
+        listeners = self._listeners.get(key)
+        if listeners is not None:
+            listeners.notify()
 
 
 def _busy(key: ShareStateKey, waited_ms: int) -> AckOutcome:
@@ -673,15 +681,3 @@ def _busy(key: ShareStateKey, waited_ms: int) -> AckOutcome:
 
 def _count(ranges: Iterable[tuple[int, int]]) -> int:
     return sum(last - first + 1 for first, last in ranges)
-
-
-@dataclass(frozen=True, slots=True)
-class _KeyListeners:
-    manager: SharePartitionManager
-    key: ShareStateKey
-
-    def add_listener(self, listener: Listener) -> None:
-        self.manager.add_listener(self.key, listener)
-
-    def remove_listener(self, listener: Listener) -> None:
-        self.manager.remove_listener(self.key, listener)
