@@ -532,8 +532,11 @@ class SharePartitionManager:
         targets = (
             keys if keys is not None else [k for k in self.partitions if k.group_id == group_id]
         )
+        # A partition a request is loading (first use) is not in memory yet but is locked:
+        # waited for too, or a fetch of this member loading it would acquire records the
+        # release never sees, locked to a gone member until their lock expires.
         held, busy = await self._locks.ordered(
-            [k for k in targets if k in self.partitions], self.lock_wait_ms
+            [k for k in targets if k in self.partitions or k in self._locks], self.lock_wait_ms
         )
         for key in busy:
             self._release_busy(key, member_id)

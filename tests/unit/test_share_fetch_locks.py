@@ -20,7 +20,7 @@ from broker.partitions import Wakeup
 from broker.share.locks import FetchLocks
 from broker.share.manager import LOCK_WAIT_MS, FetchedPartition, SharePartitionManager
 from broker.share.partition import InFlightRange, RecordState
-from coordinator.share_state import ShareStateKey
+from coordinator.share_state import ShareState, ShareStateKey
 from persister.clock import ManualClock
 from protocol.errors import ErrorCode
 from tests.unit.test_share_manager import ACCEPT, LOCK_MS, manager, spans
@@ -204,3 +204,31 @@ async def test_fetch_locks_ordered_takes_keys_in_one_order_within_one_bound() ->
     clock.advance(100)
     taken, missed = await asyncio.wait_for(taking, BOUND_S)
     assert (taken, missed) == (["a", "c"], ["b"])
+
+
+async def test_a_closing_members_release_waits_for_a_fetch_still_loading_its_partition() -> None:
+    # Kafka's releaseSession takes each share partition's lock; a partition a fetch of the
+    # same member is loading (first use, its share state being read) is not in memory yet,
+    # but it is locked: the release must wait for it, not skip it and leave what the fetch
+    # acquires locked to a gone member until share.record.lock.duration.ms.
+    mgr, persister, _ = manager()
+    loading = asyncio.Event()
+    read_state = persister.read_state
+
+    async def gated_read(key: ShareStateKey, leader_epoch: int) -> ShareState:
+        await loading.wait()
+        return await read_state(key, leader_epoch)
+
+    persister.read_state = gated_read  # type: ignore[method-assign]
+    fetching = asyncio.ensure_future(fetch(mgr, [X], "m"))
+    await turns()
+    assert X in mgr._locks and X not in mgr.partitions  # loading, under X's lock
+    releasing = asyncio.ensure_future(mgr.release_member("g", "m", [X]))
+    await turns()
+    loading.set()
+    got, released = await asyncio.wait_for(asyncio.gather(fetching, releasing), BOUND_S)
+    assert spans(got[X]) == [(0, 9, 1)]  # acquired before the release took the lock
+    assert released == 10
+    assert mgr.partitions[X].acquired_count == 0
+    assert len(mgr._locks) == 0
+    mgr.stop()
