@@ -409,12 +409,19 @@ class SharePartitionManager:
                 fetched[key] = FetchedPartition(error_code=exc.code, error_message=exc.message)
             return None
         prepared = Prepared(key, sp, NO_CHANGE)
-        if key in acks:
-            self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
-        if key in fetching and budget[0] > 0 and budget[1] > 0:
-            await self.reader.prepare_acquire(
-                prepared, member_id, budget, batch_size, fetched, mode
-            )
+        try:
+            if key in acks:
+                self._prepare_acknowledge(prepared, acks[key], member_id, ack_results)
+            if key in fetching and budget[0] > 0 and budget[1] > 0:
+                await self.reader.prepare_acquire(
+                    prepared, member_id, budget, batch_size, fetched, mode
+                )
+        except BaseException:
+            # A failed log read after the acknowledgements were applied: undo them, or the
+            # change left pending would refuse every later change of the partition.
+            if prepared.change.pending:
+                prepared.change.rollback()
+            raise
         if prepared.change is NO_CHANGE and prepared.acquired is None and not prepared.acknowledged:
             return None
         return prepared

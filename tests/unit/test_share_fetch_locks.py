@@ -12,7 +12,9 @@ are meant to time out run on a ManualClock.
 from __future__ import annotations
 
 import asyncio
+import errno
 import uuid
+from unittest.mock import Mock
 
 import pytest
 
@@ -23,7 +25,7 @@ from broker.share.partition import InFlightRange, RecordState
 from coordinator.share_state import ShareState, ShareStateKey
 from persister.clock import ManualClock
 from protocol.errors import ErrorCode
-from tests.unit.test_share_manager import ACCEPT, LOCK_MS, manager, spans
+from tests.unit.test_share_manager import ACCEPT, LOCK_MS, FakeLog, manager, spans
 
 TOPIC = uuid.UUID(int=7)
 X, Y, Z = (ShareStateKey("g", TOPIC, p) for p in range(3))
@@ -231,4 +233,25 @@ async def test_a_closing_members_release_waits_for_a_fetch_still_loading_its_par
     assert released == 10
     assert mgr.partitions[X].acquired_count == 0
     assert len(mgr._locks) == 0
+    mgr.stop()
+
+
+async def test_a_log_read_failing_after_the_acknowledgements_leaves_no_change_pending() -> None:
+    # A ShareFetch applies its acknowledgements in memory, then reads the log to acquire
+    # on top of them. When that read fails (an I/O error on a segment) the request fails,
+    # but the partition must be left as it was: a change left pending would refuse every
+    # later acknowledgement, fetch and lock expiry of the partition (ChangePending).
+    log = FakeLog(high_watermark=20, last_stable_offset=20)
+    mgr, _, _ = manager(log)
+    assert spans((await fetch(mgr, [X]))[X]) == [(0, 9, 1)]
+    log.read = Mock(side_effect=OSError(errno.EIO, "Input/output error"))  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        await mgr.acknowledge_and_acquire(
+            {X: [(0, 9, (ACCEPT,))]}, [X], "m", max_records=100, batch_size=100, max_bytes=1 << 20
+        )
+    assert not mgr.partitions[X].change_pending
+    assert len(mgr._locks) == 0
+    # Not applied, not lost: the same acknowledgement succeeds when sent again.
+    assert mgr.partitions[X].acquired_count == 10
+    assert await mgr.acknowledge(X, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     mgr.stop()
