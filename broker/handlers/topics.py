@@ -369,11 +369,23 @@ async def delete_topics(
 
 
 def _remove_deleted(broker: TopicsBroker, outcomes: list[Outcome]) -> None:
-    """After the deletions' replay, in the same turn: remove the topics' logs."""
+    """After the deletions' replay, in the same turn: remove the topics' logs. The
+    deletions are durable by now: a topic whose logs cannot be removed (an I/O error)
+    is logged and still answered deleted, the other topics' logs are removed and the
+    deletion hooks run for every topic (the broker's restart removes what is left)."""
     for topic in outcomes:
         if isinstance(topic, KafkaError):
             continue
-        broker.logs.remove_topic(topic.name)
+        try:
+            broker.logs.remove_topic(topic.name)
+        except OSError as exc:
+            log.error(
+                "topic_logs_not_removed",
+                topic=topic.name,
+                topic_id=str(topic.topic_id),
+                error=repr(exc),
+                hint="the topic is deleted; its log directories are removed on restart",
+            )
         log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
         for hook in broker.topic_deleted_hooks:
             hook(topic.name, topic.topic_id)

@@ -8,6 +8,7 @@ writes its records, as Kafka's controller runs each request as one event
 from __future__ import annotations
 
 import asyncio
+import errno
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ class Logs:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, Any]] = []
         self.fail_open: set[str] = set()
+        self.fail_remove: set[str] = set()
 
     def ensure_file_headroom(self, topic: str, partitions: int) -> None:
         pass
@@ -53,6 +55,8 @@ class Logs:
         self.events.append(("reconfigure", name, dict(configs)))
 
     def remove_topic(self, name: str) -> None:
+        if name in self.fail_remove:
+            raise OSError(errno.EIO, "Input/output error")
         self.events.append(("remove", name, None))
 
     def topic_settings(self, configs: dict[str, str]) -> dict[str, Any]:
@@ -287,3 +291,24 @@ async def test_an_existing_name_is_answered_before_the_other_checks(
     bad.name = "u"
     answer = await create_topics(None, _request(topics=[bad], validate_only=False), broker)
     assert _code(answer) == ErrorCode.invalid_partitions
+
+
+async def test_a_deleted_topic_whose_logs_cannot_be_removed_is_still_answered_deleted(
+    open_broker: Callable[[], Broker],
+) -> None:
+    """The deletion is durable once its records are replayed; removing the logs after it
+    (the `applied` hook) failing for one topic must not fail the request, skip the other
+    topics' logs or the deletion hooks (share groups forget the topic's state there)."""
+    broker = open_broker()
+    await create_topics(None, _create("a"), broker)
+    await create_topics(None, _create("b"), broker)
+    gone: list[str] = []
+    broker.topic_deleted_hooks.append(lambda name, topic_id: gone.append(name))
+    broker.logs.fail_remove.add("a")
+    answer = await delete_topics(
+        None, _request(**{"__version__": 5, "topic_names": ["a", "b"]}), broker
+    )
+    assert [ErrorCode(r.error_code) for r in answer.responses] == [ErrorCode.none] * 2
+    assert ("remove", "b", None) in broker.logs.events
+    assert gone == ["a", "b"]
+    assert not {"a", "b"} & set(open_broker().metadata.state.topics)
