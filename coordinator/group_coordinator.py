@@ -363,6 +363,11 @@ class GroupCoordinator:
         for topic_id, partitions in pending.items():
             for partition in partitions:
                 key = ShareStateKey(group_id, topic_id, partition)
+                current = self.groups.get(group_id)
+                if current is None or current.deleted or topic_id in current.deleting:
+                    # DeleteGroups (or DeleteShareGroupOffsets) began meanwhile: state made
+                    # now would outlive the deletion, and a later group of the name find it.
+                    continue
                 try:
                     # Checked in the share-state key's turn: a reset's (or a consumer's)
                     # state is never clobbered when bookkeeping lagged behind.
@@ -791,6 +796,12 @@ class GroupCoordinator:
             return group.mark_deleting_all(self.topics())
 
         to_delete = await self._run_admin(group_id, begin)
+        # An initialization already calling the share coordinator lands first (bounded
+        # wait), so the deletion after it removes what it made; those not yet started see
+        # the topics `deleting` and skip them (`_initialize`).
+        pending = [task for task in self._initializing if not task.done()]
+        if pending:
+            await self._wait_bounded(pending, INITIALIZE_WAIT_MS)
         failed = await self._delete_state(group_id, to_delete)
         if failed:
             raise KafkaError(

@@ -386,3 +386,25 @@ async def test_lost_bookkeeping_leaves_partitions_unassigned_until_the_retry_int
     assert group.initialized == ALL_T1
     assert parts((await hb(groups, "a", a.member_epoch)).assignment) == {0, 1, 2, 3}
     await groups.stop()
+
+
+async def test_group_deleted_while_its_initialization_is_held_leaves_no_share_state() -> None:
+    """The last member leaves and the group is deleted while InitializeShareGroupState
+    is still under way: once that lands, no share state of the deleted group may be
+    left in the share coordinator (a group of that name made later would find it)."""
+    persister, clock = GatedPersister(), ManualClock()
+    persister.gate = asyncio.Event()
+    groups = coordinator(persister, clock)
+    a = await hb(groups, "a", 0)
+    await asyncio.wait_for(groups.heartbeat("g", "a", -1, None, None, "c", "/127.0.0.1"), timeout=5)
+    assert a.member_epoch > 0
+    deleting = asyncio.ensure_future(groups.delete_groups(["g"]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    persister.gate.set()  # the initialization calling the share coordinator lands
+    assert await asyncio.wait_for(deleting, timeout=5) == [("g", None)]
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    assert "g" not in groups.groups
+    left = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
+    assert left == []
+    await groups.stop()
