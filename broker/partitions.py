@@ -573,8 +573,9 @@ class LogManager:
     ) -> None:
         """Open (creating if new) the partition logs of `topic` not open yet.
 
-        Out of descriptors part way, the partitions this call opened are closed and
-        the directories it created removed, then KafkaError(KAFKA_STORAGE_ERROR).
+        Out of descriptors (or any other OSError, a full disk) part way, the partitions
+        this call opened are closed and the directories it created removed, then
+        KafkaError(KAFKA_STORAGE_ERROR).
         """
         settings = self.topic_settings(overrides)
         cfg = self.log_config(settings)
@@ -600,8 +601,6 @@ class LogManager:
                 self.partitions[(topic, index)] = partition
                 opened.append((topic, index))
         except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
             for key in opened:
                 # Not a clean close: flushing would need descriptors there are none of.
                 self.partitions.pop(key).log.close(clean=False)
@@ -609,7 +608,12 @@ class LogManager:
                 shutil.rmtree(path, ignore_errors=True)
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             log.error("partitions_not_opened", topic=topic, error=str(exc), limit=limit)
-            raise _too_many_open_files(topic, limit, str(exc)) from exc
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise _too_many_open_files(topic, limit, str(exc)) from exc
+            raise KafkaError(
+                ErrorCode.kafka_storage_error,
+                f"Cannot create partitions of {topic}: opening their logs failed ({exc})",
+            ) from exc
 
     def _check_topic_id(self, path: Path, topic_id: uuid.UUID) -> None:
         """Like Kafka's partition.metadata: a directory belongs to one topic id."""

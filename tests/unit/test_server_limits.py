@@ -405,6 +405,35 @@ def test_running_out_of_files_part_way_rolls_back_the_partitions_opened(
     assert logs.get("kept", 0) is not None
 
 
+def test_a_disk_error_part_way_rolls_back_the_partitions_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CreateTopics opens the new topic's logs after its record is durable; any OSError
+    there (a full disk, not only running out of descriptors) must leave nothing half
+    open and reach the handler as KAFKA_STORAGE_ERROR, which undoes the creation."""
+    logs = LogManager(tmp_path, BrokerConfig({}), GroupCommit())
+    logs.open_topic("kept", uuid.uuid4(), 1, {})
+    before = open_files()
+    real_open = logs.storage.open_topic_log
+    calls = 0
+
+    def open_or_full(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(logs.storage, "open_topic_log", open_or_full)
+    with pytest.raises(KafkaError) as err:
+        logs.open_topic("t", uuid.uuid4(), 3, {})
+    assert err.value.code == ErrorCode.kafka_storage_error
+    assert "No space left on device" in str(err.value)
+    assert [key for key in logs.partitions if key[0] == "t"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept-0"]
+    assert open_files() == before
+
+
 @pytest.mark.parametrize("refused", [1, 2, 3])
 def test_a_segment_whose_files_cannot_all_be_opened_leaves_no_fd_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: int
