@@ -364,9 +364,14 @@ class GroupCoordinator:
             for partition in partitions:
                 key = ShareStateKey(group_id, topic_id, partition)
                 current = self.groups.get(group_id)
-                if current is None or current.deleted or topic_id in current.deleting:
-                    # DeleteGroups (or DeleteShareGroupOffsets) began meanwhile: state made
-                    # now would outlive the deletion, and a later group of the name find it.
+                if (
+                    current is None
+                    or current.deleted
+                    or topic_id in current.deleting
+                    or topic_id not in self.topics()
+                ):
+                    # DeleteGroups (or DeleteShareGroupOffsets) began meanwhile, or the topic
+                    # was deleted: state made now would outlive the deletion.
                     continue
                 try:
                     # Checked in the share-state key's turn: a reset's (or a consumer's)
@@ -378,7 +383,13 @@ class GroupCoordinator:
                     failed.setdefault(topic_id, set()).add(partition)
         try:
             if done:
-                await self._mark(group_id, lambda g: g.mark_initialized(done))
+                # Checked in the group's turn: a topic deleted meanwhile is not counted.
+                await self._mark(
+                    group_id,
+                    lambda g: g.mark_initialized(
+                        {t: p for t, p in done.items() if t in self.topics()}
+                    ),
+                )
                 group = self.groups.get(group_id)
                 log.info(
                     "share_state_initialized",
@@ -504,6 +515,12 @@ class GroupCoordinator:
             except KafkaError as exc:
                 log.warning("topic_change_not_written", group=group_id, error=exc.message)
                 continue
+            if deleted:
+                # An initialization of a deleted topic already calling the share coordinator
+                # lands first (bounded), so the deletion removes what it made.
+                running = [task for task in self._initializing if not task.done()]
+                if running:
+                    await self._wait_bounded(running, INITIALIZE_WAIT_MS)
             await self._delete_state(group_id, deleted)
             self._start_initializing(group_id, pending)
 

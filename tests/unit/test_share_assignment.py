@@ -408,3 +408,26 @@ async def test_group_deleted_while_its_initialization_is_held_leaves_no_share_st
     left = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
     assert left == []
     await groups.stop()
+
+
+async def test_topic_deleted_while_its_initialization_is_held_leaves_no_share_state() -> None:
+    """A subscribed topic is deleted while InitializeShareGroupState for it is under way:
+    once that lands, the group must neither count the dead topic initialized nor keep
+    share state of it in the share coordinator."""
+    persister, clock = GatedPersister(), ManualClock()
+    persister.gate = asyncio.Event()
+    topics = dict(TOPICS)
+    groups = GroupCoordinator(persister, lambda: topics, GroupConfigStore(), clock=clock)
+    await hb(groups, "a", 0)
+    del topics[T1]
+    changed = asyncio.ensure_future(groups.on_topics_changed())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    persister.gate.set()  # the initialization calling the share coordinator lands
+    await asyncio.wait_for(changed, timeout=5)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    group = groups.groups["g"]
+    assert T1 not in group.initialized and T1 not in group.initializing
+    left = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
+    assert left == []
+    await groups.stop()
