@@ -539,12 +539,11 @@ class SharePartitionManager:
         targets = (
             keys if keys is not None else [k for k in self.partitions if k.group_id == group_id]
         )
-        # A partition a request is loading (first use) is not in memory yet but is locked:
-        # waited for too, or a fetch of this member loading it would acquire records the
-        # release never sees, locked to a gone member until their lock expires.
-        held, busy = await self._locks.ordered(
-            [k for k in targets if k in self.partitions or k in self._locks], self.lock_wait_ms
-        )
+        # Every partition's lock, loaded or not: a fetch of this member already under way
+        # may load one (first use) before or while the release waits, and the records it
+        # acquires there must be released too, not stay locked to a gone member until
+        # their lock expires. A partition still not loaded once locked is skipped.
+        held, busy = await self._locks.ordered(targets, self.lock_wait_ms)
         for key in busy:
             self._release_busy(key, member_id)
         now = self.clock.now_ms()

@@ -255,3 +255,37 @@ async def test_a_log_read_failing_after_the_acknowledgements_leaves_no_change_pe
     assert mgr.partitions[X].acquired_count == 10
     assert await mgr.acknowledge(X, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     mgr.stop()
+
+
+async def test_a_closing_members_release_sees_a_partition_its_fetch_loads_while_it_waits() -> None:
+    # A ShareFetch of "m" waits for X's lock (its acknowledgements of X), behind a write;
+    # the session closes meanwhile and the release queues on X too. The fetch then loads
+    # Y (never used before) and acquires there: the release, which gets X after the fetch,
+    # must release Y's records as well, not only the partitions loaded when it began.
+    mgr, persister, _ = manager()
+    await fetch(mgr, [X])
+    persister.gate = asyncio.Event()
+    holder = asyncio.ensure_future(mgr.acknowledge(X, "m", [(0, 4, (ACCEPT,))]))
+    await turns()
+    fetching = asyncio.ensure_future(
+        mgr.acknowledge_and_acquire(
+            {X: [(5, 9, (ACCEPT,))]},
+            [X, Y],
+            "m",
+            max_records=100,
+            batch_size=100,
+            max_bytes=1 << 20,
+        )
+    )
+    await turns()
+    releasing = asyncio.ensure_future(mgr.release_member("g", "m", [X, Y]))
+    await turns()
+    persister.gate.set()
+    acked, got = await asyncio.wait_for(fetching, BOUND_S)
+    assert acked == {X: (ErrorCode.none, None)}
+    assert spans(got[Y]) == [(0, 9, 1)]
+    assert await asyncio.wait_for(releasing, BOUND_S) == 10
+    assert await holder == (ErrorCode.none, None)
+    assert mgr.partitions[Y].acquired_count == 0
+    assert len(mgr._locks) == 0
+    mgr.stop()
