@@ -819,6 +819,11 @@ class GroupCoordinator:
         pending = [task for task in self._initializing if not task.done()]
         if pending:
             await self._wait_bounded(pending, INITIALIZE_WAIT_MS)
+            # A member that joined meanwhile took its topics back out of `deleting`: their
+            # state is the group's again (and the group answers NON_EMPTY_GROUP below).
+            group = self.groups.get(group_id)
+            still = frozenset() if group is None else group.deleting
+            to_delete = {t: p for t, p in to_delete.items() if t in still}
         failed = await self._delete_state(group_id, to_delete)
         if failed:
             raise KafkaError(

@@ -431,3 +431,35 @@ async def test_topic_deleted_while_its_initialization_is_held_leaves_no_share_st
     left = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
     assert left == []
     await groups.stop()
+
+
+async def test_member_joining_while_group_deletion_waits_keeps_its_share_state() -> None:
+    """DeleteGroups waits for initializations under way (here another group's) before
+    deleting share state; a member joining the group meanwhile takes its topics back
+    out of `deleting`. Their state must then be kept (the group answers NON_EMPTY_GROUP),
+    not deleted under a group that counts it initialized."""
+    persister, clock = GatedPersister(), ManualClock()
+    groups = coordinator(persister, clock)
+    a = await hb(groups, "a", 0)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    await hb(groups, "a", -1)
+    assert groups.groups["g"].initialized == ALL_T1 and not groups.groups["g"].members
+    persister.gate = asyncio.Event()
+    await asyncio.wait_for(
+        groups.heartbeat("h", "x", 0, ["t1"], None, "c", "/127.0.0.1"), timeout=5
+    )  # h's initialization is held
+    deleting = asyncio.ensure_future(groups.delete_groups(["g"]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert groups.groups["g"].deleting == frozenset({T1})
+    b = await hb(groups, "b", 0)  # joins g while the deletion waits
+    persister.gate.set()
+    ((_, error),) = await asyncio.wait_for(deleting, timeout=5)
+    assert error is not None and error.code == ErrorCode.non_empty_group
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    group = groups.groups["g"]
+    assert group.initialized == ALL_T1 and "b" in group.members and a.member_epoch > 0
+    kept = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
+    assert kept == [0, 1, 2, 3]
+    assert parts((await hb(groups, "b", b.member_epoch)).assignment) == {0, 1, 2, 3}
+    await groups.stop()
