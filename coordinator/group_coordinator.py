@@ -838,7 +838,20 @@ class GroupCoordinator:
             records: list[GroupRecord] = [*group.delete(), *self.configs.delete_group(group_id)]
             return records, None
 
-        await self._run_admin(group_id, finish)
+        try:
+            await self._run_admin(group_id, finish)
+        except KafkaError as exc:
+            if exc.code == ErrorCode.non_empty_group and to_delete:
+                # A member joined while the state was being deleted, and may count topics
+                # initialized whose state is now gone: forget them, so that they are
+                # initialized again (the next heartbeat, or a ShareFetch's load).
+                try:
+                    await self._mark(group_id, lambda g: g.mark_uninitialized(to_delete))
+                except KafkaError as mark_exc:
+                    log.warning(
+                        "share_state_bookkeeping_failed", group=group_id, error=mark_exc.message
+                    )
+            raise
         log.info("group_deleted", group=group_id, topics=len(to_delete))
 
     def _existing(self, group_id: str) -> ShareGroup:

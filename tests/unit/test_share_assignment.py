@@ -463,3 +463,44 @@ async def test_member_joining_while_group_deletion_waits_keeps_its_share_state()
     assert kept == [0, 1, 2, 3]
     assert parts((await hb(groups, "b", b.member_epoch)).assignment) == {0, 1, 2, 3}
     await groups.stop()
+
+
+class DeleteGatedPersister(GatedPersister):
+    """DeleteShareGroupState waits for `delete_gate` (None: it does not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delete_gate: asyncio.Event | None = None
+
+    async def delete_state(self, key: ShareStateKey) -> None:
+        if self.delete_gate is not None:
+            await self.delete_gate.wait()
+        await super().delete_state(key)
+
+
+async def test_member_joining_while_group_state_is_deleted_gets_it_initialized_again() -> None:
+    """A member joins while DeleteGroups is deleting the group's share state: the group
+    stays (NON_EMPTY_GROUP) and counted the topic initialized (its state still existed
+    when the join initialized it), but the deletion then removed it. It must be
+    initialized again, not assigned with no state behind it."""
+    persister, clock = DeleteGatedPersister(), ManualClock()
+    groups = coordinator(persister, clock)
+    await hb(groups, "a", 0)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    await hb(groups, "a", -1)
+    persister.delete_gate = asyncio.Event()
+    deleting = asyncio.ensure_future(groups.delete_groups(["g"]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    b = await hb(groups, "b", 0)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    persister.delete_gate.set()
+    ((_, error),) = await asyncio.wait_for(deleting, timeout=5)
+    assert error is not None and error.code == ErrorCode.non_empty_group
+    await hb(groups, "b", b.member_epoch)  # the next heartbeat initializes what is missing
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    group = groups.groups["g"]
+    assert group.initialized == ALL_T1
+    kept = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
+    assert kept == [0, 1, 2, 3]
+    await groups.stop()
