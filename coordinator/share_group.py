@@ -723,9 +723,14 @@ class ShareGroup:
         return records, _freeze(to_delete)
 
     def mark_deleted_topics(self, topic_ids: Iterable[uuid.UUID]) -> list[ShareGroupRecord]:
-        """The last step of a delete: these topics' share state is gone."""
+        """The last step of a delete: these topics' share state is gone. A member that
+        joined while it was being deleted may have counted them initialized again (their
+        state still existed then): forgotten too, so that they are initialized anew."""
+        gone = frozenset(topic_ids)
         return self._state_partition_record(
-            self.initializing, self.initialized, self.deleting - frozenset(topic_ids)
+            {t: p for t, p in self.initializing.items() if t not in gone},
+            {t: p for t, p in self.initialized.items() if t not in gone},
+            self.deleting - gone,
         )
 
     # -- describe and delete ----------------------------------------------------

@@ -504,3 +504,29 @@ async def test_member_joining_while_group_state_is_deleted_gets_it_initialized_a
     kept = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
     assert kept == [0, 1, 2, 3]
     await groups.stop()
+
+
+async def test_member_joining_while_offsets_are_deleted_gets_the_state_initialized_again() -> None:
+    """DeleteShareGroupOffsets, as DeleteGroups: a member joining while the topic's state
+    is being deleted counts the topic initialized (its state still existed); once the
+    deletion removed it, the group must initialize it again."""
+    persister, clock = DeleteGatedPersister(), ManualClock()
+    groups = coordinator(persister, clock)
+    await hb(groups, "a", 0)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    await hb(groups, "a", -1)
+    persister.delete_gate = asyncio.Event()
+    deleting = asyncio.ensure_future(groups.delete_offsets("g", ["t1"]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    b = await hb(groups, "b", 0)
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    persister.delete_gate.set()
+    await asyncio.wait_for(deleting, timeout=5)
+    await hb(groups, "b", b.member_epoch)  # the next heartbeat initializes what is missing
+    await asyncio.wait_for(groups.settle(), timeout=5)
+    group = groups.groups["g"]
+    assert group.initialized == ALL_T1 and group.deleting == frozenset()
+    kept = [p for p in range(4) if persister.shard.state(ShareStateKey("g", T1, p)) is not None]
+    assert kept == [0, 1, 2, 3]
+    await groups.stop()
