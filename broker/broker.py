@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import marker_writer
+from broker.listeners import ListenerConfig, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
 from broker.partitions import LogManager, Partition
 from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
@@ -92,11 +94,13 @@ class Broker:
         self,
         config: BrokerConfig,
         data_dir: Path,
-        listen: Endpoint,
+        listen: Endpoint | None = None,
         advertise: Endpoint | None = None,
         clock: Clock = SYSTEM_CLOCK,
         storage: StorageEngine = FILE_STORAGE,
     ) -> None:
+        """`listen` (and `advertise`) is one PLAINTEXT listener; without it, the
+        broker's listeners are the config's `listeners` (broker.listeners)."""
         self.config = config
         # The one source of time for every shell the broker runs (Kafka's `Time`).
         self.clock = clock
@@ -104,8 +108,15 @@ class Broker:
         self.storage = storage
         self.data_dir = data_dir
         self._dir_lock = DataDirLock(data_dir)
-        self.listen = listen
-        self._advertise = advertise
+        if listen is None:
+            self.listeners = listeners_from_config(config)
+        else:
+            plain = ListenerConfig.plaintext(listen.host, listen.port)
+            if advertise is not None:
+                plain = dataclasses.replace(
+                    plain, advertised_host=advertise.host, advertised_port=advertise.port
+                )
+            self.listeners = [plain]
         self.node_id: int = config.get("node.id")
         self.commit = GroupCommit()
         # Counters for the metrics endpoint (broker.metrics); one set per broker.
@@ -131,13 +142,17 @@ class Broker:
 
     @property
     def advertised(self) -> Endpoint:
-        if self._advertise is not None:
-            return self._advertise
-        host = self.listen.host
-        if host in ("0.0.0.0", "", "::"):
-            host = "127.0.0.1"
-        port = self.server.port if self.server is not None else self.listen.port
-        return Endpoint(host, port)
+        """The first listener's advertised endpoint."""
+        return self.advertised_for(self.listeners[0].name)
+
+    def advertised_for(self, listener: str) -> Endpoint:
+        """What clients of `listener` are told to connect to (advertised.listeners, as
+        Kafka answers each request with the endpoints of the listener it came in on)."""
+        found = next((lc for lc in self.listeners if lc.name == listener), self.listeners[0])
+        port = found.advertised_port
+        if port == 0 and self.server is not None:
+            port = self.server.bound_ports.get(found.name, 0)
+        return Endpoint(found.advertised_host, port)
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -155,12 +170,14 @@ class Broker:
         apply_dynamic_broker_config(self)
         self._start_share_groups()
         self._start_transactions()
+        first = self.listeners[0]
         self.server = Server(
-            self.listen.host,
-            self.listen.port,
+            first.host,
+            first.port,
             self.dispatch,
             limits=ServerLimits.from_config(self.config),
             clock=self.clock,
+            listeners=self.listeners,
         )
         self.server.on_disconnect = self._on_disconnect
         await self.server.start()
@@ -187,7 +204,11 @@ class Broker:
             node_id=self.node_id,
             cluster_id=self.cluster_id,
             data_dir=str(self.data_dir),
-            advertised=f"{self.advertised.host}:{self.advertised.port}",
+            advertised=[
+                f"{lc.name}://{self.advertised_for(lc.name).host}:"
+                f"{self.advertised_for(lc.name).port}"
+                for lc in self.listeners
+            ],
             topics=len(self.metadata.state.topics),
         )
 

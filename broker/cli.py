@@ -15,7 +15,7 @@ import structlog
 
 from broker import logging as spool_logging
 from broker.config import BrokerConfig, load_static
-from protocol.errors import KafkaError
+from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -28,6 +28,30 @@ def _endpoint(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def apply_listen_shorthands(
+    static: dict[str, Any],
+    listen: tuple[str, int] | None,
+    advertise: tuple[str, int] | None,
+) -> None:
+    """`--listen` / `--advertise` as the `listeners` / `advertised.listeners` of one
+    PLAINTEXT listener; refused beside those keys, which they would silently override."""
+    from broker.listeners import endpoint_text
+
+    for flag, value, key in (
+        ("--listen", listen, "listeners"),
+        ("--advertise", advertise, "advertised.listeners"),
+    ):
+        if value is None:
+            continue
+        if key in static:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"{flag} is short for {key}=PLAINTEXT://HOST:PORT, and {key} is also set "
+                f"(to {static[key]!r}): use one or the other",
+            )
+        static[key] = endpoint_text(*value)
 
 
 # The tools beside `serve`: each module has `register(subparsers)`, which adds its
@@ -51,16 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--listen",
         type=_endpoint,
-        default=("127.0.0.1", 9092),
+        default=None,
         metavar="HOST:PORT",
-        help="address to listen on (default 127.0.0.1:9092)",
+        help="one PLAINTEXT listener on this address, short for "
+        "--set listeners=PLAINTEXT://HOST:PORT (default 127.0.0.1:9092)",
     )
     serve.add_argument(
         "--advertise",
         type=_endpoint,
         default=None,
         metavar="HOST:PORT",
-        help="address given to clients in metadata (default: the listen address)",
+        help="address given to clients in metadata, short for "
+        "--set advertised.listeners=PLAINTEXT://HOST:PORT (default: the listen address)",
     )
     serve.add_argument(
         "--data-dir",
@@ -110,18 +136,23 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from broker.broker import Broker
-    from broker.server import Endpoint, ServerLimits, raise_open_file_limit
+    from broker.listeners import listeners_from_config
+    from broker.server import ServerLimits, raise_open_file_limit
 
     try:
-        config = BrokerConfig(load_static(args.config, args.set))
+        static = load_static(args.config, args.set)
+        apply_listen_shorthands(static, args.listen, args.advertise)
+        config = BrokerConfig(static)
         ServerLimits.from_config(config)  # settings that must agree, checked up front
+        listeners = listeners_from_config(config)
+        for listener in listeners:
+            if listener.tls is not None:
+                listener.tls.context()  # key and trust stores load, or say why not
     except (KafkaError, OSError, ValueError) as exc:
         print(f"spool: {exc}", file=sys.stderr)
         return 2
     raise_open_file_limit()
-    listen = Endpoint(*args.listen)
-    advertise = Endpoint(*args.advertise) if args.advertise else None
-    broker = Broker(config, args.data_dir, listen, advertise)
+    broker = Broker(config, args.data_dir)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -19,7 +19,7 @@ from protocol.configs import ConfigDef, ConfigType, one_of
 from protocol.errors import ErrorCode, KafkaError
 
 # DescribeConfigs ConfigType values (KIP-569).
-BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = (
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST, PASSWORD = (
     ConfigType.BOOLEAN,
     ConfigType.STRING,
     ConfigType.INT,
@@ -27,6 +27,7 @@ BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = (
     ConfigType.LONG,
     ConfigType.DOUBLE,
     ConfigType.LIST,
+    ConfigType.PASSWORD,
 )
 
 
@@ -253,6 +254,147 @@ BROKER_KEYS: dict[str, ConfigDef] = {
 }
 
 
+# Listeners and TLS (Kafka's SocketServerConfigs and SslConfigs), read at start; spool
+# reads PEM key and trust stores only. broker.listeners turns them into listeners.
+LISTENER_KEYS: list[ConfigDef] = [
+    ConfigDef(
+        "listeners",
+        STRING,
+        "PLAINTEXT://127.0.0.1:9092",
+        "Comma-separated NAME://host:port the broker listens on; an empty host binds every "
+        "interface. (Kafka's default binds every interface; spool's binds loopback.)",
+        read_only=True,
+    ),
+    ConfigDef(
+        "advertised.listeners",
+        STRING,
+        None,
+        "NAME://host:port given to clients of each listener in Metadata, FindCoordinator "
+        "and DescribeCluster (default: the listeners; a wildcard host is advertised as "
+        "127.0.0.1, port 0 as the bound port).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "listener.security.protocol.map",
+        STRING,
+        "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "Listener name to security protocol (PLAINTEXT or SSL; SASL is not supported yet).",
+        read_only=True,
+    ),
+]
+# The ssl.* keys; each can also be set for one listener as listener.name.<name>.<key>.
+SSL_KEYS: list[ConfigDef] = [
+    ConfigDef(
+        "ssl.keystore.type",
+        STRING,
+        "JKS",
+        "Format of the key store: spool reads PEM only.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.keystore.location",
+        STRING,
+        None,
+        "PEM file holding the broker's certificate chain and private key.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.keystore.password",
+        PASSWORD,
+        None,
+        "Not used with PEM key stores (set ssl.key.password for an encrypted key).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.keystore.certificate.chain",
+        PASSWORD,
+        None,
+        "The certificate chain as PEM text (with ssl.keystore.key, instead of a location).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.keystore.key",
+        PASSWORD,
+        None,
+        "The private key as PEM text (with ssl.keystore.certificate.chain).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.key.password",
+        PASSWORD,
+        None,
+        "Password of an encrypted private key.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.truststore.type",
+        STRING,
+        "JKS",
+        "Format of the trust store: spool reads PEM only.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.truststore.location",
+        STRING,
+        None,
+        "PEM file of the CA certificates client certificates are verified against.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.truststore.password",
+        PASSWORD,
+        None,
+        "Not used with PEM trust stores.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.truststore.certificates",
+        PASSWORD,
+        None,
+        "The trusted CA certificates as PEM text (instead of a location).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.client.auth",
+        STRING,
+        "none",
+        "Whether clients must present a certificate: none, requested or required.",
+        one_of("none", "requested", "required"),
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.enabled.protocols",
+        LIST,
+        "TLSv1.2,TLSv1.3",
+        "TLS versions accepted from clients.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "ssl.principal.mapping.rules",
+        STRING,
+        "DEFAULT",
+        "How a client certificate's subject DN becomes the principal name: spool has "
+        "DEFAULT only (the DN as it is).",
+        read_only=True,
+    ),
+]
+BROKER_KEYS.update({k.name: k for k in LISTENER_KEYS + SSL_KEYS})
+SSL_KEY_NAMES = frozenset(k.name for k in SSL_KEYS)
+# listener.name.<lower-cased listener name>.<ssl key> (Kafka's ListenerName.configPrefix)
+LISTENER_PREFIX = "listener.name."
+
+
+def listener_override(name: str) -> tuple[str, str] | None:
+    """(listener name, ssl key) of a per-listener key, or None if `name` is not one."""
+    if not name.startswith(LISTENER_PREFIX):
+        return None
+    rest = name[len(LISTENER_PREFIX) :]
+    listener, sep, key = rest.partition(".")
+    if not sep or not listener or key not in SSL_KEY_NAMES:
+        return None
+    return listener.lower(), key
+
+
 # KIP-932's broker-level share-group keys (defaults and bounds of the group configs).
 BROKER_KEYS.update(BROKER_CONFIG_DEFS)
 
@@ -397,13 +539,24 @@ SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
 
+_MISSING = object()
+
+
 class BrokerConfig:
     """The broker's effective configuration: static values plus dynamic overrides."""
 
     def __init__(self, static: Mapping[str, Any]) -> None:
         self.static: dict[str, Any] = {}
+        # (lower-cased listener name, ssl key) -> value: listener.name.<name>.ssl.* keys
+        self.listener_overrides: dict[tuple[str, str], Any] = {}
         for name, raw in static.items():
             key = BROKER_KEYS.get(name)
+            override = listener_override(name) if key is None else None
+            if override is not None:
+                self.listener_overrides[override] = parse_value(
+                    BROKER_KEYS[override[1]], raw, resource="broker"
+                )
+                continue
             if key is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config {name!r}")
             self.static[name] = parse_value(key, raw, resource="broker")
@@ -422,6 +575,12 @@ class BrokerConfig:
         if name in self.static:
             return self.static[name]
         return BROKER_KEYS[name].default
+
+    def for_listener(self, listener: str, name: str) -> Any:
+        """An ssl.* key's value for one listener: its listener.name.<name>. override
+        (Kafka's per-listener configs) or else the broker-wide value."""
+        override = self.listener_overrides.get((listener.lower(), name), _MISSING)
+        return self.get(name) if override is _MISSING else override
 
     def source(self, name: str) -> int:
         if name in self.dynamic:
@@ -451,6 +610,14 @@ def load_static(
         var = "SPOOL_" + name.upper().replace(".", "_")
         if var in env:
             merged[name] = env[var]
+    # SPOOL_LISTENER_NAME_<NAME>_SSL_<KEY>: listener.name.<name>.ssl.<key>
+    env_prefix = "SPOOL_" + LISTENER_PREFIX.upper().replace(".", "_")
+    for var in sorted(env):
+        if var.startswith(env_prefix) and "_SSL_" in var[len(env_prefix) :]:
+            listener, _, key = var[len(env_prefix) :].rpartition("_SSL_")
+            name = f"{LISTENER_PREFIX}{listener.lower()}.ssl.{key.lower().replace('_', '.')}"
+            if listener_override(name) is not None:
+                merged[name] = env[var]
     for pair in sets:
         if "=" not in pair:
             raise KafkaError(ErrorCode.invalid_config, f"--set expects key=value, got {pair!r}")

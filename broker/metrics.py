@@ -506,6 +506,8 @@ def collect(broker: Observed) -> list[Metric]:
         closed.add_metric(("idle",), conns.idle_closed)
         closed.add_metric(("malformed",), conns.malformed_closed)
         closed.add_metric(("oversized",), conns.oversized_closed)
+        closed.add_metric(("security_mismatch",), conns.security_mismatch_closed)
+        closed.add_metric(("tls_handshake_failed",), conns.tls_handshake_failed)
         gauge(
             "spool_queued_request_bytes",
             "Request bytes read or waiting to be handled (queued.max.request.bytes).",

@@ -16,6 +16,14 @@ No client can exhaust the broker, with Kafka's socket-server settings:
   connection over a limit right after accept, sending nothing.
 - A request whose header cannot be parsed, or whose body `dispatch` reports as
   malformed, closes its connection: Kafka does not answer what it cannot parse.
+Listeners (Kafka's `listeners`, broker.listeners): the server listens on each at once,
+with the limits above shared by all. A connection carries a `SecurityContext` (the
+listener, its security protocol and the principal, broker.security) into every request.
+On an SSL listener the server accepts the socket itself, peeks at its first byte (a TLS
+record starts with 0x16) and then runs the handshake, bounded by the handshake timeout:
+plaintext sent to an SSL port, a TLS client hello sent to a PLAINTEXT port, or a failed
+handshake (e.g. no client certificate with `ssl.client.auth=required`) closes that
+connection with one log line, and everyone else is served as before.
 Running out of file descriptors: a connection whose descriptor is among the last
 hundredth of the open-file limit (at least 16) is closed at once, keeping those for
 the broker's own files; past that, uvloop (libuv) accepts and closes connections it has
@@ -27,18 +35,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ipaddress
 import itertools
 import resource
 import socket
+import ssl
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
 from broker import trace
+from broker.listeners import ListenerConfig
+from broker.security import PLAINTEXT_CONTEXT, SecurityContext, principal_of_peer_cert
 from persister.clock import SYSTEM_CLOCK, Clock, Timer, ms_of, wait_all
 from protocol import api, request_check
 from protocol.errors import ErrorCode, KafkaError
@@ -61,6 +73,14 @@ MIN_FREE_FILES_FOR_CONNECTIONS = 16
 
 _connection_ids = itertools.count(1)
 
+# The first byte of a TLS record carrying a handshake (a client hello), and the record
+# version's first byte (3 for SSLv3 through TLS 1.3).
+TLS_HANDSHAKE_RECORD = 0x16
+TLS_RECORD_MAJOR_VERSION = 0x03
+# The longest a new SSL connection may take to send its first byte and finish its
+# handshake (asyncio's default); connections.max.idle.ms shortens it when lower.
+TLS_HANDSHAKE_TIMEOUT_MS = 60000
+
 
 @dataclass(slots=True, frozen=True)
 class Endpoint:
@@ -75,10 +95,16 @@ class RequestContext:
     header: api.RequestHeader
     client_host: str
     connection_id: int
+    # The listener the connection came in on and who is on the other end.
+    security: SecurityContext = PLAINTEXT_CONTEXT
 
     @property
     def api_version(self) -> int:
         return self.header.api_version
+
+    @property
+    def listener(self) -> str:
+        return self.security.listener
 
 
 Dispatch = Callable[[RequestContext, bytes, int], Awaitable[bytes | None]]
@@ -194,6 +220,9 @@ class ServerStats:
     idle_closed: int = 0
     malformed_closed: int = 0  # header or body could not be parsed, or has no schema
     oversized_closed: int = 0  # size prefix above socket.request.max.bytes (or below 8)
+    # TLS sent to a PLAINTEXT listener, or plaintext to an SSL one
+    security_mismatch_closed: int = 0
+    tls_handshake_failed: int = 0  # includes handshakes that timed out
     queued_bytes: int = 0
     queued_bytes_max: int = 0
 
@@ -379,9 +408,16 @@ class Server:
         *,
         limits: ServerLimits | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        listeners: Sequence[ListenerConfig] | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        # `host` and `port` are one PLAINTEXT listener unless `listeners` are given.
+        self.listeners: tuple[ListenerConfig, ...] = tuple(
+            listeners or (ListenerConfig.plaintext(host, port),)
+        )
+        # Listener name -> the port it is bound to, once started.
+        self.bound_ports: dict[str, int] = {}
         self.dispatch = dispatch
         self.limits = limits or ServerLimits()
         self.clock = clock
@@ -390,7 +426,9 @@ class Server:
             self.limits.queued_max_request_bytes
         )
         self.idle = IdleTracker(clock, self.limits.connections_max_idle_ms, self._close_idle)
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._accept_sockets: list[socket.socket] = []
+        self._handshakes: set[asyncio.Task[None]] = set()
         # Called with the connection id when a client connection closes.
         self.on_disconnect: Callable[[int], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -402,12 +440,21 @@ class Server:
     def max_request_bytes(self) -> int:
         return self.limits.max_request_bytes
 
+    @property
+    def handshake_timeout_s(self) -> float:
+        idle_ms = self.limits.connections_max_idle_ms
+        limit = TLS_HANDSHAKE_TIMEOUT_MS if idle_ms < 0 else min(idle_ms, TLS_HANDSHAKE_TIMEOUT_MS)
+        return max(limit, 1) / 1000
+
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._on_connect, self.host, self.port, reuse_address=True, backlog=1024
-        )
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        """Bind every listener (all or none: a failure closes those already bound)."""
+        try:
+            for listener in self.listeners:
+                await self._start_listener(listener)
+        except BaseException:
+            self._close_listeners()
+            raise
+        self.port = self.bound_ports[self.listeners[0].name]
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft != resource.RLIM_INFINITY:
             self.open_file_limit = soft
@@ -415,8 +462,10 @@ class Server:
         limits = self.limits
         log.info(
             "listening",
-            host=self.host,
-            port=self.port,
+            listeners=[
+                f"{lc.name}://{lc.host}:{self.bound_ports[lc.name]} ({lc.security_protocol})"
+                for lc in self.listeners
+            ],
             socket_request_max_bytes=limits.max_request_bytes,
             queued_max_request_bytes=limits.queued_max_request_bytes,
             connections_max_idle_ms=limits.connections_max_idle_ms,
@@ -424,11 +473,42 @@ class Server:
             max_connections_per_ip=limits.max_connections_per_ip,
         )
 
+    async def _start_listener(self, listener: ListenerConfig) -> None:
+        host = listener.host or None  # an empty host binds every interface
+        if listener.tls is None:
+            server = await asyncio.start_server(
+                functools.partial(self._on_connect, listener),
+                host,
+                listener.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self._servers.append(server)
+            self.bound_ports[listener.name] = server.sockets[0].getsockname()[1]
+            return
+        context = listener.tls.context()
+        family = socket.AF_INET6 if host is not None and ":" in host else socket.AF_INET
+        sock = socket.create_server((host or "", listener.port), family=family, backlog=1024)
+        sock.setblocking(False)
+        self._accept_sockets.append(sock)
+        self.bound_ports[listener.name] = sock.getsockname()[1]
+        task = asyncio.create_task(self._accept_loop(listener, sock, context))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    def _close_listeners(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._handshakes):
+            task.cancel()
+        for sock in self._accept_sockets:
+            sock.close()
+        self._accept_sockets.clear()
+
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish (for up to `grace_s` on the
         clock; those still running then are cancelled), then close connections."""
-        if self._server is not None:
-            self._server.close()
+        self._close_listeners()
         self.idle.stop()
         for conn in list(self._live.values()):
             conn.stop_reading()
@@ -457,17 +537,28 @@ class Server:
             return "max.connections.per.ip", per_ip
         return None
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, host: str, fd: int) -> bool:
+        """Whether a new connection is within the limits; counts and logs a refusal."""
+        refused = self.refusal(host, fd)
+        if refused is None:
+            return True
+        # Kafka closes such a connection without a word (Kafka's acceptor waits for a
+        # slot at the broker-wide limit instead; an asyncio server cannot pause
+        # accepting, so every limit closes).
+        reason, limit = refused
+        self.stats.connections_refused[reason] += 1
+        log.warning("connection_refused", client=host, reason=reason, limit=limit)
+        return False
+
+    async def _on_connect(
+        self,
+        listener: ListenerConfig,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         host = _peer_host(writer.get_extra_info("peername"))
         sock = writer.get_extra_info("socket")
-        refused = self.refusal(host, sock.fileno() if sock is not None else -1)
-        if refused is not None:
-            # Kafka closes such a connection without a word (Kafka's acceptor waits
-            # for a slot at the broker-wide limit instead; an asyncio server cannot
-            # pause accepting, so every limit closes).
-            reason, limit = refused
-            self.stats.connections_refused[reason] += 1
-            log.warning("connection_refused", client=host, reason=reason, limit=limit)
+        if not self._admit(host, sock.fileno() if sock is not None else -1):
             writer.transport.abort()
             return
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -475,13 +566,137 @@ class Server:
             # client's delayed ACK (up to 40 ms). asyncio and uvloop set this too; being
             # explicit keeps it whatever the loop.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        security = SecurityContext(listener.name, listener.security_protocol)
+        self._opened(host)
+        try:
+            await self._serve(reader, writer, host, security)
+        finally:
+            self._closed(host)
+
+    # -- SSL listeners --------------------------------------------------------------
+
+    async def _accept_loop(
+        self, listener: ListenerConfig, sock: socket.socket, context: ssl.SSLContext
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, peer = await loop.sock_accept(sock)
+            except OSError as exc:
+                # Out of descriptors (EMFILE) or a connection reset before accept:
+                # back off a little rather than spin.
+                log.warning("accept_failed", listener=listener.name, error=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.create_task(self._on_tls_connect(listener, context, client, peer))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _on_tls_connect(
+        self,
+        listener: ListenerConfig,
+        context: ssl.SSLContext,
+        client: socket.socket,
+        peer: Any,
+    ) -> None:
+        host = _peer_host(peer)
+        if not self._admit(host, client.fileno()):
+            client.close()
+            return
+        self._opened(host)
+        try:
+            await self._tls_handshake_and_serve(listener, context, client, host)
+        finally:
+            self._closed(host)
+
+    async def _tls_handshake_and_serve(
+        self,
+        listener: ListenerConfig,
+        context: ssl.SSLContext,
+        client: socket.socket,
+        host: str,
+    ) -> None:
+        client.setblocking(False)
+        if client.family in (socket.AF_INET, socket.AF_INET6):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        timeout_s = self.handshake_timeout_s
+        try:
+            first = await asyncio.wait_for(_peek_first_byte(client), timeout_s)
+        except asyncio.CancelledError:  # the server is stopping
+            client.close()
+            raise
+        except (TimeoutError, OSError) as exc:
+            self.stats.tls_handshake_failed += 1
+            log.warning(
+                "tls_handshake_failed",
+                listener=listener.name,
+                client=host,
+                error=str(exc) or "no data within the handshake timeout",
+            )
+            client.close()
+            return
+        if first != TLS_HANDSHAKE_RECORD:
+            if first is not None:
+                self.stats.security_mismatch_closed += 1
+                log.warning(
+                    "plaintext_on_ssl_listener",
+                    listener=listener.name,
+                    client=host,
+                    first_byte=first,
+                    hint="the client did not start a TLS handshake: set "
+                    "security.protocol=SSL on the client, or use a PLAINTEXT listener",
+                )
+            client.close()
+            return
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, client, ssl=context, ssl_handshake_timeout=timeout_s
+            )
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            # The transport closed the socket.
+            self.stats.tls_handshake_failed += 1
+            log.warning(
+                "tls_handshake_failed",
+                listener=listener.name,
+                client=host,
+                error=str(exc) or type(exc).__name__,
+            )
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        cipher = transport.get_extra_info("cipher")
+        security = SecurityContext(
+            listener.name,
+            listener.security_protocol,
+            principal_of_peer_cert(transport.get_extra_info("peercert")),
+            tls_version=cipher[1] if cipher else None,
+            cipher=cipher[0] if cipher else None,
+        )
         task = asyncio.current_task()
         assert task is not None
-        stats = self.stats
-        stats.connections_accepted += 1
-        stats.connections_open += 1
-        self._per_ip[host] += 1
-        conn = Connection(self, reader, writer, host)
+        self._handshakes.discard(task)
+        await self._serve(reader, writer, host, security)
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        host: str,
+        security: SecurityContext,
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        conn = Connection(self, reader, writer, host, security)
+        conn.log.debug(
+            "connection_opened",
+            listener=security.listener,
+            security_protocol=security.security_protocol,
+            principal=str(security.principal),
+            tls_version=security.tls_version,
+            cipher=security.cipher,
+        )
         self._live[conn.id] = conn
         self._tasks.add(task)
         self.idle.opened(conn.id)
@@ -491,10 +706,19 @@ class Server:
             self._tasks.discard(task)
             self._live.pop(conn.id, None)
             self.idle.closed(conn.id)
-            stats.connections_open -= 1
-            self._per_ip[host] -= 1
-            if self._per_ip[host] <= 0:
-                del self._per_ip[host]
+
+    def _opened(self, host: str) -> None:
+        """Count a connection admitted (on an SSL listener, from before its handshake,
+        so handshakes in progress count against the connection limits too)."""
+        self.stats.connections_accepted += 1
+        self.stats.connections_open += 1
+        self._per_ip[host] += 1
+
+    def _closed(self, host: str) -> None:
+        self.stats.connections_open -= 1
+        self._per_ip[host] -= 1
+        if self._per_ip[host] <= 0:
+            del self._per_ip[host]
 
     def _close_idle(self, connection_id: int, idle_ms: int) -> None:
         conn = self._live.get(connection_id)
@@ -554,11 +778,14 @@ class Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         client_host: str,
+        security: SecurityContext = PLAINTEXT_CONTEXT,
     ) -> None:
         self.server = server
         self.reader = reader
         self.writer = writer
         self.client_host = client_host
+        self.security = security
+        self._first_frame = True
         self.id = next(_connection_ids)
         self.log = log.bind(connection=self.id, client=self.client_host)
         # Responses in request order: each entry resolves to the frame to send (or None).
@@ -628,6 +855,24 @@ class Connection:
             if exc.partial:
                 self.log.warning("truncated_frame", received=len(exc.partial))
             return False
+        if self._first_frame:
+            self._first_frame = False
+            if (
+                size_bytes[0] == TLS_HANDSHAKE_RECORD
+                and size_bytes[1] == TLS_RECORD_MAJOR_VERSION
+                and self.security.tls_version is None
+            ):
+                # A TLS client hello: as a size this is over 369 MB, and no Kafka
+                # client opens with such a request.
+                server.stats.security_mismatch_closed += 1
+                self.log.warning(
+                    "tls_on_plaintext_listener",
+                    listener=self.security.listener,
+                    hint="the client started a TLS handshake on a PLAINTEXT listener: use "
+                    "the SSL listener's port, or security.protocol=PLAINTEXT on the client",
+                )
+                self.close()
+                return False
         (size,) = struct.unpack(">i", size_bytes)
         if size < 8 or size > server.max_request_bytes:
             # The stream cannot be resynchronised after a bad size, as in Kafka's
@@ -710,7 +955,7 @@ class Connection:
     async def _handle(
         self, header: api.RequestHeader, frame: bytes, body_offset: int, received_ns: int = 0
     ) -> bytes | None:
-        ctx = RequestContext(header, self.client_host, self.id)
+        ctx = RequestContext(header, self.client_host, self.id, self.security)
         try:
             if trace.ENABLED:
                 trace.request_started(self.id, header.correlation_id, header.api_key, received_ns)
@@ -767,6 +1012,30 @@ class Connection:
                     await self.writer.drain()
             idle.request_done(self.id)
             self._slots.release()
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _peek_first_byte(sock: socket.socket) -> int | None:
+    """The first byte the peer sends, left in the socket; None if it closed first."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data = sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            pass
+        else:
+            return data[0] if data else None
+        ready: asyncio.Future[None] = loop.create_future()
+        fd = sock.fileno()
+        loop.add_reader(fd, _set_once, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
 
 
 def error_frame(

@@ -24,6 +24,8 @@ class ConfigType(enum.IntEnum):
     LONG = 5
     DOUBLE = 6
     LIST = 7
+    CLASS = 8
+    PASSWORD = 9  # sensitive: DescribeConfigs never returns its value
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,10 @@ class ConfigDef:
     # For a group config: the broker keys that bound its value.
     broker_min: str | None = None
     broker_max: str | None = None
+
+    @property
+    def sensitive(self) -> bool:
+        return self.type == ConfigType.PASSWORD
 
     def problem(self, value: Any) -> str | None:
         """Why a parsed value breaks this key's fixed rules, or None if it keeps them."""

@@ -44,8 +44,7 @@ class ClusterBroker(TopicStores, TxnBroker, Protocol):
     def node_id(self) -> int: ...
     @property
     def cluster_id(self) -> str: ...
-    @property
-    def advertised(self) -> Endpoint: ...
+    def advertised_for(self, listener: str) -> Endpoint: ...
     def api_version_entries(self) -> tuple[resp.api_versions_v4.ApiVersion, ...]: ...
 
 
@@ -122,7 +121,7 @@ async def metadata(
                 failed(ErrorCode.unknown_topic_or_partition, name)
                 continue
         topics.append(_topic_entry(broker.node_id, topic))
-    ep = broker.advertised
+    ep = broker.advertised_for(ctx.listener)
     return m.MetadataResponse(
         throttle_time=NO_THROTTLE,
         brokers=(
@@ -153,7 +152,7 @@ async def describe_cluster(
             cluster_id="",
             brokers=(),
         )
-    ep = broker.advertised
+    ep = broker.advertised_for(ctx.listener)
     return m.DescribeClusterResponse(
         throttle_time=NO_THROTTLE,
         error_code=ErrorCode.none,
@@ -185,7 +184,7 @@ async def find_coordinator(
     | resp.find_coordinator_v6.FindCoordinatorResponse
 ):
     # A single node coordinates every group, transaction and share partition.
-    ep = broker.advertised
+    ep = broker.advertised_for(ctx.listener)
     key_type: int = getattr(req, "key_type", 0)  # v1+; 0 is GROUP
     if key_type not in (0, 1, 2):
         code, message = ErrorCode.invalid_request, f"Unknown coordinator key type {key_type}"

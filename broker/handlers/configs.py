@@ -79,11 +79,12 @@ def _entry(
 ) -> Described:
     return resp.describe_configs_v4.DescribeConfigsResourceResult(
         name=key.name,
-        value=format_value(value),
+        # Kafka never sends a password's value (ssl.key.password, ...), nor its synonyms'.
+        value=None if key.sensitive else format_value(value),
         read_only=key.read_only,
         config_source=i8(source),
-        is_sensitive=False,
-        synonyms=tuple(synonyms) if detail.synonyms else (),
+        is_sensitive=key.sensitive,
+        synonyms=() if key.sensitive or not detail.synonyms else tuple(synonyms),
         config_type=i8(key.type),
         documentation=key.doc if detail.documentation else None,
     )

@@ -1,0 +1,359 @@
+"""Kafka's listeners: where the broker listens, what it advertises, and with what security.
+
+`listeners` is a comma-separated list of `NAME://host:port` (several at once, each with
+its own name and port), `advertised.listeners` what clients of each listener are told
+(Metadata, FindCoordinator and DescribeCluster answer the endpoint of the listener a
+request came in on, as Kafka does), and `listener.security.protocol.map` the security
+protocol of each name. They are checked as Kafka's KafkaConfig checks them; any problem
+is a KafkaError(INVALID_CONFIG) at startup naming the listener and the key.
+
+SSL listeners take Kafka's `ssl.*` keys (SslConfigs), broker-wide or per listener as
+`listener.name.<lower-cased name>.ssl.*`, with PEM key and trust stores (KIP-651):
+`ssl.keystore.location` (a PEM file holding the chain and the private key), or
+`ssl.keystore.certificate.chain` and `ssl.keystore.key` as PEM text; the trust store
+from `ssl.truststore.location` or `ssl.truststore.certificates`. SASL listeners are
+refused: spool does not speak SASL yet.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import ssl
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig
+from broker.security import PLAINTEXT, SASL_PLAINTEXT, SASL_SSL, SECURITY_PROTOCOLS, SSL
+from protocol.errors import ErrorCode, KafkaError
+
+# Kafka's EndPoint URI: NAME://host:port, IPv6 hosts in brackets.
+_ENDPOINT = re.compile(r"^(.*)://\[?([0-9a-zA-Z\-%._:]*)\]?:(-?[0-9]+)$")
+_WILDCARDS = ("", "0.0.0.0", "::")
+_TLS_VERSIONS = {
+    "TLSv1.2": ssl.TLSVersion.TLSv1_2,
+    "TLSv1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+def _invalid(message: str) -> KafkaError:
+    return KafkaError(ErrorCode.invalid_config, message)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """One `NAME://host:port` of listeners or advertised.listeners."""
+
+    name: str
+    host: str
+    port: int
+
+
+def parse_endpoints(text: str | None, key: str) -> list[EndpointSpec]:
+    """The entries of `listeners` or `advertised.listeners`; names upper-cased as
+    Kafka's ListenerName normalises them."""
+    out = []
+    for entry in (e.strip() for e in (text or "").split(",")):
+        if not entry:
+            continue
+        match = _ENDPOINT.match(entry)
+        if match is None:
+            raise _invalid(
+                f"Invalid {key} entry {entry!r}: expected NAME://host:port, e.g. "
+                "PLAINTEXT://127.0.0.1:9092 (IPv6 hosts in brackets)"
+            )
+        name, host, port = match.group(1).upper(), match.group(2), int(match.group(3))
+        if not name:
+            raise _invalid(f"Invalid {key} entry {entry!r}: the listener name is empty")
+        if not 0 <= port <= 65535:
+            raise _invalid(f"Invalid {key} entry {entry!r}: port must be 0-65535")
+        out.append(EndpointSpec(name, host, port))
+    return out
+
+
+def parse_protocol_map(text: str | None) -> dict[str, str]:
+    """`listener.security.protocol.map`: NAME:PROTOCOL,... -> {NAME: PROTOCOL}."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in (text or "").split(",")):
+        if not entry:
+            continue
+        name, sep, protocol = entry.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or not name:
+            raise _invalid(
+                f"Invalid listener.security.protocol.map entry {entry!r}: expected "
+                "NAME:PROTOCOL, e.g. EXTERNAL:SSL"
+            )
+        if protocol not in SECURITY_PROTOCOLS:
+            raise _invalid(
+                f"Invalid listener.security.protocol.map entry {entry!r}: the security "
+                f"protocol must be one of {', '.join(SECURITY_PROTOCOLS)}"
+            )
+        if name in out:
+            raise _invalid(f"listener.security.protocol.map names listener {name} twice")
+        out[name] = protocol
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """The ssl.* keys of one listener."""
+
+    listener: str
+    keystore_location: str | None = None
+    keystore_chain: str | None = None
+    keystore_key: str | None = None
+    key_password: str | None = None
+    truststore_location: str | None = None
+    truststore_certificates: str | None = None
+    client_auth: str = "none"
+    enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig, listener: str) -> TlsSettings:
+        def get(key: str) -> str | None:
+            value = config.for_listener(listener, key)
+            return None if value is None or value == "" else str(value)
+
+        prefix = f"listener.name.{listener.lower()}."
+        has_truststore = (
+            get("ssl.truststore.location") is not None
+            or get("ssl.truststore.certificates") is not None
+        )
+        for store, used in (("keystore", True), ("truststore", has_truststore)):
+            kind = (get(f"ssl.{store}.type") or "JKS").upper()
+            if used and kind != "PEM":
+                raise _invalid(
+                    f"Listener {listener}: ssl.{store}.type is {kind}; spool reads PEM "
+                    f"stores only: set ssl.{store}.type=PEM (or {prefix}ssl.{store}.type)"
+                )
+            if get(f"ssl.{store}.password") is not None:
+                # Kafka's DefaultSslEngineFactory refuses a store password with PEM.
+                raise _invalid(
+                    f"Listener {listener}: ssl.{store}.password cannot be used with PEM "
+                    "stores (an encrypted private key takes ssl.key.password)"
+                )
+        location, chain, key = (
+            get("ssl.keystore.location"),
+            get("ssl.keystore.certificate.chain"),
+            get("ssl.keystore.key"),
+        )
+        if location is not None and (chain is not None or key is not None):
+            raise _invalid(
+                f"Listener {listener}: set ssl.keystore.location or "
+                "ssl.keystore.certificate.chain with ssl.keystore.key, not both"
+            )
+        if location is None and (chain is None or key is None):
+            raise _invalid(
+                f"Listener {listener} is SSL but has no key store: set "
+                "ssl.keystore.location (a PEM file with the certificate chain and the "
+                "private key) or ssl.keystore.certificate.chain and ssl.keystore.key "
+                f"(broker-wide or as {prefix}ssl.*)"
+            )
+        trust_location, trust_certs = (
+            get("ssl.truststore.location"),
+            get("ssl.truststore.certificates"),
+        )
+        if trust_location is not None and trust_certs is not None:
+            raise _invalid(
+                f"Listener {listener}: set ssl.truststore.location or "
+                "ssl.truststore.certificates, not both"
+            )
+        rules = get("ssl.principal.mapping.rules") or "DEFAULT"
+        if rules.strip() != "DEFAULT":
+            raise _invalid(
+                f"Listener {listener}: ssl.principal.mapping.rules={rules!r} is not supported "
+                "yet; spool has DEFAULT only (the certificate's subject DN)"
+            )
+        protocols = tuple(
+            p.strip() for p in (get("ssl.enabled.protocols") or "").split(",") if p.strip()
+        )
+        unknown = [p for p in protocols if p not in _TLS_VERSIONS]
+        if unknown or not protocols:
+            raise _invalid(
+                f"Listener {listener}: ssl.enabled.protocols {protocols!r} must name some of "
+                f"{', '.join(_TLS_VERSIONS)}"
+            )
+        return cls(
+            listener=listener,
+            keystore_location=location,
+            keystore_chain=chain,
+            keystore_key=key,
+            key_password=get("ssl.key.password"),
+            truststore_location=trust_location,
+            truststore_certificates=trust_certs,
+            client_auth=get("ssl.client.auth") or "none",
+            enabled_protocols=protocols,
+        )
+
+    def context(self) -> ssl.SSLContext:
+        """A server-side SSLContext; KafkaError(INVALID_CONFIG) when a file or PEM text
+        cannot be loaded."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        versions = sorted(_TLS_VERSIONS[p] for p in self.enabled_protocols)
+        ctx.minimum_version, ctx.maximum_version = versions[0], versions[-1]
+        try:
+            if self.keystore_location is not None:
+                ctx.load_cert_chain(self.keystore_location, password=self.key_password)
+            else:
+                assert self.keystore_chain is not None and self.keystore_key is not None
+                _load_inline_chain(ctx, self.keystore_chain, self.keystore_key, self.key_password)
+        except (OSError, ValueError) as exc:
+            raise _invalid(
+                f"Listener {self.listener}: cannot load the key store "
+                f"({self.keystore_location or 'ssl.keystore.certificate.chain/key'}): {exc}"
+            ) from None
+        try:
+            if self.truststore_location is not None:
+                ctx.load_verify_locations(cafile=self.truststore_location)
+            elif self.truststore_certificates is not None:
+                ctx.load_verify_locations(cadata=self.truststore_certificates)
+            elif self.client_auth != "none":
+                ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+        except (OSError, ValueError) as exc:
+            raise _invalid(
+                f"Listener {self.listener}: cannot load the trust store "
+                f"({self.truststore_location or 'ssl.truststore.certificates'}): {exc}"
+            ) from None
+        ctx.verify_mode = {
+            "none": ssl.CERT_NONE,
+            "requested": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED,
+        }[self.client_auth]
+        return ctx
+
+
+def _load_inline_chain(ctx: ssl.SSLContext, chain: str, key: str, password: str | None) -> None:
+    """Python's ssl loads a chain and key from files only: write them to a private
+    temporary directory, load, and remove them."""
+    with tempfile.TemporaryDirectory(prefix="spool-tls-") as tmp:
+        cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
+        for path, text in ((cert_path, chain), (key_path, key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+        ctx.load_cert_chain(cert_path, key_path, password=password)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerConfig:
+    """One listener: its name, security protocol, bind address and advertised address.
+
+    `advertised_port` 0 means the port the listener is bound to (listeners with port 0
+    take a free one).
+    """
+
+    name: str
+    security_protocol: str
+    host: str
+    port: int
+    advertised_host: str
+    advertised_port: int
+    tls: TlsSettings | None = None
+
+    @property
+    def is_tls(self) -> bool:
+        return self.security_protocol in (SSL, SASL_SSL)
+
+    @classmethod
+    def plaintext(cls, host: str, port: int) -> ListenerConfig:
+        """A single PLAINTEXT listener (what `--listen` without other keys means)."""
+        return cls(PLAINTEXT, PLAINTEXT, host, port, *_default_advertised(host, port))
+
+
+def _default_advertised(host: str, port: int) -> tuple[str, int]:
+    return ("127.0.0.1" if host in _WILDCARDS else host), port
+
+
+def _ip_family(host: str) -> int | None:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).version
+    except ValueError:
+        return None
+
+
+def _check_ports(specs: Sequence[EndpointSpec]) -> None:
+    """Kafka: each listener has its own port (port 0 excepted), unless two share it on
+    an IPv4 and an IPv6 address."""
+    by_port: dict[int, list[EndpointSpec]] = {}
+    for spec in specs:
+        if spec.port != 0:
+            by_port.setdefault(spec.port, []).append(spec)
+    for port, same in by_port.items():
+        if len(same) == 1:
+            continue
+        families = sorted(str(_ip_family(s.host)) for s in same)
+        if len(same) == 2 and families == ["4", "6"]:
+            continue
+        names = ", ".join(s.name for s in same)
+        raise _invalid(
+            f"listeners: each listener must have a different port, but {names} all use "
+            f"port {port} (only an IPv4 and an IPv6 address may share one)"
+        )
+
+
+def listeners_from_config(config: BrokerConfig) -> list[ListenerConfig]:
+    """The listeners `config` asks for, checked as Kafka checks them."""
+    specs = parse_endpoints(config.get("listeners"), "listeners")
+    if not specs:
+        raise _invalid("listeners is empty: give at least one NAME://host:port")
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise _invalid(
+                f"listeners: each listener must have a different name, but {spec.name} "
+                f"appears more than once in {config.get('listeners')!r}"
+            )
+        seen.add(spec.name)
+    _check_ports(specs)
+    protocol_map = parse_protocol_map(config.get("listener.security.protocol.map"))
+    advertised_text = config.get("advertised.listeners")
+    advertised: dict[str, EndpointSpec] = {}
+    for spec in parse_endpoints(advertised_text, "advertised.listeners"):
+        if spec.name in advertised:
+            raise _invalid(
+                f"advertised.listeners: each listener must have a different name, but "
+                f"{spec.name} appears more than once"
+            )
+        if spec.name not in seen:
+            raise _invalid(
+                f"advertised.listeners names listener {spec.name}, which is not in listeners "
+                f"({', '.join(s.name for s in specs)}): advertised listener names must be "
+                "equal to or a subset of the ones defined in listeners"
+            )
+        if spec.host in ("0.0.0.0", "::"):
+            raise _invalid(
+                f"advertised.listeners: listener {spec.name} cannot advertise the "
+                f"non-routable meta-address {spec.host}; use an address clients can reach"
+            )
+        advertised[spec.name] = spec
+    out = []
+    for spec in specs:
+        protocol = protocol_map.get(spec.name)
+        if protocol is None:
+            raise _invalid(
+                f"No security protocol defined for listener {spec.name}: add it to "
+                "listener.security.protocol.map (e.g. "
+                f"{spec.name}:PLAINTEXT or {spec.name}:SSL)"
+            )
+        if protocol in (SASL_PLAINTEXT, SASL_SSL):
+            raise _invalid(
+                f"Listener {spec.name} uses security protocol {protocol}: SASL is not "
+                "supported by spool yet; use PLAINTEXT or SSL listeners"
+            )
+        if spec.name in advertised:
+            adv = advertised[spec.name]
+            ad_host, ad_port = adv.host or _default_advertised(spec.host, 0)[0], adv.port
+        else:
+            ad_host, ad_port = _default_advertised(spec.host, spec.port)
+        tls = TlsSettings.from_config(config, spec.name) if protocol == SSL else None
+        out.append(ListenerConfig(spec.name, protocol, spec.host, spec.port, ad_host, ad_port, tls))
+    return out
+
+
+def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:
+    """`NAME://host:port`, IPv6 hosts in brackets (for --listen / --advertise)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{name}://{shown}:{port}"
