@@ -278,7 +278,7 @@ LISTENER_KEYS: list[ConfigDef] = [
         "listener.security.protocol.map",
         STRING,
         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
-        "Listener name to security protocol (PLAINTEXT or SSL; SASL is not supported yet).",
+        "Listener name to security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL).",
         read_only=True,
     ),
 ]
@@ -378,19 +378,67 @@ SSL_KEYS: list[ConfigDef] = [
         read_only=True,
     ),
 ]
-BROKER_KEYS.update({k.name: k for k in LISTENER_KEYS + SSL_KEYS})
+# SASL (Kafka's BrokerSecurityConfigs / SaslConfigs), read at start. The broker takes a
+# JAAS entry per listener and mechanism only, as Kafka's JaasContext.loadServerContext:
+# listener.name.<listener>.<lower-cased mechanism>.sasl.jaas.config.
+SASL_KEYS: list[ConfigDef] = [
+    ConfigDef(
+        "sasl.enabled.mechanisms",
+        LIST,
+        "GSSAPI",
+        "SASL mechanisms enabled on SASL listeners: spool has PLAIN (Kafka's default, "
+        "GSSAPI, is refused at startup).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "sasl.jaas.config",
+        PASSWORD,
+        None,
+        "A JAAS login module entry; the broker reads it per listener and mechanism, as "
+        "listener.name.<listener>.<mechanism>.sasl.jaas.config (PLAIN users as "
+        'user_<name>="<password>").',
+        read_only=True,
+    ),
+    ConfigDef(
+        "connections.max.reauth.ms",
+        LONG,
+        0,
+        "KIP-368 re-authentication: spool has only 0 (sessions do not expire).",
+        _at_least(0),
+        read_only=True,
+    ),
+]
+BROKER_KEYS.update({k.name: k for k in LISTENER_KEYS + SSL_KEYS + SASL_KEYS})
 SSL_KEY_NAMES = frozenset(k.name for k in SSL_KEYS)
-# listener.name.<lower-cased listener name>.<ssl key> (Kafka's ListenerName.configPrefix)
+# Keys a listener may override besides ssl.* (`<mechanism>.sasl.jaas.config` too).
+LISTENER_KEY_NAMES = SSL_KEY_NAMES | {"sasl.enabled.mechanisms", "connections.max.reauth.ms"}
+JAAS_SUFFIX = ".sasl.jaas.config"
+# listener.name.<lower-cased listener name>.<key> (Kafka's ListenerName.configPrefix)
 LISTENER_PREFIX = "listener.name."
 
 
+def listener_key_def(key: str) -> ConfigDef | None:
+    """The definition of a key as a listener override: ssl.*, sasl.enabled.mechanisms,
+    connections.max.reauth.ms or <mechanism>.sasl.jaas.config."""
+    if key in LISTENER_KEY_NAMES:
+        return BROKER_KEYS[key]
+    mechanism = key[: -len(JAAS_SUFFIX)] if key.endswith(JAAS_SUFFIX) else ""
+    if mechanism and "." not in mechanism:
+        return BROKER_KEYS["sasl.jaas.config"]
+    return None
+
+
 def listener_override(name: str) -> tuple[str, str] | None:
-    """(listener name, ssl key) of a per-listener key, or None if `name` is not one."""
+    """(listener name, key) of a per-listener key, or None if `name` is not one."""
     if not name.startswith(LISTENER_PREFIX):
         return None
     rest = name[len(LISTENER_PREFIX) :]
     listener, sep, key = rest.partition(".")
-    if not sep or not listener or key not in SSL_KEY_NAMES:
+    if not sep or not listener:
+        return None
+    if key.endswith(JAAS_SUFFIX):
+        key = key[: -len(JAAS_SUFFIX)].lower() + JAAS_SUFFIX
+    if listener_key_def(key) is None:
         return None
     return listener.lower(), key
 
@@ -553,9 +601,9 @@ class BrokerConfig:
             key = BROKER_KEYS.get(name)
             override = listener_override(name) if key is None else None
             if override is not None:
-                self.listener_overrides[override] = parse_value(
-                    BROKER_KEYS[override[1]], raw, resource="broker"
-                )
+                key_def = listener_key_def(override[1])
+                assert key_def is not None
+                self.listener_overrides[override] = parse_value(key_def, raw, resource="broker")
                 continue
             if key is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config {name!r}")
@@ -580,7 +628,9 @@ class BrokerConfig:
         """An ssl.* key's value for one listener: its listener.name.<name>. override
         (Kafka's per-listener configs) or else the broker-wide value."""
         override = self.listener_overrides.get((listener.lower(), name), _MISSING)
-        return self.get(name) if override is _MISSING else override
+        if override is _MISSING:
+            return self.get(name) if name in BROKER_KEYS else None
+        return override
 
     def source(self, name: str) -> int:
         if name in self.dynamic:
@@ -610,10 +660,15 @@ def load_static(
         var = "SPOOL_" + name.upper().replace(".", "_")
         if var in env:
             merged[name] = env[var]
-    # SPOOL_LISTENER_NAME_<NAME>_SSL_<KEY>: listener.name.<name>.ssl.<key>
+    # SPOOL_LISTENER_NAME_<NAME>_SSL_<KEY>: listener.name.<name>.ssl.<key>;
+    # SPOOL_LISTENER_NAME_<NAME>_<MECHANISM>_SASL_JAAS_CONFIG and
+    # SPOOL_LISTENER_NAME_<NAME>_SASL_ENABLED_MECHANISMS likewise.
     env_prefix = "SPOOL_" + LISTENER_PREFIX.upper().replace(".", "_")
     for var in sorted(env):
-        if var.startswith(env_prefix) and "_SSL_" in var[len(env_prefix) :]:
+        sasl_name = _sasl_env_name(var[len(env_prefix) :]) if var.startswith(env_prefix) else None
+        if sasl_name is not None:
+            merged[sasl_name] = env[var]
+        elif var.startswith(env_prefix) and "_SSL_" in var[len(env_prefix) :]:
             listener, _, key = var[len(env_prefix) :].rpartition("_SSL_")
             name = f"{LISTENER_PREFIX}{listener.lower()}.ssl.{key.lower().replace('_', '.')}"
             if listener_override(name) is not None:
@@ -624,6 +679,27 @@ def load_static(
         name, _, value = pair.partition("=")
         merged[name.strip()] = value
     return merged
+
+
+_ENV_MECHANISMS = ("PLAIN", "SCRAM_SHA_256", "SCRAM_SHA_512", "GSSAPI", "OAUTHBEARER")
+
+
+def _sasl_env_name(rest: str) -> str | None:
+    """The listener.name.* key of a SPOOL_LISTENER_NAME_ variable's tail, if SASL's."""
+    for suffix, key in (
+        ("_SASL_ENABLED_MECHANISMS", "sasl.enabled.mechanisms"),
+        ("_CONNECTIONS_MAX_REAUTH_MS", "connections.max.reauth.ms"),
+    ):
+        if rest.endswith(suffix) and len(rest) > len(suffix):
+            return f"{LISTENER_PREFIX}{rest[: -len(suffix)].lower()}.{key}"
+    if rest.endswith("_SASL_JAAS_CONFIG"):
+        head = rest[: -len("_SASL_JAAS_CONFIG")]
+        for mechanism in _ENV_MECHANISMS:
+            if head.endswith("_" + mechanism) and len(head) > len(mechanism) + 1:
+                listener = head[: -len(mechanism) - 1].lower()
+                name = mechanism.lower().replace("_", "-")
+                return f"{LISTENER_PREFIX}{listener}.{name}{JAAS_SUFFIX}"
+    return None
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

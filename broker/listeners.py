@@ -11,8 +11,14 @@ SSL listeners take Kafka's `ssl.*` keys (SslConfigs), broker-wide or per listene
 `listener.name.<lower-cased name>.ssl.*`, with PEM key and trust stores (KIP-651):
 `ssl.keystore.location` (a PEM file holding the chain and the private key), or
 `ssl.keystore.certificate.chain` and `ssl.keystore.key` as PEM text; the trust store
-from `ssl.truststore.location` or `ssl.truststore.certificates`. SASL listeners are
-refused: spool does not speak SASL yet.
+from `ssl.truststore.location` or `ssl.truststore.certificates`. SASL_SSL listeners take
+the same keys.
+
+SASL listeners (SASL_PLAINTEXT, SASL_SSL) take `sasl.enabled.mechanisms` (per listener
+as `listener.name.<name>.sasl.enabled.mechanisms`) and, for each enabled mechanism, the
+JAAS entry `listener.name.<name>.<mechanism>.sasl.jaas.config`, as Kafka's brokers do.
+spool has PLAIN only: GSSAPI (Kafka's default), SCRAM and OAUTHBEARER are refused at
+startup, and so is `connections.max.reauth.ms` above 0 (KIP-368).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from broker import sasl
 from broker.config import BrokerConfig
 from broker.security import PLAINTEXT, SASL_PLAINTEXT, SASL_SSL, SECURITY_PROTOCOLS, SSL
 from protocol.errors import ErrorCode, KafkaError
@@ -252,6 +259,7 @@ class ListenerConfig:
     advertised_host: str
     advertised_port: int
     tls: TlsSettings | None = None
+    sasl: sasl.SaslSettings | None = None
 
     @property
     def is_tls(self) -> bool:
@@ -338,19 +346,85 @@ def listeners_from_config(config: BrokerConfig) -> list[ListenerConfig]:
                 "listener.security.protocol.map (e.g. "
                 f"{spec.name}:PLAINTEXT or {spec.name}:SSL)"
             )
-        if protocol in (SASL_PLAINTEXT, SASL_SSL):
-            raise _invalid(
-                f"Listener {spec.name} uses security protocol {protocol}: SASL is not "
-                "supported by spool yet; use PLAINTEXT or SSL listeners"
-            )
         if spec.name in advertised:
             adv = advertised[spec.name]
             ad_host, ad_port = adv.host or _default_advertised(spec.host, 0)[0], adv.port
         else:
             ad_host, ad_port = _default_advertised(spec.host, spec.port)
-        tls = TlsSettings.from_config(config, spec.name) if protocol == SSL else None
-        out.append(ListenerConfig(spec.name, protocol, spec.host, spec.port, ad_host, ad_port, tls))
+        tls = TlsSettings.from_config(config, spec.name) if protocol in (SSL, SASL_SSL) else None
+        sasl_settings = (
+            sasl_from_config(config, spec.name) if protocol in (SASL_PLAINTEXT, SASL_SSL) else None
+        )
+        out.append(
+            ListenerConfig(
+                spec.name, protocol, spec.host, spec.port, ad_host, ad_port, tls, sasl_settings
+            )
+        )
     return out
+
+
+def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
+    """A SASL listener's mechanisms and PLAIN users, checked as Kafka checks them at
+    startup; never quoting a JAAS value (it holds passwords)."""
+    prefix = f"listener.name.{listener.lower()}."
+    reauth = config.for_listener(listener, "connections.max.reauth.ms")
+    if reauth:
+        raise _invalid(
+            f"Listener {listener}: connections.max.reauth.ms={reauth} asks for KIP-368 "
+            "re-authentication, which spool does not support yet: leave it at 0"
+        )
+    text = config.for_listener(listener, "sasl.enabled.mechanisms") or ""
+    mechanisms = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    if not mechanisms:
+        raise _invalid(
+            f"Listener {listener} is {SASL_PLAINTEXT}/{SASL_SSL} but sasl.enabled.mechanisms "
+            "is empty: set sasl.enabled.mechanisms=PLAIN"
+        )
+    for mechanism in mechanisms:
+        if mechanism in sasl.NOT_YET_SUPPORTED:
+            later = " (a later change adds it)" if mechanism.startswith("SCRAM") else ""
+            raise _invalid(
+                f"Listener {listener}: SASL mechanism {mechanism} in sasl.enabled.mechanisms "
+                f"is not supported by spool yet{later}; spool has "
+                f"{', '.join(sasl.SUPPORTED)}: set sasl.enabled.mechanisms=PLAIN "
+                f"(Kafka's default is GSSAPI)"
+            )
+        if mechanism not in sasl.SUPPORTED:
+            raise _invalid(
+                f"Listener {listener}: unknown SASL mechanism {mechanism!r} in "
+                f"sasl.enabled.mechanisms; spool has {', '.join(sasl.SUPPORTED)}"
+            )
+    users: dict[str, str] = {}
+    if sasl.PLAIN in mechanisms:
+        key = f"{prefix}plain.sasl.jaas.config"
+        jaas = config.for_listener(listener, "plain.sasl.jaas.config")
+        if not jaas:
+            bare = (
+                " (sasl.jaas.config without the listener prefix is a client key)"
+                if (config.get("sasl.jaas.config"))
+                else ""
+            )
+            raise _invalid(
+                f"Listener {listener} enables SASL mechanism PLAIN but has no JAAS entry: set "
+                f"{key}='{sasl.PLAIN_LOGIN_MODULE} required user_<name>=\"<password>\";'"
+                f"{bare}"
+            )
+        try:
+            entry = sasl.parse_jaas(str(jaas))
+        except sasl.JaasError as exc:
+            raise _invalid(f"Listener {listener}: cannot parse {key}: {exc}") from None
+        if entry.login_module != sasl.PLAIN_LOGIN_MODULE:
+            raise _invalid(
+                f"Listener {listener}: {key} names login module {entry.login_module}; PLAIN "
+                f"takes {sasl.PLAIN_LOGIN_MODULE}"
+            )
+        users = sasl.plain_users(entry)
+        if not users:
+            raise _invalid(
+                f"Listener {listener}: {key} declares no users: add "
+                'user_<name>="<password>" options'
+            )
+    return sasl.SaslSettings(listener, mechanisms, users)
 
 
 def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:

@@ -508,6 +508,8 @@ def collect(broker: Observed) -> list[Metric]:
         closed.add_metric(("oversized",), conns.oversized_closed)
         closed.add_metric(("security_mismatch",), conns.security_mismatch_closed)
         closed.add_metric(("tls_handshake_failed",), conns.tls_handshake_failed)
+        closed.add_metric(("sasl_authentication_failed",), conns.sasl_authentication_failed)
+        closed.add_metric(("sasl_unexpected_request",), conns.sasl_unexpected_request_closed)
         gauge(
             "spool_queued_request_bytes",
             "Request bytes read or waiting to be handled (queued.max.request.bytes).",

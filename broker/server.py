@@ -24,6 +24,10 @@ record starts with 0x16) and then runs the handshake, bounded by the handshake t
 plaintext sent to an SSL port, a TLS client hello sent to a PLAINTEXT port, or a failed
 handshake (e.g. no client certificate with `ssl.client.auth=required`) closes that
 connection with one log line, and everyone else is served as before.
+On a SASL listener (SASL_PLAINTEXT, or SASL_SSL after the TLS handshake) the connection
+authenticates first (broker.sasl, Kafka's SaslServerAuthenticator): it answers
+SaslHandshake and SaslAuthenticate itself, passes ApiVersions on, and closes on any other
+request; once authenticated its principal is the SASL user, and requests are served.
 Running out of file descriptors: a connection whose descriptor is among the last
 hundredth of the open-file limit (at least 16) is closed at once, keeping those for
 the broker's own files; past that, uvloop (libuv) accepts and closes connections it has
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import ipaddress
 import itertools
@@ -48,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 
-from broker import trace
+from broker import sasl, trace
 from broker.listeners import ListenerConfig
 from broker.security import PLAINTEXT_CONTEXT, SecurityContext, principal_of_peer_cert
 from persister.clock import SYSTEM_CLOCK, Clock, Timer, ms_of, wait_all
@@ -222,6 +227,10 @@ class ServerStats:
     oversized_closed: int = 0  # size prefix above socket.request.max.bytes (or below 8)
     # TLS sent to a PLAINTEXT listener, or plaintext to an SSL one
     security_mismatch_closed: int = 0
+    # SASL: failed authentications (bad credentials or mechanism, malformed tokens) and
+    # requests sent before authenticating; each closed its connection.
+    sasl_authentication_failed: int = 0
+    sasl_unexpected_request_closed: int = 0
     tls_handshake_failed: int = 0  # includes handshakes that timed out
     queued_bytes: int = 0
     queued_bytes_max: int = 0
@@ -569,7 +578,7 @@ class Server:
         security = SecurityContext(listener.name, listener.security_protocol)
         self._opened(host)
         try:
-            await self._serve(reader, writer, host, security)
+            await self._serve(reader, writer, host, security, listener.sasl)
         finally:
             self._closed(host)
 
@@ -677,7 +686,7 @@ class Server:
         task = asyncio.current_task()
         assert task is not None
         self._handshakes.discard(task)
-        await self._serve(reader, writer, host, security)
+        await self._serve(reader, writer, host, security, listener.sasl)
 
     async def _serve(
         self,
@@ -685,10 +694,11 @@ class Server:
         writer: asyncio.StreamWriter,
         host: str,
         security: SecurityContext,
+        sasl_settings: sasl.SaslSettings | None = None,
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        conn = Connection(self, reader, writer, host, security)
+        conn = Connection(self, reader, writer, host, security, sasl_settings)
         conn.log.debug(
             "connection_opened",
             listener=security.listener,
@@ -779,8 +789,13 @@ class Connection:
         writer: asyncio.StreamWriter,
         client_host: str,
         security: SecurityContext = PLAINTEXT_CONTEXT,
+        sasl_settings: sasl.SaslSettings | None = None,
     ) -> None:
         self.server = server
+        # Set until the client has authenticated on a SASL listener.
+        self.sasl: sasl.SaslAuthenticator | None = (
+            None if sasl_settings is None else sasl.SaslAuthenticator(sasl_settings)
+        )
         self.reader = reader
         self.writer = writer
         self.client_host = client_host
@@ -874,7 +889,9 @@ class Connection:
                 self.close()
                 return False
         (size,) = struct.unpack(">i", size_bytes)
-        if size < 8 or size > server.max_request_bytes:
+        # After a SaslHandshake v0 the next frame is a bare SASL token, not a request.
+        raw_token = self.sasl is not None and self.sasl.expects_raw_token
+        if size < (0 if raw_token else 8) or size > server.max_request_bytes:
             # The stream cannot be resynchronised after a bad size, as in Kafka's
             # InvalidReceiveException: log and close before reading any of the body.
             server.stats.oversized_closed += 1
@@ -892,11 +909,17 @@ class Connection:
             frame = await self._read_body(size)
             if frame is None:
                 return False
+            if raw_token:
+                return self._sasl_raw_token(frame)
             parsed = self._parse_header(frame)
             if parsed is None:
                 self.close()
                 return False
             header, body_offset = parsed
+            if self.sasl is not None and not self.sasl.complete:
+                answered = self._sasl_request(header, frame, body_offset)
+                if answered is not None:
+                    return answered
             server.idle.request_received(self.id)
             received_ns = trace.now_ns() if trace.ENABLED else 0
             task = asyncio.create_task(self._handle(header, frame, body_offset, received_ns))
@@ -907,6 +930,122 @@ class Connection:
         finally:
             if not handed_off:
                 server.release(size)
+
+    # -- SASL (before authentication) ----------------------------------------------
+
+    def _queue_answer(self, frame: bytes | None) -> None:
+        """Queue an answer made at read time, in order with the requests before it."""
+        self.server.idle.request_received(self.id)
+        self._responses.put_nowait(asyncio.create_task(_ready(frame)))
+
+    def _finish_after_answer(self) -> None:
+        """Read nothing more: the answers queued are sent, then the connection closes."""
+        self._stopping = True
+
+    def _sasl_request(
+        self, header: api.RequestHeader, frame: bytes, body_offset: int
+    ) -> bool | None:
+        """A request before authentication: None to serve it as usual (ApiVersions),
+        else whether the read loop goes on (True: answered here and queued)."""
+        auth = self.sasl
+        assert auth is not None
+        key, version = header.api_key, header.api_version
+        reason = auth.check_request(key)
+        if reason is not None:
+            # Kafka's SaslServerAuthenticator throws and closes without an answer.
+            self.server.stats.sasl_unexpected_request_closed += 1
+            self.log.warning(
+                "sasl_unexpected_request_closed",
+                listener=self.security.listener,
+                api=api.api_name(key),
+                api_version=version,
+                reason=reason,
+                hint="authenticate first: the client needs security.protocol="
+                f"{self.security.security_protocol} and sasl.mechanism",
+            )
+            self.close()
+            return False
+        if key == sasl.API_VERSIONS_KEY:
+            auth.api_versions()
+            return None
+        versions = api.schema_versions(key)
+        if versions is None or not versions[0] <= version <= min(versions[1], _SASL_MAX[key]):
+            self._close_unparseable(key, version, "unsupported version during SASL")
+            return False
+        try:
+            checked = request_check.check_request(key, version, frame, body_offset)
+            request = api.decode_request(key, version, checked, body_offset)
+        except Exception as exc:
+            self._close_unparseable(key, version, str(exc) or type(exc).__name__)
+            return False
+        if key == sasl.SASL_HANDSHAKE_KEY:
+            mechanism = str(request.mechanism)
+            outcome = auth.handshake(mechanism, version)
+            body = api.build_response(
+                key,
+                version,
+                {"error_code": outcome.error, "mechanisms": auth.settings.mechanisms},
+            )
+            if outcome.close:
+                self.server.stats.sasl_authentication_failed += 1
+                self.log.warning(
+                    "sasl_unsupported_mechanism",
+                    listener=self.security.listener,
+                    mechanism=mechanism,
+                    enabled=list(auth.settings.mechanisms),
+                )
+        else:
+            outcome = auth.authenticate(bytes(request.auth_bytes))
+            body = api.build_response(
+                key,
+                version,
+                {
+                    "error_code": outcome.error,
+                    "error_message": outcome.message,
+                    "auth_bytes": b"",
+                    # KIP-368 re-authentication is off (connections.max.reauth.ms=0).
+                    "session_lifetime": 0,
+                },
+            )
+            self._sasl_outcome(outcome)
+        self._queue_answer(api.encode_response(key, version, header.correlation_id, body))
+        if outcome.close:
+            self._finish_after_answer()
+        return True
+
+    def _sasl_raw_token(self, token: bytes) -> bool:
+        """The token after a SaslHandshake v0: answered with a bare (size-prefixed)
+        token on success; on failure Kafka closes without an answer."""
+        auth = self.sasl
+        assert auth is not None
+        outcome = auth.authenticate(token)
+        self._sasl_outcome(outcome)
+        if outcome.close:
+            self.close()
+            return False
+        self._queue_answer(struct.pack(">i", 0))
+        return True
+
+    def _sasl_outcome(self, outcome: sasl.Outcome) -> None:
+        """Log a failed authentication once (never the token: it holds the password),
+        or make the authenticated user the connection's principal."""
+        if outcome.close:
+            self.server.stats.sasl_authentication_failed += 1
+            self.log.warning(
+                "sasl_authentication_failed",
+                listener=self.security.listener,
+                mechanism=self.sasl.mechanism if self.sasl else None,
+                error=outcome.message,
+            )
+            return
+        if outcome.principal is not None:
+            self.security = dataclasses.replace(self.security, principal=outcome.principal)
+            self.log.info(
+                "sasl_authenticated",
+                listener=self.security.listener,
+                mechanism=self.sasl.mechanism if self.sasl else None,
+                principal=str(outcome.principal),
+            )
 
     async def _read_body(self, size: int) -> bytes | None:
         """The frame body, or None if the client closed part way through.
@@ -1012,6 +1151,14 @@ class Connection:
                     await self.writer.drain()
             idle.request_done(self.id)
             self._slots.release()
+
+
+# The newest SaslHandshake / SaslAuthenticate versions Kafka 4.2 serves.
+_SASL_MAX = {sasl.SASL_HANDSHAKE_KEY: 1, sasl.SASL_AUTHENTICATE_KEY: 2}
+
+
+async def _ready(frame: bytes | None) -> bytes | None:
+    return frame
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

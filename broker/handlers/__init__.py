@@ -66,6 +66,10 @@ class Api:
 # Every API spool serves, with the versions it advertises in ApiVersions.
 APIS: tuple[Api, ...] = (
     Api(18, 0, 4, cluster.api_versions),
+    # SASL listeners answer these themselves before authentication (broker.sasl); the
+    # handlers answer them afterwards and on other listeners.
+    Api(17, 0, 1, cluster.sasl_handshake),
+    Api(36, 0, 2, cluster.sasl_authenticate),
     Api(3, 0, 13, cluster.metadata),
     Api(60, 0, 2, cluster.describe_cluster),
     Api(10, 0, 6, cluster.find_coordinator),

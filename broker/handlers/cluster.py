@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 from kio.schema.types import BrokerId, ProducerId, TopicName
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i64, i64Timedelta
 
 from broker.handlers import responses as resp
 from broker.handlers.responses import NO_THROTTLE
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
         FindCoordinatorRequest,
         InitProducerIdRequest,
         MetadataRequest,
+        SaslAuthenticateRequest,
+        SaslHandshakeRequest,
     )
 
 log = structlog.get_logger("spool.handlers")
@@ -68,6 +71,30 @@ async def api_versions(
             )
             for name, _, _, level in FEATURES
         ),
+    )
+
+
+async def sasl_handshake(
+    ctx: RequestContext, req: SaslHandshakeRequest, broker: ClusterBroker
+) -> resp.sasl_handshake_v1.SaslHandshakeResponse:
+    """SaslHandshake reaching the handlers: the connection is past authentication, or
+    its listener has no SASL (a SASL listener answers it itself before), so it is out
+    of place: ILLEGAL_SASL_STATE, as Kafka's KafkaApis answers."""
+    return resp.sasl_handshake_v1.SaslHandshakeResponse(
+        error_code=ErrorCode.illegal_sasl_state, mechanisms=()
+    )
+
+
+async def sasl_authenticate(
+    ctx: RequestContext, req: SaslAuthenticateRequest, broker: ClusterBroker
+) -> resp.sasl_authenticate_v2.SaslAuthenticateResponse:
+    """SaslAuthenticate reaching the handlers: ILLEGAL_SASL_STATE (Kafka's KafkaApis;
+    re-authentication, KIP-368, is not supported)."""
+    return resp.sasl_authenticate_v2.SaslAuthenticateResponse(
+        error_code=ErrorCode.illegal_sasl_state,
+        error_message="SaslAuthenticate request received after successful authentication",
+        auth_bytes=b"",
+        session_lifetime=i64Timedelta.parse(datetime.timedelta(0)),
     )
 
 

@@ -150,6 +150,11 @@ from kio.schema.produce import v13 as produce_v13
 from kio.schema.read_share_group_state import v0 as read_share_group_state_v0
 from kio.schema.read_share_group_state_summary import v0 as read_share_group_state_summary_v0
 from kio.schema.read_share_group_state_summary import v1 as read_share_group_state_summary_v1
+from kio.schema.sasl_authenticate import v0 as sasl_authenticate_v0
+from kio.schema.sasl_authenticate import v1 as sasl_authenticate_v1
+from kio.schema.sasl_authenticate import v2 as sasl_authenticate_v2
+from kio.schema.sasl_handshake import v0 as sasl_handshake_v0
+from kio.schema.sasl_handshake import v1 as sasl_handshake_v1
 from kio.schema.share_acknowledge import v1 as share_acknowledge_v1
 from kio.schema.share_acknowledge import v2 as share_acknowledge_v2
 from kio.schema.share_fetch import v1 as share_fetch_v1
@@ -171,6 +176,14 @@ ApiVersionsRequest: TypeAlias = (
     | api_versions_v2.ApiVersionsRequest
     | api_versions_v3.ApiVersionsRequest
     | api_versions_v4.ApiVersionsRequest
+)
+SaslHandshakeRequest: TypeAlias = (
+    sasl_handshake_v0.SaslHandshakeRequest | sasl_handshake_v1.SaslHandshakeRequest
+)
+SaslAuthenticateRequest: TypeAlias = (
+    sasl_authenticate_v0.SaslAuthenticateRequest
+    | sasl_authenticate_v1.SaslAuthenticateRequest
+    | sasl_authenticate_v2.SaslAuthenticateRequest
 )
 MetadataRequest: TypeAlias = (
     metadata_v0.MetadataRequest

@@ -55,6 +55,8 @@ __all__ = [
     "produce_v13",
     "read_share_group_state_summary_v1",
     "read_share_group_state_v0",
+    "sasl_authenticate_v2",
+    "sasl_handshake_v1",
     "share_acknowledge_v2",
     "share_fetch_v2",
     "share_group_describe_v1",
@@ -100,6 +102,8 @@ if TYPE_CHECKING:
     from kio.schema.read_share_group_state_summary.v1 import (
         response as read_share_group_state_summary_v1,
     )
+    from kio.schema.sasl_authenticate.v2 import response as sasl_authenticate_v2
+    from kio.schema.sasl_handshake.v1 import response as sasl_handshake_v1
     from kio.schema.share_acknowledge.v2 import response as share_acknowledge_v2
     from kio.schema.share_fetch.v2 import response as share_fetch_v2
     from kio.schema.share_group_describe.v1 import response as share_group_describe_v1
@@ -112,6 +116,8 @@ else:
     add_partitions_to_txn_v5 = lazy_module("kio.schema.add_partitions_to_txn.v5.response")
     alter_share_group_offsets_v0 = lazy_module("kio.schema.alter_share_group_offsets.v0.response")
     api_versions_v4 = lazy_module("kio.schema.api_versions.v4.response")
+    sasl_authenticate_v2 = lazy_module("kio.schema.sasl_authenticate.v2.response")
+    sasl_handshake_v1 = lazy_module("kio.schema.sasl_handshake.v1.response")
     create_partitions_v3 = lazy_module("kio.schema.create_partitions.v3.response")
     create_topics_v7 = lazy_module("kio.schema.create_topics.v7.response")
     delete_groups_v2 = lazy_module("kio.schema.delete_groups.v2.response")
