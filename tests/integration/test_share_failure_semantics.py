@@ -693,6 +693,7 @@ KAFKA_4_2_VERSIONS = {
     3: (0, 13),  # Metadata
     10: (0, 6),  # FindCoordinator
     16: (0, 5),  # ListGroups
+    17: (0, 1),  # SaslHandshake
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
@@ -705,6 +706,7 @@ KAFKA_4_2_VERSIONS = {
     26: (0, 4),  # EndTxn
     28: (0, 5),  # TxnOffsetCommit
     32: (1, 4),  # DescribeConfigs
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
