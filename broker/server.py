@@ -950,9 +950,12 @@ class Connection:
         auth = self.sasl
         assert auth is not None
         key, version = header.api_key, header.api_version
+        authenticating = auth.state is sasl.State.AUTHENTICATE
         reason = auth.check_request(key)
         if reason is not None:
-            # Kafka's SaslServerAuthenticator throws and closes without an answer.
+            # Kafka's SaslServerAuthenticator closes the connection: without an answer
+            # during the handshake, with an ILLEGAL_SASL_STATE one once a SaslHandshake
+            # v1 has chosen the mechanism and only SaslAuthenticate may come.
             self.server.stats.sasl_unexpected_request_closed += 1
             self.log.warning(
                 "sasl_unexpected_request_closed",
@@ -963,6 +966,17 @@ class Connection:
                 hint="authenticate first: the client needs security.protocol="
                 f"{self.security.security_protocol} and sasl.mechanism",
             )
+            if authenticating:
+                try:
+                    answer = error_frame(
+                        key, version, header.correlation_id, ErrorCode.illegal_sasl_state, reason
+                    )
+                except api.UnknownApi:
+                    pass
+                else:
+                    self._queue_answer(answer)
+                    self._finish_after_answer()
+                    return True
             self.close()
             return False
         if key == sasl.API_VERSIONS_KEY:

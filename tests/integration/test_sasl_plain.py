@@ -217,6 +217,9 @@ def test_requests_before_authentication_close_only_that_connection(
         answer = _read_response(s, 17, 1)
         assert answer.error_code == ErrorCode.none and answer.mechanisms == ("PLAIN",)
         s.sendall(_frame(3, 4, 2, {"topics": None, "allow_auto_topic_creation": False}))
+        # Kafka answers this one ILLEGAL_SASL_STATE (Metadata v4 has no top-level
+        # error field: an empty answer), then closes.
+        assert _read_response(s, 3, 4).brokers == ()
         assert closed_without_answer(s)
     # An unsupported mechanism: the enabled list, then close.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -244,6 +247,15 @@ def test_requests_before_authentication_close_only_that_connection(
         assert s.recv(4) == b"\x00\x00\x00\x00"
         s.sendall(_frame(3, 4, 2, {"topics": None, "allow_auto_topic_creation": False}))
         assert _read_response(s, 3, 4).brokers
+        # Authenticated: a second handshake is out of place, as in Kafka's KafkaApis.
+        s.sendall(_frame(17, 1, 3, {"mechanism": "PLAIN"}))
+        assert _read_response(s, 17, 1).error_code == ErrorCode.illegal_sasl_state
+        s.sendall(_frame(36, 2, 4, {"auth_bytes": token}))
+        assert _read_response(s, 36, 2).error_code == ErrorCode.illegal_sasl_state
+    # The PLAINTEXT listener has no SASL: ILLEGAL_SASL_STATE too.
+    with socket.create_connection(("127.0.0.1", sasl_broker.port), timeout=10) as s:
+        s.sendall(_frame(17, 1, 1, {"mechanism": "PLAIN"}))
+        assert _read_response(s, 17, 1).error_code == ErrorCode.illegal_sasl_state
     assert log_lines(sasl_broker, "sasl_unexpected_request_closed")
     # The broker still serves SASL clients, and the PLAINTEXT listener.
     metadata = AdminClient(sasl_config(sasl_broker)).list_topics(timeout=15)
