@@ -35,9 +35,9 @@ from tests.integration.share_helpers import (
     produce_values,
     share_consumer,
 )
-from tests.integration.test_tls_listeners import Certs, certs, closed_without_answer
+from tests.integration.tls_helpers import Certs, certs, closed_without_answer
 
-__all__ = ["certs"]  # the module fixture, shared with the TLS tests
+__all__ = ["certs"]  # the module fixture, from tls_helpers
 
 JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "

@@ -7,24 +7,17 @@ confluent-kafka clients connect with `security.protocol=SSL`.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.integration.conftest import (
     Broker,
@@ -41,96 +34,9 @@ from tests.integration.share_helpers import (
     produce_values,
     share_consumer,
 )
+from tests.integration.tls_helpers import Certs, certs, closed_without_answer
 
-
-@dataclass(frozen=True)
-class Certs:
-    ca: Path  # the CA certificate
-    server: Path  # the server's chain and key, one PEM file
-    server_chain: str
-    server_key: str
-    client_cert: Path
-    client_key: Path
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _cert(
-    subject: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    san: list[x509.GeneralName] | None = None,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    root = tmp_path_factory.mktemp("certs")
-    ca_key = _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spool test CA")])
-    ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
-    server_key = _key()
-    server = _cert(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]),
-        server_key,
-        ca_name,
-        ca_key,
-        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
-    client_key = _key()
-    client = _cert(
-        x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Acme"),
-                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "eng"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "alice"),
-            ]
-        ),
-        client_key,
-        ca_name,
-        ca_key,
-    )
-    pem = serialization.Encoding.PEM
-    (root / "ca.pem").write_bytes(ca.public_bytes(pem))
-    chain = server.public_bytes(pem).decode()
-    (root / "server.pem").write_text(chain + _pem_key(server_key).decode())
-    (root / "client.pem").write_bytes(client.public_bytes(pem))
-    (root / "client.key").write_bytes(_pem_key(client_key))
-    return Certs(
-        root / "ca.pem",
-        root / "server.pem",
-        chain,
-        _pem_key(server_key).decode(),
-        root / "client.pem",
-        root / "client.key",
-    )
+__all__ = ["certs"]  # the module fixture, from tls_helpers
 
 
 class ListenersBroker(Broker):
@@ -232,14 +138,6 @@ def test_produce_and_share_consume_over_ssl(two_listeners: ListenersBroker, cert
     assert sorted(d.value for d in log.deliveries) == sorted(values)
     # Without a client certificate, a TLS client is User:ANONYMOUS.
     assert log_lines(two_listeners, "connection_opened", "User:ANONYMOUS", "listener=SSL")
-
-
-def closed_without_answer(sock: socket.socket) -> bool:
-    """The peer closed (a reset: it left our bytes unread) and sent nothing."""
-    try:
-        return sock.recv(100) == b""
-    except ConnectionResetError:
-        return True
 
 
 def test_wrong_protocol_on_each_port_is_closed_others_served(
