@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -406,7 +407,7 @@ async def create_partitions(
     checks in the same turn and writes nothing."""
     state = broker.metadata.state
     names = [t.name for t in req.topics]
-    duplicates = {name for name in names if names.count(name) > 1}
+    duplicates = {name for name, n in Counter(names).items() if n > 1}
     outcomes: list[Growth] = []
 
     def op() -> tuple[list[Record], list[Growth]]:
