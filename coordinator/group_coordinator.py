@@ -26,7 +26,13 @@ import structlog
 
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
-from coordinator.group_config import AlterConfigOp, GroupConfig, GroupConfigRecord, GroupConfigStore
+from coordinator.group_config import (
+    OFFSETS_COMMIT_TIMEOUT_MS,
+    AlterConfigOp,
+    GroupConfig,
+    GroupConfigRecord,
+    GroupConfigStore,
+)
 from coordinator.group_records import GroupRecord
 from coordinator.runtime import (
     CoordinatorRuntime,
@@ -71,7 +77,7 @@ UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
 EXPIRY_SWEEP_MS = 250
 # How long a ShareFetch's load waits for a share-state initialization already under way
 # before it initializes the partition itself (Kafka's offsets.commit.timeout.ms).
-INITIALIZE_WAIT_MS = 5000
+INITIALIZE_WAIT_MS = OFFSETS_COMMIT_TIMEOUT_MS
 
 # Records that only remove a member: for a group that is not there they change nothing.
 _MEMBER_TOMBSTONES = (
