@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from broker.security import KafkaPrincipal
+from protocol.api import API_VERSIONS_KEY
 from protocol.errors import ErrorCode
 
 PLAIN = "PLAIN"
@@ -34,7 +35,6 @@ PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 _JAAS_FLAGS = ("required", "requisite", "sufficient", "optional")
 _JAAS_USER_PREFIX = "user_"
 
-API_VERSIONS_KEY = 18
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
 
@@ -227,7 +227,7 @@ class SaslAuthenticator:
         during = (
             "handshake"
             if self.state in (State.HANDSHAKE_OR_VERSIONS, State.HANDSHAKE)
-            else ("authentication")
+            else "authentication"
         )
         self.state = State.FAILED
         return f"Unexpected Kafka request of api key {api_key} during SASL {during}"

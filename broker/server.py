@@ -979,7 +979,7 @@ class Connection:
                     return True
             self.close()
             return False
-        if key == sasl.API_VERSIONS_KEY:
+        if key == api.API_VERSIONS_KEY:
             auth.api_versions()
             return None
         versions = api.schema_versions(key)
