@@ -151,8 +151,6 @@ _DONE: Final = frozenset({_ACKNOWLEDGED, _ARCHIVED})
 _NEVER_DELIVERED: Final = (_AVAILABLE, 0)
 _PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED})
 
-"""Start offset of state that has never been initialized: resolve share.auto.offset.reset."""
-
 
 class IllegalStateTransition(RuntimeError):
     """A move that TRANSITIONS does not allow; always a bug in this module, never bad input."""
