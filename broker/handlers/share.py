@@ -22,12 +22,11 @@ from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from broker.share.delayed_fetch import FetchEntry
 from broker.share.fetch import (
-    AckOutcome,
     ShareAcknowledgeParams,
     ShareFetchParams,
     ShareFetchService,
 )
-from broker.share.manager import AckBatches
+from broker.share.manager import AckBatches, AckOutcome
 from broker.share.session import TopicIdPartition
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataStore

@@ -23,7 +23,7 @@ import structlog
 
 from broker.partitions import Partition
 from broker.share.delayed_fetch import DelayedShareFetch, FetchEntry
-from broker.share.manager import AckBatches, SharePartitionManager
+from broker.share.manager import AckBatches, AckOutcome, SharePartitionManager
 from broker.share.partition import ShareAcquireMode
 from broker.share.session import ShareSessionCache, TopicIdPartition
 from coordinator.share_group import member_id_valid
@@ -36,8 +36,6 @@ log = structlog.get_logger("spool.share")
 RENEW_ACK = 4  # AcknowledgeType Renew (KIP-1222, ShareFetch/ShareAcknowledge v2)
 # MaxRecords when a ShareFetch leaves it 0 (Kafka's share consumer default max.poll.records).
 DEFAULT_MAX_RECORDS = 500
-
-AckOutcome = tuple[ErrorCode, str | None]
 
 
 @dataclass(frozen=True, slots=True)
