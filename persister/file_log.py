@@ -940,7 +940,7 @@ class PartitionLog:
                 if header.base_offset < first or header.last_offset >= limit:
                     raise CorruptRecordError(
                         f"compacted segment {cleaned.name}: batch at byte {pos} holds offsets "
-                        f"{header.base_offset}-{header.last_offset}, outside "
+                        f"{header.base_offset}-{header.last_offset}, outside the segment's "
                         f"{first}-{limit - 1}"
                     )
         finally:
@@ -977,17 +977,7 @@ class PartitionLog:
             )
         old = self._segments[slot]
         limit = self._base_offsets[slot + 1]
-        fd = os.open(cleaned, os.O_RDONLY)
-        try:
-            for pos, header in scan_batches(fd, 0, os.fstat(fd).st_size, validate=True):
-                if header.base_offset < base_offset or header.last_offset >= limit:
-                    raise CorruptRecordError(
-                        f"compacted segment {cleaned.name}: batch at byte {pos} holds offsets "
-                        f"{header.base_offset}-{header.last_offset}, outside the segment's "
-                        f"{base_offset}-{limit - 1}"
-                    )
-        finally:
-            os.close(fd)
+        self._check_cleaned(cleaned, base_offset, limit)
         for suffix in SEGMENT_SUFFIXES[1:]:
             old.path(suffix).unlink(missing_ok=True)
         os.replace(cleaned, old.path(LOG_SUFFIX))
