@@ -15,6 +15,7 @@ import structlog
 from kio.static.primitive import i16
 
 from broker import trace
+from broker.authorizer import Authorizer
 from broker.config import BrokerConfig
 from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
@@ -138,6 +139,9 @@ class Broker:
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
         self.topic_changed_hooks: list[Callable[[str], None]] = []
+        # ACL checks (broker.authorizer): allows everything unless authorizer.class.name
+        # is set; the ACLs are the metadata log's, read at each check.
+        self.authorizer = Authorizer.from_config(config, lambda: self.metadata.state.acls)
         self.table: api.ApiTable[RequestContext] = build_table(self)
 
     @property

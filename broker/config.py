@@ -408,7 +408,33 @@ SASL_KEYS: list[ConfigDef] = [
         read_only=True,
     ),
 ]
-BROKER_KEYS.update({k.name: k for k in LISTENER_KEYS + SSL_KEYS + SASL_KEYS})
+# Authorization (KIP-11; Kafka's StandardAuthorizer), read at start.
+AUTHORIZER_KEYS: list[ConfigDef] = [
+    ConfigDef(
+        "authorizer.class.name",
+        STRING,
+        "",
+        "The authorizer: org.apache.kafka.metadata.authorizer.StandardAuthorizer turns ACLs "
+        "on; empty (the default) allows every request.",
+        read_only=True,
+    ),
+    ConfigDef(
+        "super.users",
+        STRING,
+        "",
+        "Principals allowed everything whatever the ACLs say, separated by ';' "
+        "(User:admin;User:CN=ops,O=Acme).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "allow.everyone.if.no.acl.found",
+        BOOLEAN,
+        False,
+        "With an authorizer, allow a request on a resource that no ACL names.",
+        read_only=True,
+    ),
+]
+BROKER_KEYS.update({k.name: k for k in LISTENER_KEYS + SSL_KEYS + SASL_KEYS + AUTHORIZER_KEYS})
 SSL_KEY_NAMES = frozenset(k.name for k in SSL_KEYS)
 # Keys a listener may override besides ssl.* (`<mechanism>.sasl.jaas.config` too).
 LISTENER_KEY_NAMES = SSL_KEY_NAMES | {"sasl.enabled.mechanisms", "connections.max.reauth.ms"}

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from coordinator.acls import AclBinding, AclSet
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
@@ -86,6 +87,11 @@ class ClusterState:
     topics_by_id: dict[uuid.UUID, Topic] = field(default_factory=dict)
     broker_configs: dict[str, str] = field(default_factory=dict)
     producer_id_limit: int = 0
+    # ACLs (KIP-11), as Kafka keeps them in its metadata log (AccessControlEntryRecord).
+    acls: AclSet = field(default_factory=AclSet)
+    # SCRAM credentials (KIP-554; Kafka's UserScramCredentialRecord): (user, mechanism)
+    # -> {"salt", "stored_key", "server_key" (base64), "iterations"}. Never a password.
+    scram_credentials: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
     def replay(self, record: Record) -> None:
         kind = record["type"]
@@ -112,6 +118,16 @@ class ClusterState:
             self.broker_configs = dict(record["configs"])
         elif kind == "producer_id_block":
             self.producer_id_limit = max(self.producer_id_limit, record["limit"])
+        elif kind == "acl":
+            self.acls.add(AclBinding.from_record(record["acl"]))
+        elif kind == "acl_deleted":
+            self.acls.remove(AclBinding.from_record(record["acl"]))
+        elif kind == "scram_credential":
+            self.scram_credentials[(record["user"], record["mechanism"])] = dict(
+                record["credential"]
+            )
+        elif kind == "scram_credential_deleted":
+            self.scram_credentials.pop((record["user"], record["mechanism"]), None)
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
@@ -337,6 +353,13 @@ def _compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hasha
         return [(("topic", record["name"]), kind == "topic_deleted")]
     if kind in ("cluster", "broker_config", "producer_id_block"):
         return [((kind,), False)]
+    if kind in ("acl", "acl_deleted"):
+        acl = AclBinding.from_record(record["acl"])
+        return [(("acl", acl.key()), kind == "acl_deleted")]
+    if kind in ("scram_credential", "scram_credential_deleted"):
+        return [
+            (("scram", record["user"], record["mechanism"]), kind == "scram_credential_deleted")
+        ]
     raise ValueError(f"unknown metadata record type {kind!r}")
 
 

@@ -1,0 +1,305 @@
+"""ACLs (KIP-11) and how Kafka's StandardAuthorizer decides with them, sans-IO.
+
+The enums carry Kafka's wire codes (org.apache.kafka.common.resource.ResourceType,
+acl.AclOperation, acl.AclPermissionType, resource.PatternType). An `AclBinding` is one
+stored ACL: a resource pattern (type, name, LITERAL or PREFIXED) and an entry (principal
+`User:name` or `User:*`, host or `*`, operation, ALLOW or DENY).
+
+`AclSet.authorize` follows StandardAuthorizerData.findAclRule for one LITERAL resource:
+- the ACLs that match the resource are its LITERAL ACLs of that exact name, the LITERAL
+  ACLs named `*` and the PREFIXED ACLs whose name starts the resource's name;
+- of those, an entry applies to the request if its principal is the request's or
+  `User:*` and its host is `*`, the client's address or a CIDR range holding it;
+- any applying DENY for the operation (or ALL) denies; else any applying ALLOW for the
+  operation (or ALL, or an operation that implies it: READ, WRITE, DELETE and ALTER
+  imply DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS) allows; an implied operation
+  never comes from a DENY;
+- with no applying entry: denied if the resource has any ACL at all (for anyone),
+  otherwise `allow.everyone.if.no.acl.found` decides (`Decision.NO_ACL`).
+Super users are the caller's business (broker.authorizer), as they are checked before
+any ACL in Kafka.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+WILDCARD = "*"
+WILDCARD_PRINCIPAL = "User:*"
+CLUSTER_NAME = "kafka-cluster"  # the one CLUSTER resource's name in Kafka
+
+
+class ResourceType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+    DELEGATION_TOKEN = 6
+    USER = 7
+
+
+class AclOperation(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+    CREATE_TOKENS = 13
+    DESCRIBE_TOKENS = 14
+    TWO_PHASE_COMMIT = 15
+
+
+class AclPermissionType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    DENY = 2
+    ALLOW = 3
+
+
+class PatternType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    MATCH = 2
+    LITERAL = 3
+    PREFIXED = 4
+
+
+_IMPLIES_DESCRIBE = frozenset(
+    {
+        AclOperation.DESCRIBE,
+        AclOperation.READ,
+        AclOperation.WRITE,
+        AclOperation.DELETE,
+        AclOperation.ALTER,
+    }
+)
+_IMPLIES_DESCRIBE_CONFIGS = frozenset({AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS})
+
+
+class Decision(enum.Enum):
+    ALLOWED = "ALLOWED"
+    DENIED = "DENIED"
+    # No ACL names the resource: `allow.everyone.if.no.acl.found` decides.
+    NO_ACL = "NO_ACL"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AclBinding:
+    """One ACL as stored (Kafka's StandardAcl / AclBinding)."""
+
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType
+    principal: str
+    host: str
+    operation: AclOperation
+    permission: AclPermissionType
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "resource_type": int(self.resource_type),
+            "resource_name": self.resource_name,
+            "pattern_type": int(self.pattern_type),
+            "principal": self.principal,
+            "host": self.host,
+            "operation": int(self.operation),
+            "permission": int(self.permission),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> AclBinding:
+        return cls(
+            ResourceType(record["resource_type"]),
+            record["resource_name"],
+            PatternType(record["pattern_type"]),
+            record["principal"],
+            record["host"],
+            AclOperation(record["operation"]),
+            AclPermissionType(record["permission"]),
+        )
+
+    def key(self) -> str:
+        """A stable text key for the metadata log (one record per binding)."""
+        return (
+            f"acl:{int(self.resource_type)}:{int(self.pattern_type)}:{self.resource_name}:"
+            f"{self.principal}:{self.host}:{int(self.operation)}:{int(self.permission)}"
+        )
+
+    def _applies_to_resource(self, resource_type: ResourceType, name: str) -> bool:
+        if self.resource_type is not resource_type:
+            return False
+        if self.pattern_type is PatternType.LITERAL:
+            return self.resource_name == name or self.resource_name == WILDCARD
+        if self.pattern_type is PatternType.PREFIXED:
+            return name.startswith(self.resource_name)
+        return False
+
+    def _result(
+        self, principals: tuple[str, ...], host: str, operation: AclOperation
+    ) -> AclPermissionType | None:
+        """ALLOW or DENY if this entry applies to the request, None if it does not
+        (StandardAuthorizerData.findResult)."""
+        if self.principal not in principals:
+            return None
+        if self.host != WILDCARD and self.host != host and not _in_cidr(host, self.host):
+            return None
+        if self.operation is not AclOperation.ALL:
+            if self.permission is AclPermissionType.ALLOW:
+                if operation is AclOperation.DESCRIBE:
+                    if self.operation not in _IMPLIES_DESCRIBE:
+                        return None
+                elif operation is AclOperation.DESCRIBE_CONFIGS:
+                    if self.operation not in _IMPLIES_DESCRIBE_CONFIGS:
+                        return None
+                elif operation is not self.operation:
+                    return None
+            elif operation is not self.operation:
+                return None
+        return self.permission
+
+
+def _in_cidr(host: str, rule: str) -> bool:
+    if "/" not in rule:
+        return False
+    try:
+        return ipaddress.ip_address(host) in ipaddress.ip_network(rule, strict=False)
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class AclBindingFilter:
+    """DescribeAcls / DeleteAcls filter: None (or ANY, `*`-less) matches every value.
+
+    Pattern type ANY matches bindings of any pattern type with exactly that name;
+    MATCH matches every binding that would apply to a LITERAL resource of that name
+    (LITERAL of that name, LITERAL `*`, PREFIXED prefixes of it), as Kafka's
+    ResourcePatternFilter does.
+    """
+
+    resource_type: ResourceType = ResourceType.ANY
+    resource_name: str | None = None
+    pattern_type: PatternType = PatternType.ANY
+    principal: str | None = None
+    host: str | None = None
+    operation: AclOperation = AclOperation.ANY
+    permission: AclPermissionType = AclPermissionType.ANY
+
+    def matches(self, acl: AclBinding) -> bool:
+        if self.resource_type is not ResourceType.ANY and acl.resource_type is not (
+            self.resource_type
+        ):
+            return False
+        if self.pattern_type is PatternType.MATCH:
+            if self.resource_name is None:
+                pass
+            elif acl.pattern_type is PatternType.LITERAL:
+                if acl.resource_name not in (self.resource_name, WILDCARD):
+                    return False
+            elif acl.pattern_type is PatternType.PREFIXED:
+                if not self.resource_name.startswith(acl.resource_name):
+                    return False
+            else:
+                return False
+        else:
+            if self.pattern_type is not PatternType.ANY and acl.pattern_type is not (
+                self.pattern_type
+            ):
+                return False
+            if self.resource_name is not None and acl.resource_name != self.resource_name:
+                return False
+        if self.principal is not None and acl.principal != self.principal:
+            return False
+        if self.host is not None and acl.host != self.host:
+            return False
+        if self.operation is not AclOperation.ANY and acl.operation is not self.operation:
+            return False
+        return self.permission is AclPermissionType.ANY or acl.permission is self.permission
+
+
+@dataclass(slots=True)
+class AclSet:
+    """Every stored ACL, indexed by resource type; replayed from the metadata log."""
+
+    _by_type: dict[ResourceType, set[AclBinding]] = field(default_factory=dict)
+
+    def add(self, acl: AclBinding) -> None:
+        self._by_type.setdefault(acl.resource_type, set()).add(acl)
+
+    def remove(self, acl: AclBinding) -> None:
+        bucket = self._by_type.get(acl.resource_type)
+        if bucket is not None:
+            bucket.discard(acl)
+
+    def __contains__(self, acl: object) -> bool:
+        return isinstance(acl, AclBinding) and acl in self._by_type.get(acl.resource_type, ())
+
+    def __iter__(self) -> Iterator[AclBinding]:
+        for bucket in self._by_type.values():
+            yield from bucket
+
+    def __len__(self) -> int:
+        return sum(len(bucket) for bucket in self._by_type.values())
+
+    def matching(self, filt: AclBindingFilter) -> list[AclBinding]:
+        return sorted(acl for acl in self if filt.matches(acl))
+
+    def authorize(
+        self,
+        principal: str,
+        host: str,
+        operation: AclOperation,
+        resource_type: ResourceType,
+        name: str,
+    ) -> Decision:
+        """Kafka's decision for `principal` at `host` doing `operation` on the LITERAL
+        resource (`resource_type`, `name`); super users are not considered here."""
+        principals = (principal, WILDCARD_PRINCIPAL)
+        has_resource_acls = False
+        allowed = False
+        for acl in self._by_type.get(resource_type, ()):
+            if not acl._applies_to_resource(resource_type, name):
+                continue
+            has_resource_acls = True
+            result = acl._result(principals, host, operation)
+            if result is AclPermissionType.DENY:
+                return Decision.DENIED
+            if result is AclPermissionType.ALLOW:
+                allowed = True
+        if allowed:
+            return Decision.ALLOWED
+        return Decision.DENIED if has_resource_acls else Decision.NO_ACL
+
+    def any_allowed(
+        self,
+        principal: str,
+        host: str,
+        operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool:
+        """Whether some ALLOW entry for this principal and host covers `operation` on
+        some resource of `resource_type` (for Kafka's authorizeByResourceType: may the
+        principal e.g. write to any transactional id)."""
+        principals = (principal, WILDCARD_PRINCIPAL)
+        return any(
+            acl._result(principals, host, operation) is AclPermissionType.ALLOW
+            for acl in self._by_type.get(resource_type, ())
+        )
+
+
+def bindings(records: Iterable[dict[str, Any]]) -> list[AclBinding]:
+    return [AclBinding.from_record(r) for r in records]
