@@ -143,13 +143,27 @@ class Authorizer:
         self, ctx: Requester, operation: AclOperation, resource_type: ResourceType
     ) -> bool:
         """Kafka's authorizeByResourceType: may the principal do `operation` on some
-        resource of this type (InitProducerId's idempotent-write fallback)."""
+        resource of this type (InitProducerId's idempotent-write fallback). As Kafka,
+        first the decision for one made-up LITERAL name (super users, `*` and prefix
+        ACLs covering it, allow.everyone.if.no.acl.found), then the ACLs of the type
+        (coordinator.acls.AclSet.any_allowed). A refusal is counted, not logged."""
         if not self.enabled:
             return True
         principal = str(ctx.security.principal)
         if principal in self.super_users:
             return True
-        return self._acls().any_allowed(principal, ctx.client_host, operation, resource_type)
+        acls = self._acls()
+        decision = acls.authorize(principal, ctx.client_host, operation, resource_type, "hardcode")
+        if decision is Decision.ALLOWED or (decision is Decision.NO_ACL and self.allow_if_no_acl):
+            return True
+        if acls.any_allowed(principal, ctx.client_host, operation, resource_type):
+            return True
+        self.denials[(operation.name, resource_type.name)] += 1
+        return False
+
+    def acl_count(self) -> int:
+        """ACLs stored (Kafka's acls-total-count)."""
+        return len(self._acls())
 
 
 NO_AUTHORIZER = Authorizer(enabled=False, acls=AclSet)

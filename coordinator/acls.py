@@ -9,7 +9,9 @@ stored ACL: a resource pattern (type, name, LITERAL or PREFIXED) and an entry (p
 - the ACLs that match the resource are its LITERAL ACLs of that exact name, the LITERAL
   ACLs named `*` and the PREFIXED ACLs whose name starts the resource's name;
 - of those, an entry applies to the request if its principal is the request's or
-  `User:*` and its host is `*`, the client's address or a CIDR range holding it;
+  `User:*` and its host is `*` or exactly the client's address (Kafka 4.2 compares
+  hosts as strings; CIDR ranges are KIP-1276, after 4.2, so `validate_new_acl` refuses
+  them rather than store a rule that would never match);
 - any applying DENY for the operation (or ALL) denies; else any applying ALLOW for the
   operation (or ALL, or an operation that implies it: READ, WRITE, DELETE and ALTER
   imply DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS) allows; an implied operation
@@ -18,22 +20,37 @@ stored ACL: a resource pattern (type, name, LITERAL or PREFIXED) and an entry (p
   otherwise `allow.everyone.if.no.acl.found` decides (`Decision.NO_ACL`).
 Super users are the caller's business (broker.authorizer), as they are checked before
 any ACL in Kafka.
+
+`validate_new_acl` and `validate_filter` are the checks CreateAcls and DeleteAcls make
+of each binding or filter (Kafka's AclApis and AclControlManager), and the `from_code`
+constructors map a wire code Kafka does not know to UNKNOWN, as Kafka's `fromCode` does.
 """
 
 from __future__ import annotations
 
 import enum
-import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
+
+from protocol.errors import ErrorCode, KafkaError
 
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
 CLUSTER_NAME = "kafka-cluster"  # the one CLUSTER resource's name in Kafka
 
 
-class ResourceType(enum.IntEnum):
+class _Coded(enum.IntEnum):
+    @classmethod
+    def from_code(cls, code: int) -> Self:
+        """The member with wire code `code`, UNKNOWN (0) for a code Kafka does not know."""
+        try:
+            return cls(code)
+        except ValueError:
+            return cls(0)
+
+
+class ResourceType(_Coded):
     UNKNOWN = 0
     ANY = 1
     TOPIC = 2
@@ -44,7 +61,7 @@ class ResourceType(enum.IntEnum):
     USER = 7
 
 
-class AclOperation(enum.IntEnum):
+class AclOperation(_Coded):
     UNKNOWN = 0
     ANY = 1
     ALL = 2
@@ -63,14 +80,14 @@ class AclOperation(enum.IntEnum):
     TWO_PHASE_COMMIT = 15
 
 
-class AclPermissionType(enum.IntEnum):
+class AclPermissionType(_Coded):
     UNKNOWN = 0
     ANY = 1
     DENY = 2
     ALLOW = 3
 
 
-class PatternType(enum.IntEnum):
+class PatternType(_Coded):
     UNKNOWN = 0
     ANY = 1
     MATCH = 2
@@ -155,7 +172,7 @@ class AclBinding:
         (StandardAuthorizerData.findResult)."""
         if self.principal not in principals:
             return None
-        if self.host != WILDCARD and self.host != host and not _in_cidr(host, self.host):
+        if self.host != WILDCARD and self.host != host:
             return None
         if self.operation is not AclOperation.ALL:
             if self.permission is AclPermissionType.ALLOW:
@@ -170,15 +187,6 @@ class AclBinding:
             elif operation is not self.operation:
                 return None
         return self.permission
-
-
-def _in_cidr(host: str, rule: str) -> bool:
-    if "/" not in rule:
-        return False
-    try:
-        return ipaddress.ip_address(host) in ipaddress.ip_network(rule, strict=False)
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,14 +299,115 @@ class AclSet:
         operation: AclOperation,
         resource_type: ResourceType,
     ) -> bool:
-        """Whether some ALLOW entry for this principal and host covers `operation` on
-        some resource of `resource_type` (for Kafka's authorizeByResourceType: may the
-        principal e.g. write to any transactional id)."""
+        """Whether the ACLs let the principal do `operation` on some resource of
+        `resource_type`, as Kafka's Authorizer.authorizeByResourceType decides after its
+        check of one made-up name (which covers super users and the no-ACL default; the
+        caller's): of the entries for this principal (or `User:*`), host (or `*`) and
+        exactly this operation (or ALL), a DENY on LITERAL `*` denies; an ALLOW on
+        LITERAL `*` allows; else some other ALLOW must survive the DENYs: a LITERAL name
+        not denied by the same LITERAL name nor by a PREFIXED deny starting it, a
+        PREFIXED name not starting with a PREFIXED deny. No implied operations here."""
         principals = (principal, WILDCARD_PRINCIPAL)
-        return any(
-            acl._result(principals, host, operation) is AclPermissionType.ALLOW
-            for acl in self._by_type.get(resource_type, ())
+        deny_literal: set[str] = set()
+        deny_prefixed: set[str] = set()
+        allow: list[AclBinding] = []
+        wildcard_allow = False
+        for acl in self._by_type.get(resource_type, ()):
+            if acl.host not in (host, WILDCARD) or acl.principal not in principals:
+                continue
+            if acl.operation is not operation and acl.operation is not AclOperation.ALL:
+                continue
+            literal = acl.pattern_type is PatternType.LITERAL
+            if acl.permission is AclPermissionType.DENY:
+                if literal and acl.resource_name == WILDCARD:
+                    return False
+                (deny_literal if literal else deny_prefixed).add(acl.resource_name)
+            elif literal and acl.resource_name == WILDCARD:
+                wildcard_allow = True
+            else:
+                allow.append(acl)
+        if wildcard_allow:
+            return True
+        for acl in allow:
+            if acl.pattern_type is PatternType.LITERAL and acl.resource_name in deny_literal:
+                continue
+            name = acl.resource_name
+            if not any(name[:i] in deny_prefixed for i in range(1, len(name) + 1)):
+                return True
+        return False
+
+
+# Kafka's QuorumController.MAX_RECORDS_PER_USER_OP: the most ACLs one CreateAcls or
+# DeleteAcls may write.
+MAX_RECORDS_PER_USER_OP = 10000
+
+
+def binding_of(
+    resource_type: int,
+    resource_name: str,
+    pattern_type: int,
+    principal: str,
+    host: str,
+    operation: int,
+    permission: int,
+) -> AclBinding:
+    """A binding from a request's wire codes (unknown codes become UNKNOWN)."""
+    return AclBinding(
+        ResourceType.from_code(resource_type),
+        resource_name,
+        PatternType.from_code(pattern_type),
+        principal,
+        host,
+        AclOperation.from_code(operation),
+        AclPermissionType.from_code(permission),
+    )
+
+
+def validate_new_acl(acl: AclBinding) -> None:
+    """CreateAcls' checks of one binding, INVALID_REQUEST with Kafka's words: the
+    CLUSTER resource's name and an empty name (AclApis.handleCreateAcls), then the
+    types, the name again and the principal's `Type:name` form
+    (AclControlManager.validateNewAcl). Hosts: empty is refused and a CIDR range is
+    UNSUPPORTED_VERSION, as Kafka's controller answers them before KIP-1276's metadata
+    version (Kafka 4.2 itself would store a range and never match it)."""
+
+    def invalid(message: str) -> KafkaError:
+        return KafkaError(ErrorCode.invalid_request, message)
+
+    if acl.resource_type is ResourceType.CLUSTER and acl.resource_name != CLUSTER_NAME:
+        raise invalid(f"The only valid name for the CLUSTER resource is {CLUSTER_NAME}")
+    if not acl.resource_name:
+        raise invalid("Invalid empty resource name")
+    if acl.resource_type in (ResourceType.UNKNOWN, ResourceType.ANY):
+        raise invalid(f"Invalid resourceType {acl.resource_type.name}")
+    if acl.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
+        raise invalid(f"Invalid patternType {acl.pattern_type.name}")
+    if acl.operation in (AclOperation.UNKNOWN, AclOperation.ANY):
+        raise invalid(f"Invalid operation {acl.operation.name}")
+    if acl.permission not in (AclPermissionType.ALLOW, AclPermissionType.DENY):
+        raise invalid(f"Invalid permissionType {acl.permission.name}")
+    if ":" not in acl.principal:
+        raise invalid(
+            f"Could not parse principal from `{acl.principal}` (no colon is present "
+            "separating the principal type from the principal name)"
         )
+    if not acl.host:
+        raise invalid("Host pattern cannot be null or empty")
+    if "/" in acl.host:
+        raise KafkaError(
+            ErrorCode.unsupported_version,
+            f"Host {acl.host!r} is a CIDR range; Kafka 4.2 matches ACL hosts exactly "
+            "(ranges are KIP-1276): give one address or *",
+        )
+
+
+def validate_filter(filt: AclBindingFilter) -> None:
+    """DescribeAcls' and DeleteAcls' check of a filter (AclControlManager.validateFilter
+    and the requests' refusal of UNKNOWN elements): INVALID_REQUEST."""
+    if filt.resource_type is ResourceType.UNKNOWN or filt.pattern_type is PatternType.UNKNOWN:
+        raise KafkaError(ErrorCode.invalid_request, "Unknown patternFilter.")
+    if filt.operation is AclOperation.UNKNOWN or filt.permission is AclPermissionType.UNKNOWN:
+        raise KafkaError(ErrorCode.invalid_request, "Unknown entryFilter.")
 
 
 def bindings(records: Iterable[dict[str, Any]]) -> list[AclBinding]:

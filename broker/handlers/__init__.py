@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.handlers import (
+    acls,
     cluster,
     configs,
     produce_fetch,
@@ -35,6 +36,7 @@ from protocol.api import ApiTable, Response
 
 
 class HandlerBroker(
+    acls.AclsBroker,
     cluster.ClusterBroker,
     configs.ConfigsBroker,
     produce_fetch.DataBroker,
@@ -85,6 +87,10 @@ APIS: tuple[Api, ...] = (
     Api(37, 0, 3, topics.create_partitions),
     Api(32, 1, 4, configs.describe_configs),
     Api(44, 0, 1, configs.incremental_alter_configs),
+    # v0 was removed in Kafka 4.0; v1 is the baseline.
+    Api(29, 1, 3, acls.describe_acls),
+    Api(30, 1, 3, acls.create_acls),
+    Api(31, 1, 3, acls.delete_acls),
     Api(0, 3, 13, produce_fetch.produce),
     Api(1, 4, 18, produce_fetch.fetch),
     Api(2, 1, 11, produce_fetch.list_offsets),

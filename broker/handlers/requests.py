@@ -36,6 +36,9 @@ from kio.schema.api_versions import v1 as api_versions_v1
 from kio.schema.api_versions import v2 as api_versions_v2
 from kio.schema.api_versions import v3 as api_versions_v3
 from kio.schema.api_versions import v4 as api_versions_v4
+from kio.schema.create_acls import v1 as create_acls_v1
+from kio.schema.create_acls import v2 as create_acls_v2
+from kio.schema.create_acls import v3 as create_acls_v3
 from kio.schema.create_partitions import v0 as create_partitions_v0
 from kio.schema.create_partitions import v1 as create_partitions_v1
 from kio.schema.create_partitions import v2 as create_partitions_v2
@@ -46,6 +49,9 @@ from kio.schema.create_topics import v4 as create_topics_v4
 from kio.schema.create_topics import v5 as create_topics_v5
 from kio.schema.create_topics import v6 as create_topics_v6
 from kio.schema.create_topics import v7 as create_topics_v7
+from kio.schema.delete_acls import v1 as delete_acls_v1
+from kio.schema.delete_acls import v2 as delete_acls_v2
+from kio.schema.delete_acls import v3 as delete_acls_v3
 from kio.schema.delete_groups import v0 as delete_groups_v0
 from kio.schema.delete_groups import v1 as delete_groups_v1
 from kio.schema.delete_groups import v2 as delete_groups_v2
@@ -60,6 +66,9 @@ from kio.schema.delete_topics import v3 as delete_topics_v3
 from kio.schema.delete_topics import v4 as delete_topics_v4
 from kio.schema.delete_topics import v5 as delete_topics_v5
 from kio.schema.delete_topics import v6 as delete_topics_v6
+from kio.schema.describe_acls import v1 as describe_acls_v1
+from kio.schema.describe_acls import v2 as describe_acls_v2
+from kio.schema.describe_acls import v3 as describe_acls_v3
 from kio.schema.describe_cluster import v0 as describe_cluster_v0
 from kio.schema.describe_cluster import v1 as describe_cluster_v1
 from kio.schema.describe_cluster import v2 as describe_cluster_v2
@@ -238,6 +247,21 @@ DeleteTopicsRequest: TypeAlias = (
     | delete_topics_v4.DeleteTopicsRequest
     | delete_topics_v5.DeleteTopicsRequest
     | delete_topics_v6.DeleteTopicsRequest
+)
+CreateAclsRequest: TypeAlias = (
+    create_acls_v1.CreateAclsRequest
+    | create_acls_v2.CreateAclsRequest
+    | create_acls_v3.CreateAclsRequest
+)
+DescribeAclsRequest: TypeAlias = (
+    describe_acls_v1.DescribeAclsRequest
+    | describe_acls_v2.DescribeAclsRequest
+    | describe_acls_v3.DescribeAclsRequest
+)
+DeleteAclsRequest: TypeAlias = (
+    delete_acls_v1.DeleteAclsRequest
+    | delete_acls_v2.DeleteAclsRequest
+    | delete_acls_v3.DeleteAclsRequest
 )
 CreatePartitionsRequest: TypeAlias = (
     create_partitions_v0.CreatePartitionsRequest

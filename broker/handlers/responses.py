@@ -30,13 +30,16 @@ __all__ = [
     "add_partitions_to_txn_v5",
     "alter_share_group_offsets_v0",
     "api_versions_v4",
+    "create_acls_v3",
     "create_partitions_v3",
     "create_topics_v7",
+    "delete_acls_v3",
     "delete_groups_v2",
     "delete_records_v2",
     "delete_share_group_offsets_v0",
     "delete_share_group_state_v0",
     "delete_topics_v6",
+    "describe_acls_v3",
     "describe_cluster_v2",
     "describe_configs_v4",
     "describe_share_group_offsets_v1",
@@ -71,13 +74,16 @@ if TYPE_CHECKING:
     from kio.schema.add_partitions_to_txn.v5 import response as add_partitions_to_txn_v5
     from kio.schema.alter_share_group_offsets.v0 import response as alter_share_group_offsets_v0
     from kio.schema.api_versions.v4 import response as api_versions_v4
+    from kio.schema.create_acls.v3 import response as create_acls_v3
     from kio.schema.create_partitions.v3 import response as create_partitions_v3
     from kio.schema.create_topics.v7 import response as create_topics_v7
+    from kio.schema.delete_acls.v3 import response as delete_acls_v3
     from kio.schema.delete_groups.v2 import response as delete_groups_v2
     from kio.schema.delete_records.v2 import response as delete_records_v2
     from kio.schema.delete_share_group_offsets.v0 import response as delete_share_group_offsets_v0
     from kio.schema.delete_share_group_state.v0 import response as delete_share_group_state_v0
     from kio.schema.delete_topics.v6 import response as delete_topics_v6
+    from kio.schema.describe_acls.v3 import response as describe_acls_v3
     from kio.schema.describe_cluster.v2 import response as describe_cluster_v2
     from kio.schema.describe_configs.v4 import response as describe_configs_v4
     from kio.schema.describe_share_group_offsets.v1 import (
@@ -118,6 +124,9 @@ else:
     api_versions_v4 = lazy_module("kio.schema.api_versions.v4.response")
     sasl_authenticate_v2 = lazy_module("kio.schema.sasl_authenticate.v2.response")
     sasl_handshake_v1 = lazy_module("kio.schema.sasl_handshake.v1.response")
+    create_acls_v3 = lazy_module("kio.schema.create_acls.v3.response")
+    delete_acls_v3 = lazy_module("kio.schema.delete_acls.v3.response")
+    describe_acls_v3 = lazy_module("kio.schema.describe_acls.v3.response")
     create_partitions_v3 = lazy_module("kio.schema.create_partitions.v3.response")
     create_topics_v7 = lazy_module("kio.schema.create_topics.v7.response")
     delete_groups_v2 = lazy_module("kio.schema.delete_groups.v2.response")
