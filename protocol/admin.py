@@ -8,6 +8,11 @@ broker support (ApiVersions). Group requests go to the group's coordinator
 COORDINATOR_NOT_AVAILABLE look the coordinator up again and retry with backoff, as
 Kafka's admin client does, until the call's timeout. Every other failure is an
 `AdminError` carrying Kafka's error name and message.
+
+Connections are secured as `ClientSecurity` says (security.protocol, sasl.mechanism,
+ssl.*): TLS, then ApiVersions, SaslHandshake and SaslAuthenticate, the Kafka client's
+order. A refused login is SASL_AUTHENTICATION_FAILED with the broker's message; a failed
+TLS handshake SSL_HANDSHAKE_FAILED saying what to check.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from protocol import api
-from protocol.client import ClientError, KafkaClient
+from protocol.client import (
+    AuthenticationError,
+    ClientError,
+    ClientSecurity,
+    KafkaClient,
+    SecurityConfigError,
+    TlsError,
+)
 from protocol.errors import ErrorCode
 
 T = TypeVar("T")
@@ -239,10 +251,17 @@ class _Connection:
 class AdminClient:
     """Use as `async with await AdminClient.connect("host:port") as admin: ...`."""
 
-    def __init__(self, bootstrap: list[tuple[str, int]], timeout_s: float, client_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap: list[tuple[str, int]],
+        timeout_s: float,
+        client_id: str,
+        security: ClientSecurity | None = None,
+    ) -> None:
         self._bootstrap = bootstrap
         self.timeout_s = timeout_s
         self.client_id = client_id
+        self.security = security or ClientSecurity()
         self._nodes: dict[int, Node] = {}
         self._controller: int | None = None
         self._connections: dict[tuple[str, int], _Connection] = {}
@@ -250,10 +269,20 @@ class AdminClient:
 
     @classmethod
     async def connect(
-        cls, bootstrap: str, timeout_s: float = 30.0, client_id: str = "spool-admin"
+        cls,
+        bootstrap: str,
+        timeout_s: float = 30.0,
+        client_id: str = "spool-admin",
+        security: ClientSecurity | None = None,
     ) -> AdminClient:
-        """Bootstrap: the first reachable address answers ApiVersions and Metadata."""
-        admin = cls(parse_bootstrap(bootstrap), timeout_s, client_id)
+        """Bootstrap: the first reachable address answers ApiVersions and Metadata.
+        Settings in `security` that cannot work are an INVALID_CONFIG AdminError."""
+        if security is not None:
+            try:
+                security.validate()
+            except SecurityConfigError as exc:
+                raise AdminError("INVALID_CONFIG", str(exc)) from None
+        admin = cls(parse_bootstrap(bootstrap), timeout_s, client_id, security)
         try:
             await admin._refresh_brokers()
         except BaseException:
@@ -288,31 +317,64 @@ class AdminClient:
         conn = self._connections.get(address)
         if conn is not None:
             return conn
+        where = f"{address[0]}:{address[1]}"
+        security = self.security
         try:
             client = await asyncio.wait_for(
-                KafkaClient.connect(*address, client_id=self.client_id), self._remaining(deadline)
+                KafkaClient.connect(*address, client_id=self.client_id, security=security),
+                self._remaining(deadline),
             )
-        except (OSError, TimeoutError) as exc:
+        except AuthenticationError as exc:
+            message = exc.message
+            if exc.error == "SASL_AUTHENTICATION_FAILED":
+                message += (
+                    f" (user {security.username!r}, sasl.mechanism {security.mechanism}, "
+                    f"at {where}: check the user and password in --command-config)"
+                )
+            raise AdminError(exc.error, message) from None
+        except TlsError as exc:
+            raise AdminError("SSL_HANDSHAKE_FAILED", str(exc)) from None
+        except SecurityConfigError as exc:
+            raise AdminError("INVALID_CONFIG", str(exc)) from None
+        except (OSError, TimeoutError, ClientError) as exc:
+            hint = self._hint() if isinstance(exc, ClientError) else ""
             raise AdminError(
-                "NETWORK_EXCEPTION", f"cannot connect to {address[0]}:{address[1]}: {exc}"
+                "NETWORK_EXCEPTION", f"cannot connect to {where}: {exc}{hint}"
             ) from None
         conn = _Connection(client)
         try:
-            resp = await client.request(
-                API_VERSIONS,
-                API_VERSIONS_VERSION,
-                {"client_software_name": "spool-admin", "client_software_version": "0.1.0"},
-                self._remaining(deadline),
-            )
+            if client.versions:  # a SASL connection asked before authenticating
+                conn.versions = dict(client.versions)
+            else:
+                resp = await client.request(
+                    API_VERSIONS,
+                    API_VERSIONS_VERSION,
+                    {"client_software_name": "spool-admin", "client_software_version": "0.1.0"},
+                    self._remaining(deadline),
+                )
+                check(resp.error_code, None, f"ApiVersions refused by {where}")
+                conn.versions = {
+                    int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys
+                }
+        except (ClientError, OSError) as exc:
+            await client.close()
+            raise AdminError(
+                "NETWORK_EXCEPTION", f"{where} closed the connection: {exc}{self._hint()}"
+            ) from None
         except BaseException:
             await client.close()
             raise
-        check(resp.error_code, None, f"ApiVersions refused by {address[0]}:{address[1]}")
-        conn.versions = {
-            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys
-        }
         self._connections[address] = conn
         return conn
+
+    def _hint(self) -> str:
+        """What to check when a broker closes a connection we just opened: most often
+        a listener whose security protocol is not the one configured."""
+        return (
+            f" (this client uses security.protocol={self.security.protocol}: if the "
+            "listener is SSL, SASL_PLAINTEXT or SASL_SSL, set security.protocol and its "
+            "settings in --command-config)"
+        )
 
     async def _drop(self, address: tuple[str, int]) -> None:
         conn = self._connections.pop(address, None)
@@ -346,7 +408,8 @@ class AdminClient:
         except (ClientError, OSError) as exc:
             await self._drop(address)
             raise AdminError(
-                "NETWORK_EXCEPTION", f"{address[0]}:{address[1]} closed the connection: {exc}"
+                "NETWORK_EXCEPTION",
+                f"{address[0]}:{address[1]} closed the connection: {exc}{self._hint()}",
             ) from None
         except TimeoutError:
             await self._drop(address)

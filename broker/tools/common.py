@@ -1,5 +1,19 @@
 """What the admin tools share: connection flags, usage errors, tables, JSON, and running
-an admin call with Kafka's error name and message on stderr when it fails."""
+an admin call with Kafka's error name and message on stderr when it fails.
+
+`--command-config FILE` is a properties file of Kafka client configs, as kafka-topics.sh
+and the other Kafka tools take it. Besides bootstrap.servers, client.id and
+default.api.timeout.ms, it secures the connection with the names librdkafka and the
+Java client use: security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL);
+sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with sasl.username and
+sasl.password (librdkafka) or sasl.jaas.config naming PlainLoginModule or
+ScramLoginModule with username and password (Java); ssl.ca.location or
+ssl.truststore.location (PEM CA certificates), ssl.certificate.location,
+ssl.key.location and ssl.key.password (or ssl.keystore.location: certificate and key in
+one PEM file, ssl.keystore.password or ssl.key.password for the key) for a client
+certificate, and ssl.endpoint.identification.algorithm (https, the default, or none).
+Keys spool does not use are named in a warning, never their values.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +22,45 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from broker.sasl import JaasError, parse_jaas
+from protocol.client import SASL_MECHANISMS, SECURITY_PROTOCOLS, ClientSecurity
 
 if TYPE_CHECKING:
     from protocol.admin import AdminClient
 
 DEFAULT_TIMEOUT_MS = 30_000
 # --command-config keys the admin client uses; other keys are reported and ignored.
-COMMAND_CONFIG_KEYS = ("bootstrap.servers", "client.id", "default.api.timeout.ms")
+COMMAND_CONFIG_KEYS = (
+    "bootstrap.servers",
+    "client.id",
+    "default.api.timeout.ms",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",  # librdkafka's older name
+    "sasl.username",
+    "sasl.password",
+    "sasl.jaas.config",
+    "ssl.ca.location",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "ssl.truststore.password",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+    "ssl.keystore.password",
+    "ssl.endpoint.identification.algorithm",
+)
+# The login modules whose username and password options a client's JAAS entry gives.
+LOGIN_MODULES = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "org.apache.kafka.common.security.scram.ScramLoginModule",
+)
 
 
 class UsageError(Exception):
@@ -66,8 +110,93 @@ def read_properties(path: Path) -> dict[str, str]:
     return props
 
 
-def connection_settings(args: argparse.Namespace) -> tuple[str, float, str]:
-    """bootstrap, timeout (s) and client id from the flags and --command-config."""
+@dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    bootstrap: str
+    timeout_s: float
+    client_id: str
+    security: ClientSecurity
+
+
+def security_settings(props: dict[str, str]) -> ClientSecurity:
+    """The connection's security from Kafka client properties; UsageError naming the
+    key (never a password) for a value that cannot work."""
+    protocol = props.get("security.protocol", "PLAINTEXT").strip().upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise UsageError(
+            f"security.protocol {protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
+    mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms"))
+    mechanism = mechanism.strip().upper() if mechanism else None
+    username, password = props.get("sasl.username"), props.get("sasl.password")
+    jaas_text = props.get("sasl.jaas.config")
+    if jaas_text:
+        try:
+            entry = parse_jaas(jaas_text)
+        except JaasError as exc:
+            raise UsageError(f"sasl.jaas.config cannot be parsed: {exc}") from None
+        if entry.login_module not in LOGIN_MODULES:
+            raise UsageError(
+                f"sasl.jaas.config: login module {entry.login_module} is not supported: "
+                f"use {' or '.join(LOGIN_MODULES)}"
+            )
+        if "username" not in entry.options or "password" not in entry.options:
+            raise UsageError('sasl.jaas.config needs username="..." and password="..."')
+        if username is not None and username != entry.options["username"]:
+            raise UsageError("sasl.username and the username in sasl.jaas.config differ")
+        username, password = entry.options["username"], entry.options["password"]
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        if mechanism is None:
+            raise UsageError(
+                f"security.protocol={protocol} needs sasl.mechanism (Kafka's default, GSSAPI, "
+                f"is not supported): one of {', '.join(SASL_MECHANISMS)}"
+            )
+        if mechanism not in SASL_MECHANISMS:
+            raise UsageError(
+                f"sasl.mechanism {mechanism} is not supported: use one of "
+                f"{', '.join(SASL_MECHANISMS)}"
+            )
+        if not username or password is None:
+            raise UsageError(
+                f"sasl.mechanism={mechanism} needs sasl.username and sasl.password "
+                "(or sasl.jaas.config with username and password)"
+            )
+    for key in ("ssl.truststore.type", "ssl.keystore.type"):
+        if props.get(key, "PEM").strip().upper() != "PEM":
+            raise UsageError(
+                f"{key}={props[key]}: spool's tools read PEM files only (convert the store "
+                "with keytool and openssl, or give ssl.ca.location)"
+            )
+    ca = props.get("ssl.ca.location") or props.get("ssl.truststore.location")
+    cert = props.get("ssl.certificate.location") or props.get("ssl.keystore.location")
+    key_file = props.get("ssl.key.location")
+    keystore = props.get("ssl.keystore.location")
+    if key_file is None and keystore is not None and cert == keystore:
+        key_file = keystore  # the Java client's PEM key store: chain and key in one file
+    key_password = props.get("ssl.key.password", props.get("ssl.keystore.password"))
+    algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
+    if algorithm == "":
+        algorithm = "none"  # the Java client's way to turn the check off
+    if algorithm not in ("https", "none"):
+        raise UsageError(
+            f"ssl.endpoint.identification.algorithm {algorithm!r}: expected https or none"
+        )
+    return ClientSecurity(
+        protocol=protocol,
+        mechanism=mechanism,
+        username=username,
+        password=password,
+        ssl_ca_location=ca,
+        ssl_certificate_location=cert,
+        ssl_key_location=key_file,
+        ssl_key_password=key_password,
+        ssl_endpoint_identification=algorithm,
+    )
+
+
+def connection_settings(args: argparse.Namespace) -> ConnectionSettings:
+    """bootstrap, timeout (s), client id and security from the flags and
+    --command-config."""
     props: dict[str, str] = {}
     if args.command_config is not None:
         try:
@@ -84,7 +213,12 @@ def connection_settings(args: argparse.Namespace) -> tuple[str, float, str]:
             raise UsageError("default.api.timeout.ms must be a number of ms") from None
     if timeout_ms <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout_ms}")
-    return args.bootstrap_server, timeout_ms / 1000, props.get("client.id", "spool-admin")
+    return ConnectionSettings(
+        args.bootstrap_server,
+        timeout_ms / 1000,
+        props.get("client.id", "spool-admin"),
+        security_settings(props),
+    )
 
 
 def run_admin(args: argparse.Namespace, body: Callable[[AdminClient], Awaitable[int]]) -> int:
@@ -95,8 +229,10 @@ def run_admin(args: argparse.Namespace, body: Callable[[AdminClient], Awaitable[
     parser: argparse.ArgumentParser = args.tool_parser
 
     async def main() -> int:
-        bootstrap, timeout_s, client_id = connection_settings(args)
-        async with await AdminClient.connect(bootstrap, timeout_s, client_id) as admin:
+        settings = connection_settings(args)
+        async with await AdminClient.connect(
+            settings.bootstrap, settings.timeout_s, settings.client_id, settings.security
+        ) as admin:
             return await body(admin)
 
     try:

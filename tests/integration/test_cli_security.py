@@ -1,0 +1,328 @@
+"""`spool topics`, `share-groups` and `configs` with `--command-config` over SASL_SSL and
+SASL_PLAINTEXT, as an operator runs them (subprocesses): Kafka client properties with
+librdkafka's names and with the Java client's sasl.jaas.config, PLAIN and SCRAM. A wrong
+password, a CA that did not sign the broker's certificate, a missing ssl.ca.location and
+a client without security.protocol against a SASL listener each exit 1 with an error a
+person can act on, and no password is ever printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.client import KafkaClient
+from tests.integration.cli_helpers import CLI_TIMEOUT_S
+from tests.integration.conftest import REPO_ROOT, Broker, BrokerError, free_port
+from tests.integration.tls_helpers import Certs, certs
+
+__all__ = ["certs"]  # the module fixture, from tls_helpers
+
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'username="admin" password="admin-secret" '
+    'user_admin="admin-secret" user_alice="alice-secret";'
+)
+SCRAM_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class SecureBroker(Broker):
+    """PLAINTEXT on `port`, SASL_PLAINTEXT on `sasl_port`, SASL_SSL on `sasl_ssl_port`,
+    with `mechanisms` enabled on both SASL listeners."""
+
+    def __init__(self, root: Path, certs: Certs, mechanisms: tuple[str, ...] = ("PLAIN",)):
+        settings = {
+            "sasl.enabled.mechanisms": ",".join(mechanisms),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(certs.server),
+        }
+        for listener in ("sasl_plaintext", "sasl_ssl"):
+            for mechanism in mechanisms:
+                jaas = JAAS if mechanism == "PLAIN" else SCRAM_JAAS
+                settings[f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config"] = jaas
+        super().__init__(root / "data", root / "broker.log", settings)
+        self.sasl_port, self.sasl_ssl_port = free_port(), free_port()
+        self.settings["listeners"] = (
+            f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
+            f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
+        )
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        i = cmd.index("--listen")
+        del cmd[i : i + 2]
+        return cmd
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureBroker]:
+    broker = SecureBroker(tmp_path_factory.mktemp("cli-security"), certs)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
+def spool(port: int, config: Path | None, *argv: str) -> subprocess.CompletedProcess[str]:
+    return spool_at(f"127.0.0.1:{port}", config, *argv)
+
+
+def spool_at(bootstrap: str, config: Path | None, *argv: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "broker", *argv, "--bootstrap-server", bootstrap]
+    if config is not None:
+        cmd += ["--command-config", str(config)]
+    return subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+def ok(port: int, config: Path | None, *argv: str) -> str:
+    proc = spool(port, config, *argv)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def properties(tmp_path: Path, name: str, **props: str) -> Path:
+    path = tmp_path / f"{name}.properties"
+    path.write_text("".join(f"{k.replace('_', '.')}={v}\n" for k, v in props.items()))
+    return path
+
+
+def sasl_ssl(tmp_path: Path, certs: Certs, password: str = "alice-secret", **more: str) -> Path:
+    return properties(
+        tmp_path,
+        "sasl-ssl",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="alice",
+        sasl_password=password,
+        ssl_ca_location=str(certs.ca),
+        **more,
+    )
+
+
+def test_topics_over_sasl_ssl_with_plain(
+    broker: SecureBroker, certs: Certs, tmp_path: Path
+) -> None:
+    config = sasl_ssl(tmp_path, certs)
+    out = ok(broker.sasl_ssl_port, config, "topics", "--create", "--topic", "sec-orders")
+    assert out.strip() == "Created topic sec-orders."
+    listed = json.loads(ok(broker.sasl_ssl_port, config, "topics", "--list", "--output", "json"))
+    assert "sec-orders" in listed
+    described = ok(broker.sasl_ssl_port, config, "topics", "--describe", "--topic", "sec-orders")
+    assert described.startswith("Topic: sec-orders\t")
+    # The same topic, seen over the PLAINTEXT listener: the commands really ran.
+    assert "sec-orders" in ok(broker.port, None, "topics", "--list").splitlines()
+
+
+def test_java_jaas_config_over_sasl_plaintext(broker: SecureBroker, tmp_path: Path) -> None:
+    config = tmp_path / "java.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="admin" password="admin-secret";\n'
+    )
+    ok(broker.sasl_port, config, "share-groups", "--list")
+    described = ok(
+        broker.sasl_port,
+        config,
+        "configs",
+        "--describe",
+        "--entity-type",
+        "brokers",
+        "--entity-name",
+        "1",
+        "--all",
+    )
+    assert "log.retention.ms" in described
+
+
+def test_wrong_password_is_refused_with_the_brokers_message(
+    broker: SecureBroker, certs: Certs, tmp_path: Path
+) -> None:
+    proc = spool(broker.sasl_ssl_port, sasl_ssl(tmp_path, certs, "not-alices"), "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert proc.stderr.startswith("Error: SASL_AUTHENTICATION_FAILED: "), proc.stderr
+    assert "Invalid username or password" in proc.stderr
+    assert "user 'alice'" in proc.stderr and "--command-config" in proc.stderr
+    assert "not-alices" not in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_unsupported_mechanism_names_the_enabled_ones(
+    broker: SecureBroker, certs: Certs, tmp_path: Path
+) -> None:
+    config = sasl_ssl(tmp_path, certs)
+    config.write_text(config.read_text().replace("=PLAIN", "=SCRAM-SHA-512"))
+    proc = spool(broker.sasl_ssl_port, config, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: UNSUPPORTED_SASL_MECHANISM: " in proc.stderr
+    assert "it enables PLAIN" in proc.stderr
+
+
+def test_ssl_ca_location_is_validated(broker: SecureBroker, certs: Certs, tmp_path: Path) -> None:
+    missing = sasl_ssl(tmp_path, certs)
+    missing.write_text(missing.read_text().replace(str(certs.ca), str(tmp_path / "nope.pem")))
+    proc = spool(broker.sasl_ssl_port, missing, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: INVALID_CONFIG: ssl.ca.location" in proc.stderr
+    assert "nope.pem: no such file" in proc.stderr
+
+    # A certificate that did not sign the broker's: the handshake fails, and says why.
+    wrong = sasl_ssl(tmp_path, certs)
+    wrong.write_text(wrong.read_text().replace(str(certs.ca), str(certs.client_cert)))
+    proc = spool(broker.sasl_ssl_port, wrong, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: SSL_HANDSHAKE_FAILED: " in proc.stderr
+    assert "certificate" in proc.stderr and "check ssl.ca.location" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_host_name_check_follows_endpoint_identification(
+    certs: Certs, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The certificate names localhost and 127.0.0.1: a SASL_SSL listener on 127.0.0.2
+    fails the https check, and serves with the check off (algorithm none)."""
+    other = SecureBroker(tmp_path_factory.mktemp("cli-other-host"), certs)
+    other.settings["listeners"] = (
+        f"PLAINTEXT://127.0.0.1:{other.port},SASL_SSL://127.0.0.2:{other.sasl_ssl_port}"
+    )
+    other.start()
+    try:
+        config = sasl_ssl(tmp_path, certs)
+        proc = spool_at(f"127.0.0.2:{other.sasl_ssl_port}", config, "topics", "--list")
+        assert proc.returncode == 1, proc
+        assert "Error: SSL_HANDSHAKE_FAILED: " in proc.stderr
+        assert "ssl.endpoint.identification.algorithm" in proc.stderr
+        config = sasl_ssl(tmp_path, certs, ssl_endpoint_identification_algorithm="none")
+        proc = spool_at(f"127.0.0.2:{other.sasl_ssl_port}", config, "topics", "--list")
+        assert proc.returncode == 0, proc
+    finally:
+        other.stop()
+
+
+def test_plaintext_client_on_a_sasl_listener_is_told_what_to_set(
+    broker: SecureBroker, certs: Certs, tmp_path: Path
+) -> None:
+    proc = spool(broker.sasl_port, None, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: NETWORK_EXCEPTION: " in proc.stderr
+    assert "security.protocol" in proc.stderr
+    # And a TLS client on the SASL_PLAINTEXT port.
+    proc = spool(broker.sasl_port, sasl_ssl(tmp_path, certs), "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: SSL_HANDSHAKE_FAILED: " in proc.stderr
+    assert "security.protocol must match the listener" in proc.stderr
+
+
+def test_bad_command_config_is_a_usage_error(broker: SecureBroker, tmp_path: Path) -> None:
+    config = properties(tmp_path, "gssapi", security_protocol="SASL_SSL", sasl_password="hunter2")
+    proc = spool(broker.sasl_ssl_port, config, "topics", "--list")
+    assert proc.returncode == 2, proc
+    assert "needs sasl.mechanism" in proc.stderr
+    assert "hunter2" not in proc.stderr
+
+
+# --- SCRAM, once the broker has it -------------------------------------------------------
+
+
+def _salted(mechanism: str, password: str, salt: bytes, iterations: int) -> bytes:
+    digest = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+    return hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
+
+
+async def _add_scram_user(broker: Broker, user: str, password: str) -> str | None:
+    """AlterUserScramCredentials (KIP-554) over PLAINTEXT; None, or why it cannot."""
+    client = await KafkaClient.connect(broker.host, broker.port, "cli-security-scram")
+    try:
+        versions = await client.api_versions()
+        if 51 not in versions:
+            return "the broker has no AlterUserScramCredentials"
+        upsertions = []
+        for mechanism in SCRAM:
+            salt = os.urandom(16)
+            upsertions.append(
+                {
+                    "name": user,
+                    "mechanism": 1 if mechanism == "SCRAM-SHA-256" else 2,
+                    "iterations": 4096,
+                    "salt": salt,
+                    "salted_password": _salted(mechanism, password, salt, 4096),
+                }
+            )
+        resp = await client.request(51, 0, {"deletions": [], "upsertions": upsertions})
+        errors = [(r.user, r.error_code, r.error_message) for r in resp.results if r.error_code]
+        assert not errors, errors
+        return None
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def scram_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureBroker]:
+    broker = SecureBroker(tmp_path_factory.mktemp("cli-scram"), certs, ("PLAIN", *SCRAM))
+    try:
+        broker.start()
+    except BrokerError as exc:
+        if "SCRAM" in str(exc):
+            pytest.skip("this broker does not enable SCRAM yet")
+        raise
+    try:
+        why = asyncio.run(_add_scram_user(broker, "carol", "carol-secret"))
+        if why is not None:
+            pytest.skip(why)
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
+@pytest.mark.parametrize("mechanism", SCRAM)
+def test_scram_over_sasl_ssl(
+    scram_broker: SecureBroker, certs: Certs, tmp_path: Path, mechanism: str
+) -> None:
+    config = properties(
+        tmp_path,
+        "scram",
+        security_protocol="SASL_SSL",
+        sasl_mechanism=mechanism,
+        sasl_username="carol",
+        sasl_password="carol-secret",
+        ssl_ca_location=str(certs.ca),
+    )
+    topic = f"scram-{mechanism.lower()}"
+    ok(scram_broker.sasl_ssl_port, config, "topics", "--create", "--topic", topic)
+    assert topic in ok(scram_broker.sasl_ssl_port, config, "topics", "--list").splitlines()
+
+    config.write_text(config.read_text().replace("carol-secret", "carol-wrong"))
+    proc = spool(scram_broker.sasl_ssl_port, config, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: SASL_AUTHENTICATION_FAILED: " in proc.stderr
+    assert "carol-wrong" not in proc.stderr
+
+
+def test_scram_with_java_jaas_config(scram_broker: SecureBroker, tmp_path: Path) -> None:
+    config = tmp_path / "scram-java.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="carol" password="carol-secret";\n'
+    )
+    ok(scram_broker.sasl_port, config, "share-groups", "--list")
