@@ -23,7 +23,7 @@ import base64
 import json
 import re
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,15 @@ import structlog
 
 from coordinator.acls import AclBinding, AclSet
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction
+from coordinator.scram import (
+    MAX_ITERATIONS,
+    MECHANISM_BY_TYPE,
+    MIN_ITERATIONS,
+    ScramCredential,
+    ScramDeletion,
+    ScramUpsertion,
+    credential_from_salted,
+)
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
 from persister.coordinator_log import (
@@ -251,6 +260,106 @@ class ClusterState:
         updated = update(dict(self.broker_configs))
         return updated, {"type": "broker_config", "configs": updated}
 
+    # -- SCRAM credentials (KIP-554; Kafka's ScramControlManager) ---------------------
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        data = self.scram_credentials.get((user, mechanism))
+        return None if data is None else ScramCredential.from_record(data)
+
+    def alter_scram_records(
+        self, deletions: Sequence[ScramDeletion], upsertions: Sequence[ScramUpsertion]
+    ) -> tuple[list[Record], list[ScramResult]]:
+        """AlterUserScramCredentials: the records and one result per user, with Kafka's
+        checks and order (ScramControlManager.alterCredentials): a user named twice in
+        the request (whatever the mechanisms) is DUPLICATE_RESOURCE; an empty name or
+        bad iterations UNACCEPTABLE_CREDENTIAL; an unknown mechanism
+        UNSUPPORTED_SASL_MECHANISM; deleting a credential that does not exist
+        RESOURCE_NOT_FOUND. Results: deletions, then upsertions, then errors."""
+        to_delete: dict[str, ScramDeletion] = {}
+        to_upsert: dict[str, ScramUpsertion] = {}
+        errors: dict[str, tuple[ErrorCode, str]] = {}
+        duplicate = (
+            ErrorCode.duplicate_resource,
+            "A user credential cannot be altered twice in the same request",
+        )
+        for deletion in deletions:
+            if deletion.user in errors:
+                continue
+            if to_delete.pop(deletion.user, None) is not None:
+                errors[deletion.user] = duplicate
+                continue
+            error = _check_scram_name(deletion.user, deletion.mechanism)
+            mechanism = MECHANISM_BY_TYPE.get(deletion.mechanism, "")
+            if error is None and (deletion.user, mechanism) not in self.scram_credentials:
+                error = (
+                    ErrorCode.resource_not_found,
+                    "Attempt to delete a user credential that does not exist",
+                )
+            if error is not None:
+                errors[deletion.user] = error
+            else:
+                to_delete[deletion.user] = deletion
+        for upsertion in upsertions:
+            if upsertion.user in errors:
+                continue
+            if (
+                to_delete.pop(upsertion.user, None) is not None
+                or to_upsert.pop(upsertion.user, None) is not None
+            ):
+                errors[upsertion.user] = duplicate
+                continue
+            error = _check_scram_name(upsertion.user, upsertion.mechanism)
+            if error is None and upsertion.iterations < MIN_ITERATIONS:
+                error = (ErrorCode.unacceptable_credential, "Too few iterations")
+            elif error is None and upsertion.iterations > MAX_ITERATIONS:
+                error = (ErrorCode.unacceptable_credential, "Too many iterations")
+            if error is not None:
+                errors[upsertion.user] = error
+            else:
+                to_upsert[upsertion.user] = upsertion
+        records: list[Record] = []
+        results: list[ScramResult] = []
+        for deletion in to_delete.values():
+            records.append(
+                {
+                    "type": "scram_credential_deleted",
+                    "user": deletion.user,
+                    "mechanism": MECHANISM_BY_TYPE[deletion.mechanism],
+                }
+            )
+            results.append((deletion.user, ErrorCode.none, None))
+        for upsertion in to_upsert.values():
+            mechanism = MECHANISM_BY_TYPE[upsertion.mechanism]
+            credential = credential_from_salted(
+                mechanism, upsertion.salt, upsertion.salted_password, upsertion.iterations
+            )
+            records.append(scram_record(upsertion.user, mechanism, credential))
+            results.append((upsertion.user, ErrorCode.none, None))
+        results.extend((user, code, message) for user, (code, message) in errors.items())
+        return records, results
+
+
+# (user, error code, error message) of one AlterUserScramCredentials result.
+ScramResult = tuple[str, ErrorCode, str | None]
+
+
+def _check_scram_name(user: str, mechanism: int) -> tuple[ErrorCode, str] | None:
+    """Kafka's validateScramUsernameAndMechanism."""
+    if not user:
+        return ErrorCode.unacceptable_credential, "Username must not be empty"
+    if mechanism not in MECHANISM_BY_TYPE:
+        return ErrorCode.unsupported_sasl_mechanism, "Unknown SCRAM mechanism"
+    return None
+
+
+def scram_record(user: str, mechanism: str, credential: ScramCredential) -> Record:
+    return {
+        "type": "scram_credential",
+        "user": user,
+        "mechanism": mechanism,
+        "credential": credential.to_record(),
+    }
+
 
 class MetadataStore:
     """Durable cluster metadata: `ClusterState` run by the coordinator runtime over
@@ -319,6 +428,27 @@ class MetadataStore:
             return records, pid
 
         return await self.run(op)
+
+    async def alter_scram_credentials(
+        self, deletions: Sequence[ScramDeletion], upsertions: Sequence[ScramUpsertion]
+    ) -> list[ScramResult]:
+        """AlterUserScramCredentials as one metadata operation (`alter_scram_records`)."""
+
+        def op() -> tuple[list[Record], list[ScramResult]]:
+            return self.state.alter_scram_records(deletions, upsertions)
+
+        return await self.run(op)
+
+    async def put_scram_credentials(
+        self, credentials: Sequence[tuple[str, str, ScramCredential]]
+    ) -> None:
+        """Store (user, mechanism, credential) triples as they are (`spool format
+        --add-scram`, which checks them first)."""
+
+        def op() -> tuple[list[Record], None]:
+            return [scram_record(u, m, c) for u, m, c in credentials], None
+
+        await self.run(op)
 
     async def compact(self) -> int:
         return await self.runtime.compact()
