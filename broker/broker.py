@@ -184,6 +184,8 @@ class Broker:
             listeners=self.listeners,
         )
         self.server.on_disconnect = self._on_disconnect
+        # SASL/SCRAM logins read the credentials in the metadata as they are then.
+        self.server.scram_lookup = self.metadata.state.scram_credential
         await self.server.start()
         self._tasks.append(
             asyncio.create_task(

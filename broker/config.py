@@ -386,8 +386,8 @@ SASL_KEYS: list[ConfigDef] = [
         "sasl.enabled.mechanisms",
         LIST,
         "GSSAPI",
-        "SASL mechanisms enabled on SASL listeners: spool has PLAIN (Kafka's default, "
-        "GSSAPI, is refused at startup).",
+        "SASL mechanisms enabled on SASL listeners: spool has PLAIN, SCRAM-SHA-256 and "
+        "SCRAM-SHA-512 (Kafka's default, GSSAPI, is refused at startup).",
         read_only=True,
     ),
     ConfigDef(
@@ -396,14 +396,18 @@ SASL_KEYS: list[ConfigDef] = [
         None,
         "A JAAS login module entry; the broker reads it per listener and mechanism, as "
         "listener.name.<listener>.<mechanism>.sasl.jaas.config (PLAIN users as "
-        'user_<name>="<password>").',
+        'user_<name>="<password>"; '
+        "the SCRAM ScramLoginModule entry is optional, its users are in the cluster "
+        "metadata).",
         read_only=True,
     ),
     ConfigDef(
         "connections.max.reauth.ms",
         LONG,
         0,
-        "KIP-368 re-authentication: spool has only 0 (sessions do not expire).",
+        "KIP-368: the longest a SASL session lasts before the client must re-authenticate "
+        "on the connection (0: sessions do not expire); a connection that sends a request "
+        "after its session expired is closed.",
         _at_least(0),
         read_only=True,
     ),

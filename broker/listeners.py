@@ -17,8 +17,11 @@ the same keys.
 SASL listeners (SASL_PLAINTEXT, SASL_SSL) take `sasl.enabled.mechanisms` (per listener
 as `listener.name.<name>.sasl.enabled.mechanisms`) and, for each enabled mechanism, the
 JAAS entry `listener.name.<name>.<mechanism>.sasl.jaas.config`, as Kafka's brokers do.
-spool has PLAIN only: GSSAPI (Kafka's default), SCRAM and OAUTHBEARER are refused at
-startup, and so is `connections.max.reauth.ms` above 0 (KIP-368).
+spool has PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512: GSSAPI (Kafka's default) and
+OAUTHBEARER are refused at startup. SCRAM users are in the cluster metadata (created
+with `spool users` or `spool format --add-scram`), so the SCRAM JAAS entry
+(ScramLoginModule) is optional and has no options the broker reads.
+`connections.max.reauth.ms` (KIP-368) is per listener too.
 """
 
 from __future__ import annotations
@@ -367,12 +370,7 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
     """A SASL listener's mechanisms and PLAIN users, checked as Kafka checks them at
     startup; never quoting a JAAS value (it holds passwords)."""
     prefix = f"listener.name.{listener.lower()}."
-    reauth = config.for_listener(listener, "connections.max.reauth.ms")
-    if reauth:
-        raise _invalid(
-            f"Listener {listener}: connections.max.reauth.ms={reauth} asks for KIP-368 "
-            "re-authentication, which spool does not support yet: leave it at 0"
-        )
+    reauth = int(config.for_listener(listener, "connections.max.reauth.ms") or 0)
     text = config.for_listener(listener, "sasl.enabled.mechanisms") or ""
     mechanisms = tuple(m.strip() for m in str(text).split(",") if m.strip())
     if not mechanisms:
@@ -382,10 +380,9 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
         )
     for mechanism in mechanisms:
         if mechanism in sasl.NOT_YET_SUPPORTED:
-            later = " (a later change adds it)" if mechanism.startswith("SCRAM") else ""
             raise _invalid(
                 f"Listener {listener}: SASL mechanism {mechanism} in sasl.enabled.mechanisms "
-                f"is not supported by spool yet{later}; spool has "
+                f"is not supported by spool; spool has "
                 f"{', '.join(sasl.SUPPORTED)}: set sasl.enabled.mechanisms=PLAIN "
                 f"(Kafka's default is GSSAPI)"
             )
@@ -424,7 +421,23 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
                 f"Listener {listener}: {key} declares no users: add "
                 'user_<name>="<password>" options'
             )
-    return sasl.SaslSettings(listener, mechanisms, users)
+    for mechanism in mechanisms:
+        if mechanism not in sasl.SCRAM:
+            continue
+        key = f"{prefix}{mechanism.lower()}.sasl.jaas.config"
+        jaas = config.for_listener(listener, f"{mechanism.lower()}.sasl.jaas.config")
+        if not jaas:
+            continue  # optional: the credentials are in the cluster metadata
+        try:
+            entry = sasl.parse_jaas(str(jaas))
+        except sasl.JaasError as exc:
+            raise _invalid(f"Listener {listener}: cannot parse {key}: {exc}") from None
+        if entry.login_module != sasl.SCRAM_LOGIN_MODULE:
+            raise _invalid(
+                f"Listener {listener}: {key} names login module {entry.login_module}; "
+                f"{mechanism} takes {sasl.SCRAM_LOGIN_MODULE}"
+            )
+    return sasl.SaslSettings(listener, mechanisms, users, reauth_ms=reauth)
 
 
 def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:

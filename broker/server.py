@@ -28,6 +28,10 @@ On a SASL listener (SASL_PLAINTEXT, or SASL_SSL after the TLS handshake) the con
 authenticates first (broker.sasl, Kafka's SaslServerAuthenticator): it answers
 SaslHandshake and SaslAuthenticate itself, passes ApiVersions on, and closes on any other
 request; once authenticated its principal is the SASL user, and requests are served.
+With `connections.max.reauth.ms` (KIP-368) a SaslHandshake on an authenticated
+connection starts re-authenticating it, and a connection whose session expired is closed
+at its next other request (Kafka's SocketServer), by the server's clock. SCRAM
+credentials are read through `Server.scram_lookup` (the broker's metadata).
 Running out of file descriptors: a connection whose descriptor is among the last
 hundredth of the open-file limit (at least 16) is closed at once, keeping those for
 the broker's own files; past that, uvloop (libuv) accepts and closes connections it has
@@ -231,6 +235,10 @@ class ServerStats:
     # requests sent before authenticating; each closed its connection.
     sasl_authentication_failed: int = 0
     sasl_unexpected_request_closed: int = 0
+    # KIP-368: re-authentications completed, and connections closed for sending a
+    # request after their session expired (Kafka's expired-connections-killed-count).
+    sasl_reauthentications: int = 0
+    expired_connections_killed: int = 0
     tls_handshake_failed: int = 0  # includes handshakes that timed out
     queued_bytes: int = 0
     queued_bytes_max: int = 0
@@ -440,6 +448,8 @@ class Server:
         self._handshakes: set[asyncio.Task[None]] = set()
         # Called with the connection id when a client connection closes.
         self.on_disconnect: Callable[[int], None] | None = None
+        # (user, mechanism) -> SCRAM credential, for SASL/SCRAM (the broker's metadata).
+        self.scram_lookup: sasl.ScramLookup = sasl.NO_SCRAM_USERS
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[int, Connection] = {}
         self._per_ip: collections.Counter[str] = collections.Counter()
@@ -794,7 +804,9 @@ class Connection:
         self.server = server
         # Set until the client has authenticated on a SASL listener.
         self.sasl: sasl.SaslAuthenticator | None = (
-            None if sasl_settings is None else sasl.SaslAuthenticator(sasl_settings)
+            None
+            if sasl_settings is None
+            else sasl.SaslAuthenticator(sasl_settings, server.scram_lookup)
         )
         self.reader = reader
         self.writer = writer
@@ -916,6 +928,8 @@ class Connection:
                 self.close()
                 return False
             header, body_offset = parsed
+            if self.sasl is not None and self.sasl.complete and not self._session_live(header):
+                return False
             if self.sasl is not None and not self.sasl.complete:
                 answered = self._sasl_request(header, frame, body_offset)
                 if answered is not None:
@@ -941,6 +955,31 @@ class Connection:
     def _finish_after_answer(self) -> None:
         """Read nothing more: the answers queued are sent, then the connection closes."""
         self._stopping = True
+
+    def _session_live(self, header: api.RequestHeader) -> bool:
+        """KIP-368 on an authenticated connection: a SaslHandshake may start
+        re-authentication; any other request after the session expired closes the
+        connection (False), as Kafka's SocketServer does."""
+        auth = self.sasl
+        assert auth is not None
+        now = self.server.clock.now_ms()
+        if header.api_key == sasl.SASL_HANDSHAKE_KEY and auth.begin_reauthentication(now):
+            self.log.debug("sasl_reauthentication_started", principal=str(auth.principal))
+            return True
+        if not auth.session_expired(now):
+            return True
+        self.server.stats.expired_connections_killed += 1
+        self.log.info(
+            "sasl_session_expired",
+            listener=self.security.listener,
+            principal=str(self.security.principal),
+            api=api.api_name(header.api_key),
+            hint="the client did not re-authenticate within connections.max.reauth.ms "
+            f"({auth.settings.reauth_ms} ms); clients re-authenticate on their own "
+            "(librdkafka, Java 2.2+)",
+        )
+        self.close()
+        return False
 
     def _sasl_request(
         self, header: api.RequestHeader, frame: bytes, body_offset: int
@@ -1009,16 +1048,16 @@ class Connection:
                     enabled=list(auth.settings.mechanisms),
                 )
         else:
-            outcome = auth.authenticate(bytes(request.auth_bytes))
+            outcome = auth.authenticate(bytes(request.auth_bytes), self.server.clock.now_ms())
             body = api.build_response(
                 key,
                 version,
                 {
                     "error_code": outcome.error,
                     "error_message": outcome.message,
-                    "auth_bytes": b"",
-                    # KIP-368 re-authentication is off (connections.max.reauth.ms=0).
-                    "session_lifetime": 0,
+                    "auth_bytes": outcome.token,
+                    # KIP-368: connections.max.reauth.ms once complete (v1+), else 0.
+                    "session_lifetime": outcome.session_lifetime_ms,
                 },
             )
             self._sasl_outcome(outcome)
@@ -1032,12 +1071,12 @@ class Connection:
         token on success; on failure Kafka closes without an answer."""
         auth = self.sasl
         assert auth is not None
-        outcome = auth.authenticate(token)
+        outcome = auth.authenticate(token, self.server.clock.now_ms())
         self._sasl_outcome(outcome)
         if outcome.close:
             self.close()
             return False
-        self._queue_answer(struct.pack(">i", 0))
+        self._queue_answer(struct.pack(">i", len(outcome.token)) + outcome.token)
         return True
 
     def _sasl_outcome(self, outcome: sasl.Outcome) -> None:
@@ -1050,15 +1089,26 @@ class Connection:
                 listener=self.security.listener,
                 mechanism=self.sasl.mechanism if self.sasl else None,
                 error=outcome.message,
+                reason=outcome.reason,
             )
             return
         if outcome.principal is not None:
+            if outcome.reauthenticated:
+                # KIP-368: the principal is unchanged (checked by the authenticator).
+                self.server.stats.sasl_reauthentications += 1
+                self.log.debug(
+                    "sasl_reauthenticated",
+                    principal=str(outcome.principal),
+                    session_lifetime_ms=outcome.session_lifetime_ms,
+                )
+                return
             self.security = dataclasses.replace(self.security, principal=outcome.principal)
             self.log.info(
                 "sasl_authenticated",
                 listener=self.security.listener,
                 mechanism=self.sasl.mechanism if self.sasl else None,
                 principal=str(outcome.principal),
+                session_lifetime_ms=outcome.session_lifetime_ms,
             )
 
     async def _read_body(self, size: int) -> bytes | None:
