@@ -5,7 +5,7 @@
 # (docker-compose.yml explains why the worker must be this image).
 #
 #   docker build -t spool .
-#   docker run -p 9092:9092 -v spool-data:/data spool \
+#   docker run -p 127.0.0.1:9092:9092 -v spool-data:/data spool \
 #       spool serve --listen 0.0.0.0:9092 --advertise localhost:9092 --data-dir /data
 
 # bookworm pinned: Spark 4 needs Java 17 or 21, and bookworm's JRE 17 is what CI and
@@ -32,8 +32,9 @@ RUN mkdir -p /usr/share/man/man1 \
 ARG SPOOL_UID=10001
 RUN groupadd --system --gid "${SPOOL_UID}" spool \
     && useradd --system --uid "${SPOOL_UID}" --gid spool --create-home --home-dir /home/spool spool \
-    && mkdir -p /data /audit \
-    && chown spool:spool /data /audit
+    && mkdir -p /data /audit /secrets \
+    && chown spool:spool /data /audit /secrets \
+    && chmod 0700 /secrets
 
 # The package from the source tree (pyproject names README.md as its readme). Only the
 # four packages are copied: tests and benchmarks stay out of the image.
@@ -78,10 +79,58 @@ sys.exit(f"spool-healthcheck: ApiVersions error code {code}" if code else 0)
 EOF
 RUN chmod 0755 /usr/local/bin/spool-healthcheck
 
+# The SASL variant of the compose cluster (docker-compose.sasl.yml): a generated admin
+# credential, written once to the secrets volume and kept on later starts.
+COPY <<'EOF' /usr/local/bin/spool-credentials
+#!/usr/local/bin/python3
+"""Write DIR/broker.toml (a SASL_PLAINTEXT listener with the PLAIN user `admin`, whose
+password is generated here, super user of Kafka's StandardAuthorizer) and
+DIR/admin.properties (client properties for `spool ... --command-config` and Kafka's
+tools), unless DIR already holds both. DIR is argv[1] (default /secrets); argv[2] the
+bootstrap.servers written for the client (default localhost:9093; the broker's command
+sets advertised.listeners). The password is never printed: read it from
+DIR/admin.properties."""
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+root = Path(sys.argv[1] if len(sys.argv) > 1 else "/secrets")
+advertise = sys.argv[2] if len(sys.argv) > 2 else "localhost:9093"
+broker, client = root / "broker.toml", root / "admin.properties"
+if broker.exists() and client.exists():
+    print(f"spool-credentials: keeping the admin credential in {client}")
+    sys.exit(0)
+password = secrets.token_urlsafe(24)  # URL-safe: no quote or backslash to escape
+jaas = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    f'username="admin" password="{password}" user_admin="{password}";'
+)
+settings = {
+    "listeners": "PLAINTEXT://0.0.0.0:9092,SASL_PLAINTEXT://0.0.0.0:9093",
+    "sasl.enabled.mechanisms": "PLAIN",
+    "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+    "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "super.users": "User:admin",
+}
+os.umask(0o077)
+root.mkdir(parents=True, exist_ok=True)
+# TOML basic strings take JSON's escapes.
+broker.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in settings.items()))
+client.write_text(
+    f"bootstrap.servers={advertise}\nsecurity.protocol=SASL_PLAINTEXT\n"
+    f"sasl.mechanism=PLAIN\nsasl.username=admin\nsasl.password={password}\n"
+)
+print(f"spool-credentials: generated the admin credential, in {client}")
+EOF
+RUN chmod 0755 /usr/local/bin/spool-credentials
+
 USER spool
 WORKDIR /home/spool
 VOLUME ["/data"]
-EXPOSE 9092
+EXPOSE 9092 9093
 
 HEALTHCHECK --interval=10s --timeout=10s --start-period=30s --retries=3 \
     CMD ["spool-healthcheck", "127.0.0.1:9092"]

@@ -9,7 +9,9 @@ ports (published ports are what the command listens on or the image exposes); th
 Dockerfile's COPY sources (present and not excluded by .dockerignore), its default
 command and health check; and Apache's Spark image at the version of the installed
 pyspark (a standalone master, worker and driver of different Spark versions do not
-talk to each other).
+talk to each other). And who reaches the broker: its PLAINTEXT port published on the
+host's loopback only, or, with docker-compose.sasl.yml on top, a SASL_PLAINTEXT listener
+whose generated admin credential the broker and the admin tools both accept.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import itertools
 import json
 import re
 import shlex
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -508,3 +512,142 @@ def _user_homes() -> list[str]:
     import re
 
     return re.findall(r"--home-dir\s+(\S+)", DOCKERFILE.read_text())
+
+
+# ------------------------------------------------------------------ who reaches the broker
+
+SASL_COMPOSE_FILE = REPO_ROOT / "docker-compose.sasl.yml"
+
+
+def published_host_ips(service: dict[str, Any]) -> list[str | None]:
+    """The host address each `ports` entry binds (None: every interface)."""
+    result: list[str | None] = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            result.append(entry.get("host_ip"))
+            continue
+        parts = str(entry).split("/")[0].split(":")
+        result.append(parts[0] if len(parts) == 3 else None)
+    return result
+
+
+def test_the_plaintext_broker_port_is_published_on_the_hosts_loopback_only() -> None:
+    """Anyone who reaches a PLAINTEXT port may do anything: docker-compose.yml
+    publishes it on 127.0.0.1, not on every interface of the host."""
+    ips = published_host_ips(SERVICES["broker"])
+    assert ips and all(ip == "127.0.0.1" for ip in ips), ips
+
+
+def merged_with_sasl() -> dict[str, Any]:
+    """docker-compose.yml with docker-compose.sasl.yml on top, as `docker compose -f
+    docker-compose.yml -f docker-compose.sasl.yml` merges them: a command replaces
+    the base's, ports and volumes add to it, mappings merge."""
+    base = load_compose()
+    override = interpolate(yaml.safe_load(SASL_COMPOSE_FILE.read_text()))
+    merged = {**base, "services": dict(base["services"])}
+    for name, service in override["services"].items():
+        target = dict(merged["services"].get(name, {}))
+        for key, value in service.items():
+            if key in ("ports", "volumes") and key in target:
+                target[key] = [*target[key], *value]
+            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                target[key] = {**target[key], **value}
+            else:
+                target[key] = value
+        merged["services"][name] = target
+    merged["volumes"] = {**(base.get("volumes") or {}), **(override.get("volumes") or {})}
+    return merged
+
+
+def credentials_script() -> str:
+    dockerfile = parse_dockerfile()
+    for target, body in dockerfile.heredocs.items():
+        if Path(target).name == "spool-credentials":
+            return body
+    raise AssertionError("no COPY heredoc writes spool-credentials")
+
+
+def run_credentials(directory: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "spool-credentials"
+    script.write_text(credentials_script())
+    return subprocess.run(
+        [sys.executable, str(script), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+
+
+def test_sasl_variant_generates_a_credential_the_broker_and_the_tools_agree_on(
+    tmp_path: Path,
+) -> None:
+    from broker.config import BrokerConfig, load_static
+    from broker.listeners import listeners_from_config, sasl_from_config
+    from broker.sasl import plain_authenticate
+    from broker.tools.common import read_properties, security_settings
+
+    secrets_dir = tmp_path / "secrets"
+    first = run_credentials(secrets_dir, tmp_path)
+    broker_toml, client = secrets_dir / "broker.toml", secrets_dir / "admin.properties"
+    assert (broker_toml.stat().st_mode & 0o777) == 0o600
+    assert (client.stat().st_mode & 0o777) == 0o600
+
+    props = read_properties(client)
+    password = props["sasl.password"]
+    assert len(password) >= 24
+    assert password not in first.stdout + first.stderr
+    security = security_settings(props)
+    assert (security.protocol, security.mechanism, security.username) == (
+        "SASL_PLAINTEXT",
+        "PLAIN",
+        "admin",
+    )
+
+    # The broker's command as the merged compose file gives it, with that config.
+    broker = merged_with_sasl()["services"]["broker"]
+    args = parse_spool(commands_of(broker)[0])
+    assert str(args.config) == "/secrets/broker.toml"
+    settings = load_static(broker_toml, args.set, environ={})
+    config = BrokerConfig(settings)
+    by_name = {listener.name: listener for listener in listeners_from_config(config)}
+    assert by_name["SASL_PLAINTEXT"].security_protocol == "SASL_PLAINTEXT"
+    assert by_name["SASL_PLAINTEXT"].port == 9093
+    assert by_name["PLAINTEXT"].port == 9092  # the image's health check probes it
+    assert str(settings["super.users"]) == "User:admin"
+    assert "StandardAuthorizer" in str(settings["authorizer.class.name"])
+    users = sasl_from_config(config, "SASL_PLAINTEXT").plain_users
+    assert plain_authenticate(f"\x00admin\x00{password}".encode(), users) == "admin"
+
+    # A later start keeps the credential.
+    second = run_credentials(secrets_dir, tmp_path)
+    assert "keeping" in second.stdout
+    assert read_properties(client)["sasl.password"] == password
+
+
+def test_sasl_variant_services_fit_together() -> None:
+    merged = merged_with_sasl()
+    services = merged["services"]
+    broker, credentials = services["broker"], services["credentials"]
+    # The SASL port is published on every interface and advertised on that port.
+    published = dict(zip(published_host_ips(broker), container_ports(broker), strict=True))
+    assert published[None] == ("9093", 9093)
+    assert published["127.0.0.1"] == ("9092", 9092)
+    advertised = next(
+        v.partition("=")[2] for v in broker["command"] if v.startswith("advertised.listeners=")
+    )
+    assert "SASL_PLAINTEXT://localhost:9093" in advertised.split(",")
+    exposed = parse_dockerfile().one("EXPOSE").args.split()
+    assert {"9092", "9093"} <= set(exposed)
+    # The credentials are written where the broker reads them, before it starts.
+    assert broker["depends_on"]["credentials"]["condition"] == "service_completed_successfully"
+    volume_of = {t: s for _, s, t in mounts(credentials)}
+    assert ("volume", volume_of["/secrets"], "/secrets") in set(mounts(broker))
+    assert volume_of["/secrets"] in merged["volumes"]
+    assert commands_of(credentials)[0][:2] == ["spool-credentials", "/secrets"]
+    assert credentials.get("image") == services["broker"].get("image")
+    assert credentials["build"] == services["broker"]["build"]
+    assert credentials["healthcheck"]["disable"] is True
+    compile(credentials_script(), "spool-credentials", "exec")
+    # The image makes /secrets for its non-root user (a new volume copies that).
+    assert "/secrets" in " ".join(i.args for i in parse_dockerfile().all("RUN"))
