@@ -343,6 +343,7 @@ class Broker:
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush everything, close files."""
         self.metrics.state = STOPPING
+        self.logs.wake_fetches()
         if self.server is not None:
             await self.server.stop()
         await self.groups.stop()

@@ -513,6 +513,9 @@ class LogManager:
         self.commit = commit
         self.storage = storage
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # Set when the broker begins to stop: long-polled Fetches answer at once with what
+        # they have instead of holding the shutdown for up to their MaxWaitMs.
+        self.stopping = False
         directory.mkdir(parents=True, exist_ok=True)
 
     def topic_settings(self, overrides: dict[str, str]) -> dict[str, Any]:
@@ -653,6 +656,12 @@ class LogManager:
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
+
+    def wake_fetches(self) -> None:
+        """Shutdown: every parked Fetch returns now (see `stopping`)."""
+        self.stopping = True
+        for part in self.partitions.values():
+            part._notify()
 
     def __iter__(self) -> Iterator[Partition]:
         return iter(list(self.partitions.values()))

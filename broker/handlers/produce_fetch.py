@@ -268,7 +268,8 @@ async def fetch(
     while True:
         responses, total, errors = _fetch_once(broker.logs, req.max_bytes, wanted, committed_only)
         remaining_ms = deadline_ms - clock.now_ms()
-        if total >= req.min_bytes or errors or remaining_ms <= 0 or not wanted:
+        stopping = broker.logs.stopping  # shutdown: answer now, don't hold it up
+        if total >= req.min_bytes or errors or remaining_ms <= 0 or not wanted or stopping:
             break
         await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
     return _fetch_response(ctx.api_version, responses)

@@ -228,6 +228,39 @@ async def test_a_fetch_long_poll_ends_early_when_records_come(s: Setup) -> None:
     assert s.clock.pending_timers == 0  # the timeout timer was cancelled
 
 
+async def test_a_fetch_long_poll_is_answered_at_once_when_the_broker_stops(s: Setup) -> None:
+    # A parked Fetch must not hold a shutdown for its MaxWaitMs: librdkafka consumers wait
+    # 500 ms, but read_committed and hand-written clients ask for up to 30 s and more.
+    req = api.build(
+        api.request_class(1, 12),
+        {
+            "replica_id": -1,
+            "max_wait": 60_000,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "session_epoch": -1,
+            "topics": [
+                {
+                    "topic": TOPIC,
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                    ],
+                }
+            ],
+        },
+    )
+    polling = asyncio.create_task(fetch(ctx(12), req, s))  # type: ignore[arg-type]
+    await turns()
+    s.clock.advance(1_000)
+    await turns()
+    assert not polling.done()
+    s.logs.wake_fetches()  # Broker.stop's first step
+    await turns()
+    assert polling.done()  # the clock never reached MaxWaitMs
+    assert polling.result() is not None  # answered (empty), not failed
+    assert s.clock.pending_timers == 0
+
+
 # -- acks=all request timeout ----------------------------------------------------------
 
 
