@@ -35,6 +35,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 200
+TEST_DEFAULTS: dict[str, str | None] = {
+    "group.share.min.heartbeat.interval.ms": "500",
+    "group.share.heartbeat.interval.ms": "1000",
+}
 
 # Log files of the brokers a test started, for the failure report (paths only, so the
 # brokers and their clients are freed after the test).
@@ -62,12 +66,16 @@ class Broker:
         self,
         data_dir: Path,
         log_path: Path,
-        settings: dict[str, str] | None = None,
+        settings: dict[str, str | None] | None = None,
         open_file_limit: int | None = None,
     ):
         self.data_dir = data_dir
         self.log_path = log_path
-        self.settings = dict(settings or {})
+        # Test brokers answer share heartbeats every second instead of Kafka's 5 s, so a
+        # new group's first member (assigned at its second heartbeat, as in Kafka 4.2)
+        # starts in 1 s; a test of the defaults sets them back (or to None: dropped).
+        merged = {**TEST_DEFAULTS, **(settings or {})}
+        self.settings = {k: v for k, v in merged.items() if v is not None}
         # RLIMIT_NOFILE (soft and hard) for the broker process; None: inherited.
         self.open_file_limit = open_file_limit
         self.port = free_port()

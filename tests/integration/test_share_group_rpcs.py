@@ -64,7 +64,11 @@ def ack_body(
     return share_ack_body(group, member, epoch, {(tid, 0): batches})
 
 
-def test_heartbeat_errors_follow_kafka(broker: Broker) -> None:
+def test_heartbeat_errors_follow_kafka(broker_factory: Callable[..., Broker]) -> None:
+    # Kafka's heartbeat interval (5 s), not the test brokers' shorter one.
+    broker = broker_factory(
+        {"group.share.min.heartbeat.interval.ms": None, "group.share.heartbeat.interval.ms": None}
+    )
     create_topic(broker, "hb", partitions=2)
     member = uuid.uuid4().hex
 
