@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install java run test unit integration bench lint format clean fuzz \
+.PHONY: install java postgres run test unit integration bench lint format clean fuzz \
 	docker-build compose-up compose-down pipeline pipeline-report
 
 $(BIN)/python:
@@ -42,16 +42,36 @@ java:
 	else echo "make: apt-get could not install $(JAVA_PKG); install a Java $(JAVA_MIN)+ runtime" \
 	          "and rerun." >&2; exit 1; fi
 
+# The storage tests start their own PostgreSQL (tests/postgres.py) from Debian's
+# server package. When no server is installed, install it without asking, as for Java.
+# Only its binaries are used: the package's own cluster service is never needed.
+PG_PKG := postgresql
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ -n "$$SPOOL_PG_BINDIR" ]; \
+	then exit 0; fi; \
+	echo "make: no PostgreSQL server found; the storage tests need one. Installing $(PG_PKG)."; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: no apt-get here: install PostgreSQL 15+ server binaries and set" \
+	       "SPOOL_PG_BINDIR to their directory." >&2; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; \
+	elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "make: installing $(PG_PKG) needs root: run" \
+	          "'sudo apt-get install -y $(PG_PKG)' and rerun." >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	if $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends $(PG_PKG) </dev/null; \
+	then ls -d /usr/lib/postgresql/*/bin; \
+	else echo "make: apt-get could not install $(PG_PKG)." >&2; exit 1; fi
+
 run: install
 	$(BIN)/spool serve --listen 127.0.0.1:9092 --data-dir ./data $(ARGS)
 
-test: install java
+test: install java postgres
 	$(BIN)/python -m pytest -q $(ARGS)
 
 unit: install java
 	$(BIN)/python -m pytest -q tests/unit $(ARGS)
 
-integration: install java
+integration: install java postgres
 	$(BIN)/python -m pytest -q tests/integration $(ARGS)
 
 bench: install java
