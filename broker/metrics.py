@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from typing_extensions import TypeIs
 
+    from broker.authorizer import Authorizer
     from broker.partitions import LogManager, Partition
     from broker.server import Server
     from coordinator.group_coordinator import GroupCoordinator
@@ -406,6 +407,8 @@ class Observed(Protocol):
     @property
     def share_persister(self) -> DurablePersister: ...
     def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None: ...
+    @property
+    def authorizer(self) -> Authorizer: ...  # the broker's; denials and the ACL count
 
 
 def collect(broker: Observed) -> list[Metric]:
@@ -540,6 +543,22 @@ def collect(broker: Observed) -> list[Metric]:
     )
     if hasattr(broker, "logs"):
         _log_gauges(broker, gauge)
+
+    # Authorization (Kafka's StandardAuthorizer metrics, authorization-denied-rate-per-
+    # minute and acls-total-count, as a counter by operation and resource type).
+    if hasattr(broker, "authorizer"):
+        denied = counter(
+            "spool_authorizer_denied",
+            "Authorization checks the ACLs refused, by operation and resource type.",
+            labels=("operation", "resource_type"),
+        )
+        for (operation, resource_type), n in list(broker.authorizer.denials.items()):
+            denied.add_metric((operation, resource_type), n)
+        gauge(
+            "spool_authorizer_acls",
+            "ACLs stored (acls-total-count).",
+            broker.authorizer.acl_count(),
+        )
 
     if hasattr(broker, "share"):
         _share_metrics(broker, counter, gauge, histogram)

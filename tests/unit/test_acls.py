@@ -364,3 +364,20 @@ def test_without_an_authorizer_everything_is_allowed() -> None:
     assert a.allows(ctx("alice"), Op.ALTER, CLUSTER)
     assert a.allows_any(ctx("alice"), Op.WRITE, TOPIC)
     assert not a.denials
+
+
+def test_denials_and_the_acl_count_are_in_metrics() -> None:
+    from broker.metrics import BrokerMetrics, collect
+    from tests.unit.test_metrics import bare_broker, samples
+
+    a = authorizer(acls(acl("orders", Op.READ)))
+    a.allows(ctx("alice"), Op.WRITE, TOPIC, "orders")
+    a.allows(ctx("bob"), Op.ALTER, CLUSTER)
+    a.allows(ctx("bob"), Op.ALTER, CLUSTER)
+    broker = bare_broker(BrokerMetrics())
+    broker.authorizer = a
+    got = samples(collect(broker))
+    name = "spool_authorizer_denied_total"
+    assert got[(name, (("operation", "WRITE"), ("resource_type", "TOPIC")))] == 1
+    assert got[(name, (("operation", "ALTER"), ("resource_type", "CLUSTER")))] == 2
+    assert got[("spool_authorizer_acls", ())] == 1
