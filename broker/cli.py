@@ -62,6 +62,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.share_groups",
     "broker.tools.topics",
     "broker.tools.configs",
+    "broker.tools.acls",
     "persister.spark.audit",
     "persister.spark.compact",
 )
