@@ -52,8 +52,12 @@ class BrokerProcess:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0, *, wait: bool = True) -> None:
-        """Launch the broker; unless `wait` is False, return once it accepts connections."""
-        cmd = [sys.executable, "-m", "broker", "serve", "--listen", self.bootstrap]
+        """Launch the broker; unless `wait` is False, return once it accepts connections.
+        With a `listeners` setting (several listeners), it must include PLAINTEXT on
+        `self.port`, which is where the start is awaited."""
+        cmd = [sys.executable, "-m", "broker", "serve"]
+        if "listeners" not in self.settings:
+            cmd += ["--listen", self.bootstrap]
         cmd += ["--data-dir", str(self.data_dir)]
         for key, value in self.settings.items():
             cmd += ["--set", f"{key}={value}"]
@@ -132,6 +136,10 @@ class BenchContext:
     comparisons: list[Comparison] = field(default_factory=list)
     # Another cluster to point the clients at (librdkafka's mock, bench.reference).
     endpoint: str | None = None
+    # More client properties for every client (security.protocol, sasl.*, ssl.*).
+    client: dict[str, object] = field(default_factory=dict)
+    # Tables a benchmark prints after the results (e.g. PLAINTEXT next to SASL_SSL).
+    sections: list[str] = field(default_factory=list)
 
     @property
     def bootstrap(self) -> str:
@@ -231,6 +239,7 @@ TARGETS: tuple[Target, ...] = (
     Target("RSS, fragmenting acks at scale", "memory.fragmented_rss_mb", 300.0, "MB"),
     Target("RSS growth, 1,000 idle connections", "memory.idle_growth_mb", 50.0, "MB"),
     Target("share rate, largest backlog / 10^5", "backlog.flatness", 0.8, "x", at_most=False),
+    Target("share rate, SASL_SSL / PLAINTEXT", "security.share_ratio", 0.6, "x", at_most=False),
 )
 
 
@@ -264,7 +273,7 @@ def format_targets(rows: list[tuple[Target, float | None, str]]) -> str:
 
 
 def client_config(ctx: BenchContext) -> dict[str, object]:
-    return {"bootstrap.servers": ctx.bootstrap, "broker.address.family": "v4"}
+    return {"bootstrap.servers": ctx.bootstrap, "broker.address.family": "v4", **ctx.client}
 
 
 def fill_topic(

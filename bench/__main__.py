@@ -10,6 +10,7 @@ The long variants, off by default to keep `make bench` near 15 minutes on 2 core
                                          # 100 groups (else SPOOL_BENCH_MEMORY_BUDGET_S, 180 s)
     SPOOL_BENCH_SPARK_RECORDS=100000,1000000,10000000 python -m bench --only spark_pipeline
 Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
+PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (500000).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the
@@ -52,6 +53,7 @@ from bench import (
 )
 from bench.memory import bench_memory
 from bench.reference import bench_reference
+from bench.security import bench_security
 from bench.share import bench_share, bench_share_backlog
 from bench.share_durability import (
     bench_restart,
@@ -193,6 +195,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "backlog": bench_share_backlog,
     "transactions": bench_transactions,
     "spark_pipeline": bench_spark_pipeline,
+    "security": bench_security,
 }
 
 
@@ -268,6 +271,9 @@ def main(argv: list[str]) -> int:
         if ctx.comparisons:
             print()
             print(format_comparisons(ctx.comparisons))
+        for section in ctx.sections:
+            print()
+            print(section)
         print()
         print(format_targets(evaluate_targets(ctx.figures, ctx.not_run)))
         if code != 0:

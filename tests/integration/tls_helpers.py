@@ -66,7 +66,13 @@ def _cert(
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    root = tmp_path_factory.mktemp("certs")
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def make_certs(root: Path) -> Certs:
+    """A CA, a server certificate for localhost and 127.0.0.1, and a client certificate
+    (`CN=alice,OU=eng,O=Acme`), as PEM files in `root` (the benchmarks use it too)."""
+    root.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spool test CA")])
     ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)

@@ -111,3 +111,20 @@ def test_comparison_prints_both_figures_and_the_ratio_or_n_a_with_the_reason() -
     table = format_comparisons(rows).splitlines()
     assert "5,000" in table[2] and "10,000" in table[2] and "0.50" in table[2]
     assert "n/a" in table[3] and "mock: time limit hit" in table[3]
+
+
+def test_security_bench_is_registered_and_its_ratio_is_a_lower_bound() -> None:
+    assert "security" in BENCHMARKS
+    assert _status({"security.share_ratio": 0.6}, "security.share_ratio") == "met"
+    assert _status({"security.share_ratio": 0.59}, "security.share_ratio") == "not met"
+
+
+def test_security_side_by_side_prints_both_listeners_and_the_ratio() -> None:
+    from bench import Result
+    from bench.security import format_side_by_side
+
+    plain = Result("share 4p x1 implicit", 1000, 1.0, 100_000)
+    secure = Result("share 4p x1 implicit", 1000, 2.0, 100_000)
+    lines = format_side_by_side([("share 4p x1 implicit", plain, secure)]).splitlines()
+    assert "PLAINTEXT" in lines[0] and "SASL_SSL" in lines[0] and "ratio" in lines[0]
+    assert "1,000" in lines[2] and "500" in lines[2] and lines[2].endswith("0.50")
