@@ -493,3 +493,64 @@ def test_concurrent_creates_and_deletes_land_once(acl_broker: AclBroker, round_:
     reported = [n for d in deleted for n in d]
     assert sorted(reported) == sorted(names)
     assert listed(b, "--principal", "User:racer") == set()
+
+
+def test_cli_as_a_sasl_user_with_command_config(acl_broker: AclBroker, tmp_path: Path) -> None:
+    """`spool acls --command-config` authenticates as Kafka's tools do; a user without
+    ALTER/DESCRIBE on the cluster gets Kafka's error, the admin super user gets through."""
+    b = acl_broker
+    remove_all(b)
+
+    def props(user: str, password: str) -> Path:
+        path = tmp_path / f"{user}.properties"
+        path.write_text(
+            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+            f"sasl.username={user}\nsasl.password={password}\n"
+        )
+        return path
+
+    def run(config: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "acls",
+                "--bootstrap-server",
+                f"127.0.0.1:{b.sasl_port}",
+                "--command-config",
+                str(config),
+                *argv,
+            ],
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
+
+    alice, admin = props("alice", "alice-secret"), props("admin", "admin-secret")
+    refused = run(alice, "--list")
+    assert refused.returncode == 1
+    assert "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
+    refused = run(alice, "--add", "--allow-principal", "User:alice", "--topic", "t")
+    assert refused.returncode == 1
+    assert "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
+    done = run(
+        admin, "--add", "--allow-principal", "User:alice", "--topic", "t", "--operation", "Read"
+    )
+    assert done.returncode == 0, done.stderr
+    ok(
+        b,
+        "acls",
+        "--add",
+        "--cluster",
+        "--operation",
+        "Describe",
+        "--allow-principal",
+        "User:alice",
+    )
+    listing = run(alice, "--list", "--topic", "t")
+    assert listing.returncode == 0, listing.stderr
+    assert "(principal=User:alice, host=*, operation=READ, permissionType=ALLOW)" in listing.stdout
