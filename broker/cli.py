@@ -63,6 +63,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.topics",
     "broker.tools.configs",
     "broker.tools.acls",
+    "broker.tools.users",
     "persister.spark.audit",
     "persister.spark.compact",
 )

@@ -513,6 +513,13 @@ def collect(broker: Observed) -> list[Metric]:
         closed.add_metric(("tls_handshake_failed",), conns.tls_handshake_failed)
         closed.add_metric(("sasl_authentication_failed",), conns.sasl_authentication_failed)
         closed.add_metric(("sasl_unexpected_request",), conns.sasl_unexpected_request_closed)
+        # KIP-368: sessions that expired before the client re-authenticated.
+        closed.add_metric(("sasl_session_expired",), conns.expired_connections_killed)
+        counter(
+            prefix + "successful_reauthentication",
+            "SASL re-authentications completed (KIP-368).",
+            conns.sasl_reauthentications,
+        )
         gauge(
             "spool_queued_request_bytes",
             "Request bytes read or waiting to be handled (queued.max.request.bytes).",

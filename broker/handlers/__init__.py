@@ -30,6 +30,7 @@ from broker.handlers import (
     share_state,
     topics,
     transactions,
+    users,
 )
 from broker.server import RequestContext
 from protocol.api import ApiTable, Response
@@ -45,6 +46,7 @@ class HandlerBroker(
     share_state.ShareStateBroker,
     topics.TopicsBroker,
     transactions.TxnBroker,
+    users.UsersBroker,
     Protocol,
 ):
     """Every handler module's Protocol at once: what the table needs of the broker.
@@ -91,6 +93,9 @@ APIS: tuple[Api, ...] = (
     Api(29, 1, 3, acls.describe_acls),
     Api(30, 1, 3, acls.create_acls),
     Api(31, 1, 3, acls.delete_acls),
+    # KIP-554: SCRAM credentials in the cluster metadata (broker.handlers.users).
+    Api(50, 0, 0, users.describe_user_scram_credentials),
+    Api(51, 0, 0, users.alter_user_scram_credentials),
     Api(0, 3, 13, produce_fetch.produce),
     Api(1, 4, 18, produce_fetch.fetch),
     Api(2, 1, 11, produce_fetch.list_offsets),

@@ -31,6 +31,7 @@ from kio.schema.add_partitions_to_txn import v3 as add_partitions_to_txn_v3
 from kio.schema.add_partitions_to_txn import v4 as add_partitions_to_txn_v4
 from kio.schema.add_partitions_to_txn import v5 as add_partitions_to_txn_v5
 from kio.schema.alter_share_group_offsets import v0 as alter_share_group_offsets_v0
+from kio.schema.alter_user_scram_credentials import v0 as alter_user_scram_credentials_v0
 from kio.schema.api_versions import v0 as api_versions_v0
 from kio.schema.api_versions import v1 as api_versions_v1
 from kio.schema.api_versions import v2 as api_versions_v2
@@ -78,6 +79,7 @@ from kio.schema.describe_configs import v3 as describe_configs_v3
 from kio.schema.describe_configs import v4 as describe_configs_v4
 from kio.schema.describe_share_group_offsets import v0 as describe_share_group_offsets_v0
 from kio.schema.describe_share_group_offsets import v1 as describe_share_group_offsets_v1
+from kio.schema.describe_user_scram_credentials import v0 as describe_user_scram_credentials_v0
 from kio.schema.end_txn import v0 as end_txn_v0
 from kio.schema.end_txn import v1 as end_txn_v1
 from kio.schema.end_txn import v2 as end_txn_v2
@@ -440,4 +442,10 @@ DeleteStatePartition: TypeAlias = delete_share_group_state_v0.request.PartitionD
 ReadStateSummaryPartition: TypeAlias = (
     read_share_group_state_summary_v0.request.PartitionData
     | read_share_group_state_summary_v1.request.PartitionData
+)
+DescribeUserScramCredentialsRequest: TypeAlias = (
+    describe_user_scram_credentials_v0.DescribeUserScramCredentialsRequest
+)
+AlterUserScramCredentialsRequest: TypeAlias = (
+    alter_user_scram_credentials_v0.AlterUserScramCredentialsRequest
 )

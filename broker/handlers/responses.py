@@ -29,6 +29,7 @@ __all__ = [
     "add_partitions_to_txn_v3",
     "add_partitions_to_txn_v5",
     "alter_share_group_offsets_v0",
+    "alter_user_scram_credentials_v0",
     "api_versions_v4",
     "create_acls_v3",
     "create_partitions_v3",
@@ -43,6 +44,7 @@ __all__ = [
     "describe_cluster_v2",
     "describe_configs_v4",
     "describe_share_group_offsets_v1",
+    "describe_user_scram_credentials_v0",
     "end_txn_v4",
     "fetch_v12",
     "fetch_v18",
@@ -73,6 +75,9 @@ if TYPE_CHECKING:
     from kio.schema.add_partitions_to_txn.v3 import response as add_partitions_to_txn_v3
     from kio.schema.add_partitions_to_txn.v5 import response as add_partitions_to_txn_v5
     from kio.schema.alter_share_group_offsets.v0 import response as alter_share_group_offsets_v0
+    from kio.schema.alter_user_scram_credentials.v0 import (
+        response as alter_user_scram_credentials_v0,
+    )
     from kio.schema.api_versions.v4 import response as api_versions_v4
     from kio.schema.create_acls.v3 import response as create_acls_v3
     from kio.schema.create_partitions.v3 import response as create_partitions_v3
@@ -88,6 +93,9 @@ if TYPE_CHECKING:
     from kio.schema.describe_configs.v4 import response as describe_configs_v4
     from kio.schema.describe_share_group_offsets.v1 import (
         response as describe_share_group_offsets_v1,
+    )
+    from kio.schema.describe_user_scram_credentials.v0 import (
+        response as describe_user_scram_credentials_v0,
     )
     from kio.schema.end_txn.v4 import response as end_txn_v4
     from kio.schema.fetch.v12 import response as fetch_v12
@@ -121,6 +129,12 @@ else:
     add_partitions_to_txn_v3 = lazy_module("kio.schema.add_partitions_to_txn.v3.response")
     add_partitions_to_txn_v5 = lazy_module("kio.schema.add_partitions_to_txn.v5.response")
     alter_share_group_offsets_v0 = lazy_module("kio.schema.alter_share_group_offsets.v0.response")
+    alter_user_scram_credentials_v0 = lazy_module(
+        "kio.schema.alter_user_scram_credentials.v0.response"
+    )
+    describe_user_scram_credentials_v0 = lazy_module(
+        "kio.schema.describe_user_scram_credentials.v0.response"
+    )
     api_versions_v4 = lazy_module("kio.schema.api_versions.v4.response")
     sasl_authenticate_v2 = lazy_module("kio.schema.sasl_authenticate.v2.response")
     sasl_handshake_v1 = lazy_module("kio.schema.sasl_handshake.v1.response")

@@ -284,3 +284,38 @@ def table(
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False))
+
+
+def parse_add_config(text: str) -> dict[str, str]:
+    """`k=v,k2=[a,b]` (ConfigCommand.parseConfigsToBeAdded): commas inside brackets belong
+    to the value, and the brackets are dropped."""
+    items: list[str] = []
+    depth, start = 0, 0
+    for i, c in enumerate(text):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    out: dict[str, str] = {}
+    for item in items:
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or depth != 0:
+            raise UsageError(
+                'Invalid entity config: all configs to be added must be in the format "key=val" '
+                'or "key=[val1,val2]".'
+            )
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def parse_delete_config(text: str | None) -> list[str]:
+    return [k.strip() for k in (text or "").split(",") if k.strip()]

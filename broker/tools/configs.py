@@ -1,5 +1,6 @@
 """`spool configs`: describe and alter the configs of topics, brokers and groups, as
-Kafka 4.2's kafka-configs.sh does with --bootstrap-server (its flags, rules and output)."""
+Kafka 4.2's kafka-configs.sh does with --bootstrap-server (its flags, rules and output),
+and users' SCRAM credentials (`--entity-type users`, run by broker.tools.users)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from broker.tools import users
 from broker.tools.common import (
     UsageError,
     add_connection_flags,
+    parse_add_config,
+    parse_delete_config,
     print_json,
     run_admin,
     usage_checked,
@@ -18,7 +22,7 @@ from broker.tools.common import (
 if TYPE_CHECKING:
     from protocol.admin import AdminClient, ConfigEntry
 
-ENTITY_TYPES = ("topics", "brokers", "groups")
+ENTITY_TYPES = ("topics", "brokers", "groups", "users")
 # The config source of a dynamic value per entity type (ConfigCommand.getResourceConfig).
 DYNAMIC_SOURCE = {
     "topics": "DYNAMIC_TOPIC_CONFIG",
@@ -60,6 +64,9 @@ def validate(args: argparse.Namespace) -> None:
     """ConfigCommandOptions.checkArgs, for the entity types spool has."""
     if int(args.describe) + int(args.alter) != 1:
         raise UsageError("Command must include exactly one action: --describe, --alter")
+    if args.entity_type == "users":
+        users.validate_users(args)
+        return
     if args.describe:
         for name, value in (("add-config", args.add_config), ("delete-config", args.delete_config)):
             if value is not None:
@@ -103,41 +110,6 @@ def validate(args: argparse.Namespace) -> None:
         parse_add_config(args.add_config or "")
 
 
-def parse_add_config(text: str) -> dict[str, str]:
-    """`k=v,k2=[a,b]` (ConfigCommand.parseConfigsToBeAdded): commas inside brackets belong
-    to the value, and the brackets are dropped."""
-    items: list[str] = []
-    depth, start = 0, 0
-    for i, c in enumerate(text):
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    out: dict[str, str] = {}
-    for item in items:
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or depth != 0:
-            raise UsageError(
-                'Invalid entity config: all configs to be added must be in the format "key=val" '
-                'or "key=[val1,val2]".'
-            )
-        value = value.strip()
-        if value.startswith("[") and value.endswith("]"):
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out
-
-
-def parse_delete_config(text: str | None) -> list[str]:
-    return [k.strip() for k in (text or "").split(",") if k.strip()]
-
-
 def resource_type(entity_type: str) -> int:
     from protocol.admin import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC
 
@@ -156,6 +128,9 @@ def dynamic_source(entity_type: str, name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from protocol.admin import AdminError
+
+    if args.entity_type == "users":
+        return run_admin(args, lambda admin: users.run_users(admin, args))
 
     async def body(admin: AdminClient) -> int:
         try:

@@ -165,9 +165,9 @@ def test_bad_arguments_are_usage_errors_and_an_absent_broker_is_an_error() -> No
     usage = spool(None, "topics", "--list", "--describe")
     assert usage.returncode == 2
     assert "Command must include exactly one action" in usage.stderr
-    usage = spool(None, "configs", "--describe", "--entity-type", "users")
+    usage = spool(None, "configs", "--describe", "--entity-type", "clients")
     assert usage.returncode == 2
-    assert "Invalid entity type users" in usage.stderr
+    assert "Invalid entity type clients" in usage.stderr
 
     absent = spool(None, "topics", "--list")
     assert absent.returncode == 1

@@ -270,7 +270,7 @@ def test_topics_argument_rules(argv: tuple[str, ...], message: str) -> None:
     [
         (("--entity-type", "topics"), "exactly one action: --describe, --alter"),
         (("--describe",), "At least one entity type must be specified"),
-        (("--describe", "--entity-type", "users"), "Invalid entity type users"),
+        (("--describe", "--entity-type", "clients"), "Invalid entity type clients"),
         (("--describe", "--entity-type", "brokers", "--entity-name", "x"), "valid integer"),
         (("--describe", "--entity-type", "topics", "--entity-default"), "--entity-default must"),
         (("--alter", "--entity-type", "topics", "--add-config", "a=b"), "An entity name must"),

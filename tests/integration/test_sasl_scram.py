@@ -1,0 +1,277 @@
+"""SASL/SCRAM-SHA-256 and SCRAM-SHA-512 (KIP-84) with credentials managed by KIP-554
+(`spool users`, `spool configs --entity-type users`), and KIP-368 re-authentication,
+with real confluent-kafka clients configured as Kafka users configure them
+(security.protocol=SASL_PLAINTEXT, sasl.mechanism, sasl.username, sasl.password).
+
+Each broker has a PLAINTEXT listener (the admin tools create credentials there, as an
+operator does on an internal listener before clients connect) and a SASL_PLAINTEXT one
+with only the SCRAM mechanisms enabled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.cli_helpers import ok, spool
+from tests.integration.conftest import (
+    Broker,
+    consume_assigned,
+    create_topic,
+    free_port,
+    producer_config,
+)
+from tests.integration.share_helpers import log_lines
+
+SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class ScramBroker(Broker):
+    """PLAINTEXT on `port`, SASL_PLAINTEXT (SCRAM only) on `sasl_port`, /metrics."""
+
+    def __init__(self, root: Path, **settings: str) -> None:
+        super().__init__(
+            root / "data",
+            root / "broker.log",
+            {"sasl.enabled.mechanisms": ",".join(SCRAM), **settings},
+        )
+        self.sasl_port = free_port()
+        self.metrics_port = free_port()
+        self.settings["listeners"] = (
+            f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+        )
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        i = cmd.index("--listen")
+        del cmd[i : i + 2]
+        return [*cmd, "--metrics", f"127.0.0.1:{self.metrics_port}"]
+
+    def metric(self, name: str, **labels: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and set(labels.items()) <= set(s.labels.items())
+        )
+
+
+@pytest.fixture(scope="module")
+def scram_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScramBroker]:
+    broker = ScramBroker(tmp_path_factory.mktemp("scram"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
+def scram_config(
+    broker: ScramBroker, user: str, password: str, mechanism: str = "SCRAM-SHA-256", **more: Any
+) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": f"127.0.0.1:{broker.sasl_port}",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+        **more,
+    }
+
+
+def broker_logged(broker: Broker, needle: str) -> list[str]:
+    """Log lines with `needle`, leaving out the harness's own command-line lines."""
+    return [line for line in log_lines(broker, needle) if not line.startswith("===== start")]
+
+
+def add_user(broker: Broker, user: str, config: str, tool: tuple[str, ...] = ("users",)) -> str:
+    return ok(broker, *tool, "--alter", "--entity-name", user, "--add-config", config)
+
+
+def produce_and_consume(broker: ScramBroker, topic: str, client: dict[str, Any]) -> None:
+    """Produce 10 records and read them back, both over SCRAM."""
+    create_topic(broker, topic)
+    producer = Producer(producer_config(broker, **client))
+    for i in range(10):
+        producer.produce(topic, f"{topic}-{i}".encode())
+    assert producer.flush(30) == 0
+    received = consume_assigned(broker, topic, [0], 10, **client)
+    assert sorted(r.value for r in received) == sorted(f"{topic}-{i}".encode() for i in range(10))
+
+
+def refused(broker: ScramBroker, client: dict[str, Any]) -> str:
+    """The authentication error a producer with `client` gets."""
+    errors: list[KafkaError] = []
+    producer = Producer(producer_config(broker, **client, error_cb=errors.append))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+        e.code() == KafkaError._AUTHENTICATION for e in errors
+    ):
+        producer.poll(0.2)
+    found = [e.str() for e in errors if e.code() == KafkaError._AUTHENTICATION]
+    assert found, errors
+    return found[0]
+
+
+def test_users_tool_creates_credentials_that_log_in(scram_broker: ScramBroker) -> None:
+    out = add_user(
+        scram_broker,
+        "alice",
+        "SCRAM-SHA-256=[iterations=8192,password=alice-secret],"
+        "SCRAM-SHA-512=[password=alice-secret]",
+    )
+    assert out.strip() == "Completed updating config for user alice."
+    described = ok(scram_broker, "users", "--describe", "--entity-name", "alice")
+    assert described.strip() == (
+        "SCRAM credential configs for user-principal 'alice' are "
+        "SCRAM-SHA-256=iterations=8192, SCRAM-SHA-512=iterations=4096"
+    )
+    for mechanism in SCRAM:
+        topic = f"scram-{mechanism.lower()}"
+        produce_and_consume(
+            scram_broker, topic, scram_config(scram_broker, "alice", "alice-secret", mechanism)
+        )
+        assert log_lines(scram_broker, "sasl_authenticated", "User:alice", mechanism)
+    # Neither the password nor anything salted from it is ever logged.
+    assert not broker_logged(scram_broker, "alice-secret")
+    assert not broker_logged(scram_broker, "salted")
+
+
+def test_wrong_password_and_unknown_user_are_refused(scram_broker: ScramBroker) -> None:
+    add_user(scram_broker, "carol", "SCRAM-SHA-512=[password=carol-secret]")
+    expected = (
+        "Authentication failed during authentication due to invalid credentials with SASL "
+        "mechanism SCRAM-SHA-512"
+    )
+    for user, password in (("carol", "not-carols"), ("mallory", "carol-secret")):
+        message = refused(scram_broker, scram_config(scram_broker, user, password, "SCRAM-SHA-512"))
+        assert expected in message, message
+    # carol has no SCRAM-SHA-256 credential.
+    assert "SCRAM-SHA-256" in refused(
+        scram_broker, scram_config(scram_broker, "carol", "carol-secret", "SCRAM-SHA-256")
+    )
+    assert log_lines(scram_broker, "sasl_authentication_failed", "unknown user")
+    assert not broker_logged(scram_broker, "not-carols")
+    assert not broker_logged(scram_broker, "carol-secret")
+
+
+def test_configs_tool_takes_users_and_kafkas_errors(scram_broker: ScramBroker) -> None:
+    configs = ("configs", "--entity-type", "users")
+    add_user(scram_broker, "dave", "SCRAM-SHA-256=[password=dave-secret]", configs)
+    out = ok(scram_broker, *configs, "--describe", "--entity-name", "dave")
+    assert "SCRAM-SHA-256=iterations=4096" in out
+    # Unknown user: Kafka's per-user error line.
+    out = ok(scram_broker, "users", "--describe", "--entity-name", "nobody")
+    assert out.strip() == (
+        "Error retrieving SCRAM credential configs for user-principal 'nobody': "
+        "RESOURCE_NOT_FOUND: Attempt to describe a user credential that does not exist: nobody"
+    )
+    # Every user when none is named.
+    everyone = ok(scram_broker, "users", "--describe")
+    assert "user-principal 'dave'" in everyone and "user-principal 'alice'" in everyone
+    # Deleting a credential that is not there.
+    proc = spool(
+        scram_broker, "users", "--alter", "--entity-name", "dave", "--delete-config",
+        "SCRAM-SHA-512",
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "RESOURCE_NOT_FOUND" in proc.stderr
+    # Too few iterations, and a quota config: refused before anything is sent.
+    proc = spool(
+        scram_broker, "users", "--alter", "--entity-name", "dave", "--add-config",
+        "SCRAM-SHA-256=[iterations=100,password=x]",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "Iterations 100 is less than the minimum 4096" in proc.stderr
+    proc = spool(
+        scram_broker, "users", "--alter", "--entity-name", "dave", "--add-config",
+        "producer_byte_rate=1024",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "producer_byte_rate" in proc.stderr
+
+
+def test_credentials_survive_kill9_and_a_deleted_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    broker = ScramBroker(tmp_path)
+    broker.start()
+    try:
+        add_user(broker, "bob", "SCRAM-SHA-256=[password=bob-secret]")
+        broker.kill9()
+        broker.start()
+        produce_and_consume(broker, "after-kill9", scram_config(broker, "bob", "bob-secret"))
+        # Deleted while the broker runs: the next login is refused.
+        out = ok(
+            broker, "users", "--alter", "--entity-name", "bob", "--delete-config", "SCRAM-SHA-256"
+        )
+        assert out.strip() == "Completed updating config for user bob."
+        assert "invalid credentials" in refused(broker, scram_config(broker, "bob", "bob-secret"))
+        broker.kill9()
+        broker.start()
+        assert "invalid credentials" in refused(broker, scram_config(broker, "bob", "bob-secret"))
+        described = ok(broker, "users", "--describe", "--entity-name", "bob")
+        assert "RESOURCE_NOT_FOUND" in described
+    finally:
+        broker.kill9()
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_clients_reauthenticate_and_keep_working(tmp_path: Path) -> None:
+    """connections.max.reauth.ms=2000: librdkafka re-authenticates on its connections
+    before each session ends, and a producer keeps producing through several."""
+    broker = ScramBroker(tmp_path, **{"connections.max.reauth.ms": "2000"})
+    broker.start()
+    try:
+        add_user(broker, "erin", "SCRAM-SHA-512=[password=erin-secret]")
+        topic = "reauth"
+        create_topic(broker, topic)
+        client = scram_config(broker, "erin", "erin-secret", "SCRAM-SHA-512")
+        errors: list[Any] = []
+        stop = threading.Event()
+        sent = [0]
+
+        def keep_producing() -> None:
+            producer = Producer(producer_config(broker, **client))
+            while not stop.is_set():
+                producer.produce(topic, b"x", on_delivery=lambda e, _m: e and errors.append(e))
+                producer.flush(10)
+                sent[0] += 1
+                time.sleep(0.05)
+            assert producer.flush(10) == 0
+
+        thread = threading.Thread(target=keep_producing)
+        thread.start()
+        try:
+            reauth = "kafka_server_socket_server_metrics_successful_reauthentication_total"
+            wait_for(lambda: broker.metric(reauth) >= 3, "three re-authentications")
+        finally:
+            stop.set()
+            thread.join(30)
+        assert not thread.is_alive()
+        assert errors == [] and sent[0] > 0
+        # No connection was cut for an expired session.
+        assert broker.metric("spool_connections_closed_total", reason="sasl_session_expired") == 0
+        received = consume_assigned(broker, topic, [0], sent[0], **client)
+        assert len(received) == sent[0]
+    finally:
+        broker.kill9()
