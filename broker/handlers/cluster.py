@@ -11,10 +11,18 @@ from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import i8, i16, i32, i64, i64Timedelta
 
 from broker.handlers import responses as resp
+from broker.handlers.access import (
+    CLUSTER_DENIED,
+    GROUP_DENIED,
+    TRANSACTIONAL_ID_DENIED,
+    Guarded,
+    authorized_operations,
+)
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import TopicStores, auto_create_topic
 from broker.handlers.transactions import TxnBroker, init_transactional_producer_id
 from broker.server import Endpoint, RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import Topic
 from protocol.errors import ErrorCode, KafkaError
 
@@ -40,7 +48,7 @@ FEATURES = [("share.version", 0, 1, 1)]
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 
-class ClusterBroker(TopicStores, TxnBroker, Protocol):
+class ClusterBroker(TopicStores, TxnBroker, Guarded, Protocol):
     """What the cluster handlers use of the broker (and Metadata's auto-creation)."""
 
     @property
@@ -101,16 +109,28 @@ async def sasl_authenticate(
 async def metadata(
     ctx: RequestContext, req: MetadataRequest, broker: ClusterBroker
 ) -> resp.metadata_v13.MetadataResponse:
-    # cluster_authorized_operations (v8-10 only) keeps its default, "not requested".
+    """Topics the principal may not DESCRIBE are left out of an all-topics answer
+    (without logging the denials) and answered TOPIC_AUTHORIZATION_FAILED when named;
+    creating a missing topic needs CREATE on the cluster or the topic (KafkaApis'
+    handleTopicMetadataRequest)."""
     m = resp.metadata_v13
+    az = broker.authorizer
     state = broker.metadata.state
     version = ctx.api_version
     requested = req.topics
     allow_auto: bool = getattr(req, "allow_auto_topic_creation", True)  # v4+
+    # KIP-430 (v8+). The cluster's operations (v8-10 only) keep their default, "not
+    # requested": clients ask DescribeCluster for them since Kafka 2.8.
+    topic_ops: bool = version >= 8 and getattr(req, "include_topic_authorized_operations", False)
     wanted: list[tuple[str | None, uuid.UUID | None]]
-    if requested is None or (version == 0 and not requested):
-        wanted = [(t.name, None) for t in sorted(state.topics.values(), key=lambda t: t.name)]
+    all_topics = requested is None or (version == 0 and not requested)
+    if all_topics:
+        names = sorted(state.topics)
+        wanted = [
+            (n, None) for n in az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, names)
+        ]
     else:
+        assert requested is not None
         wanted = [(t.name, getattr(t, "topic_id", None)) for t in requested]  # ids v10+
     topics: list[resp.metadata_v13.MetadataResponseTopic] = []
 
@@ -124,6 +144,11 @@ async def metadata(
             )
         )
 
+    def may_create(name: str) -> bool:
+        return az.allows(
+            ctx, AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False
+        ) or az.allows(ctx, AclOperation.CREATE, ResourceType.TOPIC, name)
+
     for name, topic_id in wanted:
         if name is None and (topic_id is None or version < 12):
             # Kafka refuses a topic with neither name nor id, and ids before v12.
@@ -134,11 +159,27 @@ async def metadata(
             if topic is None:
                 failed(ErrorCode.unknown_topic_id, None, topic_id)
                 continue
+            if not all_topics and not az.allows(
+                ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name
+            ):
+                # Kafka: an id is not secret, the name behind it is.
+                failed(ErrorCode.topic_authorization_failed, None, topic_id)
+                continue
         else:
-            topic = state.topics.get(name or "")
+            assert name is not None
+            if not all_topics and not az.allows(
+                ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, name
+            ):
+                # Whether it exists is not disclosed: no id, no partitions.
+                failed(ErrorCode.topic_authorization_failed, name)
+                continue
+            topic = state.topics.get(name)
         if topic is None:
             assert name is not None
             if allow_auto and broker.config.get("auto.create.topics.enable"):
+                if not may_create(name):
+                    failed(ErrorCode.topic_authorization_failed, name)
+                    continue
                 try:
                     topic = await auto_create_topic(broker, name)
                 except KafkaError as exc:
@@ -147,7 +188,10 @@ async def metadata(
             else:
                 failed(ErrorCode.unknown_topic_or_partition, name)
                 continue
-        topics.append(_topic_entry(broker.node_id, topic))
+        operations = AUTHORIZED_OPERATIONS_OMITTED
+        if topic_ops:
+            operations = authorized_operations(az, ctx, ResourceType.TOPIC, topic.name)
+        topics.append(_topic_entry(broker.node_id, topic, operations))
     ep = broker.advertised_for(ctx.listener)
     return m.MetadataResponse(
         throttle_time=NO_THROTTLE,
@@ -164,6 +208,15 @@ async def metadata(
         topics=tuple(topics),
         error_code=ErrorCode.none,
     )
+
+
+def _cluster_operations(ctx: RequestContext, broker: ClusterBroker) -> int:
+    """KIP-430's cluster field: the operations allowed on the cluster, or none at all
+    without DESCRIBE on it (AuthHelper)."""
+    az = broker.authorizer
+    if not az.allows(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER):
+        return 0
+    return authorized_operations(az, ctx, ResourceType.CLUSTER)
 
 
 async def describe_cluster(
@@ -195,7 +248,11 @@ async def describe_cluster(
                 is_fenced=False,
             ),
         ),
-        cluster_authorized_operations=i32(AUTHORIZED_OPERATIONS_OMITTED),
+        cluster_authorized_operations=i32(
+            _cluster_operations(ctx, broker)
+            if getattr(req, "include_cluster_authorized_operations", False)
+            else AUTHORIZED_OPERATIONS_OMITTED
+        ),
     )
 
 
@@ -210,37 +267,67 @@ async def find_coordinator(
     resp.find_coordinator_v3.FindCoordinatorResponse
     | resp.find_coordinator_v6.FindCoordinatorResponse
 ):
-    # A single node coordinates every group, transaction and share partition.
+    """A single node coordinates every group, transaction and share partition. As
+    Kafka's getCoordinator: a group key needs DESCRIBE on the group, a transactional id
+    DESCRIBE on it (each key answered on its own), a share-partition key CLUSTER_ACTION
+    (only brokers ask; the whole request fails)."""
     ep = broker.advertised_for(ctx.listener)
+    az = broker.authorizer
     key_type: int = getattr(req, "key_type", 0)  # v1+; 0 is GROUP
+    keys = list(req.coordinator_keys) if _batched(req) else [req.key]
+    answers: list[tuple[ErrorCode, str | None]] = []
     if key_type not in (0, 1, 2):
-        code, message = ErrorCode.invalid_request, f"Unknown coordinator key type {key_type}"
+        answers = [(ErrorCode.invalid_request, f"Unknown coordinator key type {key_type}")] * len(
+            keys
+        )
+    elif key_type == 2 and not az.allows(ctx, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
+        answers = [(ErrorCode.cluster_authorization_failed, CLUSTER_DENIED)] * len(keys)
     else:
-        code, message = ErrorCode.none, None
-    node = BrokerId(broker.node_id if code == ErrorCode.none else -1)
-    port = i32(ep.port)
+        for key in keys:
+            if key_type == 0 and not az.allows(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, key):
+                answers.append((ErrorCode.group_authorization_failed, GROUP_DENIED))
+            elif key_type == 1 and not az.allows(
+                ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key
+            ):
+                answers.append(
+                    (ErrorCode.transactional_id_authorization_failed, TRANSACTIONAL_ID_DENIED)
+                )
+            else:
+                answers.append((ErrorCode.none, None))
+
+    def node(code: ErrorCode) -> tuple[BrokerId, str, i32]:
+        if code == ErrorCode.none:
+            return BrokerId(broker.node_id), ep.host, i32(ep.port)
+        if code == ErrorCode.invalid_request:
+            return BrokerId(-1), ep.host, i32(ep.port)
+        return BrokerId(-1), "", i32(-1)  # Kafka's Node.noNode
+
     if _batched(req):
         batched = resp.find_coordinator_v6
-        return batched.FindCoordinatorResponse(
-            throttle_time=NO_THROTTLE,
-            coordinators=tuple(
+        coordinators = []
+        for key, (code, message) in zip(keys, answers, strict=True):
+            node_id, host, port = node(code)
+            coordinators.append(
                 batched.Coordinator(
                     key=key,
-                    node_id=node,
-                    host=ep.host,
+                    node_id=node_id,
+                    host=host,
                     port=port,
                     error_code=code,
                     error_message=message,
                 )
-                for key in req.coordinator_keys
-            ),
+            )
+        return batched.FindCoordinatorResponse(
+            throttle_time=NO_THROTTLE, coordinators=tuple(coordinators)
         )
+    ((code, message),) = answers
+    node_id, host, port = node(code)
     return resp.find_coordinator_v3.FindCoordinatorResponse(
         throttle_time=NO_THROTTLE,
         error_code=code,
         error_message=message,
-        node_id=node,
-        host=ep.host,
+        node_id=node_id,
+        host=host,
         port=port,
     )
 
@@ -248,8 +335,19 @@ async def find_coordinator(
 async def init_producer_id(
     ctx: RequestContext, req: InitProducerIdRequest, broker: ClusterBroker
 ) -> resp.init_producer_id_v5.InitProducerIdResponse:
+    az = broker.authorizer
     if req.transactional_id is not None:
+        if not az.allows(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            return _init_producer_id_refused(ErrorCode.transactional_id_authorization_failed)
         return await init_transactional_producer_id(ctx, req, broker)
+    # An idempotent producer needs IDEMPOTENT_WRITE on the cluster or, since Kafka 3.0
+    # (KIP-679), WRITE on any topic.
+    if not az.allows(
+        ctx, AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False
+    ) and not az.allows_any(ctx, AclOperation.WRITE, ResourceType.TOPIC):
+        return _init_producer_id_refused(ErrorCode.cluster_authorization_failed)
     producer_id: int = getattr(req, "producer_id", -1)  # v3+
     producer_epoch: int = getattr(req, "producer_epoch", -1)  # v3+
     # KIP-360: an idempotent producer may bump its epoch to reset sequences.
@@ -263,7 +361,18 @@ async def init_producer_id(
     )
 
 
-def _topic_entry(node: int, topic: Topic) -> resp.metadata_v13.MetadataResponseTopic:
+def _init_producer_id_refused(code: ErrorCode) -> resp.init_producer_id_v5.InitProducerIdResponse:
+    return resp.init_producer_id_v5.InitProducerIdResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=code,
+        producer_id=ProducerId(-1),
+        producer_epoch=i16(-1),
+    )
+
+
+def _topic_entry(
+    node: int, topic: Topic, operations: int = AUTHORIZED_OPERATIONS_OMITTED
+) -> resp.metadata_v13.MetadataResponseTopic:
     m = resp.metadata_v13
     leader = BrokerId(node)
     return m.MetadataResponseTopic(
@@ -283,5 +392,5 @@ def _topic_entry(node: int, topic: Topic) -> resp.metadata_v13.MetadataResponseT
             )
             for i in range(topic.partitions)
         ),
-        topic_authorized_operations=i32(AUTHORIZED_OPERATIONS_OMITTED),
+        topic_authorized_operations=i32(operations),
     )

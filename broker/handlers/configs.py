@@ -1,4 +1,9 @@
-"""DescribeConfigs and IncrementalAlterConfigs for TOPIC and BROKER resources."""
+"""DescribeConfigs and IncrementalAlterConfigs for TOPIC, BROKER and GROUP resources.
+
+Authorization as Kafka 4.2 (ConfigHelper, ControllerApis): describing needs
+DESCRIBE_CONFIGS and altering ALTER_CONFIGS, on the cluster for a broker, on the topic
+or the group for theirs; a denied resource is answered CLUSTER_, TOPIC_ or
+GROUP_AUTHORIZATION_FAILED and the others are served."""
 
 from __future__ import annotations
 
@@ -18,10 +23,12 @@ from broker.config import (
     parse_value,
 )
 from broker.handlers import responses as resp
+from broker.handlers.access import CLUSTER_DENIED, GROUP_DENIED, TOPIC_DENIED, Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import validate_topic_configs
 from broker.partitions import LogManager
 from broker.server import RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.group_config import AlterConfigOp
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataStore, Record, Topic
@@ -34,7 +41,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("spool.configs")
 
 
-class ConfigsBroker(Protocol):
+class ConfigsBroker(Guarded, Protocol):
     """What the config handlers use of the broker."""
 
     @property
@@ -51,6 +58,37 @@ class ConfigsBroker(Protocol):
 
 # ConfigResource types.
 TOPIC, BROKER, GROUP = 2, 4, 32
+# Per config resource type: the ACL resource checked (by the config resource's name, or
+# the cluster's), and the code and message of a denial.
+_GUARDS: dict[int, tuple[ResourceType, ErrorCode, str]] = {
+    TOPIC: (ResourceType.TOPIC, ErrorCode.topic_authorization_failed, TOPIC_DENIED),
+    BROKER: (ResourceType.CLUSTER, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED),
+    GROUP: (ResourceType.GROUP, ErrorCode.group_authorization_failed, GROUP_DENIED),
+}
+
+
+def _check_access(
+    ctx: RequestContext,
+    broker: ConfigsBroker,
+    operation: AclOperation,
+    resource_type: int,
+    name: str,
+) -> None:
+    """Raise the resource's *_AUTHORIZATION_FAILED unless `operation` is allowed on it
+    (resource types spool does not serve are left to the caller's INVALID_REQUEST)."""
+    guard = _GUARDS.get(resource_type)
+    if guard is None:
+        return
+    acl_type, code, message = guard
+    allowed = (
+        broker.authorizer.allows(ctx, operation, acl_type)
+        if acl_type is ResourceType.CLUSTER
+        else broker.authorizer.allows(ctx, operation, acl_type, name)
+    )
+    if not allowed:
+        raise KafkaError(code, message)
+
+
 # IncrementalAlterConfigs operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
@@ -216,6 +254,9 @@ async def describe_configs(
         configs: list[Described] = []
         code, message = ErrorCode.none, None
         try:
+            _check_access(
+                ctx, broker, AclOperation.DESCRIBE_CONFIGS, res.resource_type, res.resource_name
+            )
             if res.resource_type == TOPIC:
                 configs = _describe_topic(broker, res.resource_name, detail)
             elif res.resource_type == BROKER:
@@ -300,6 +341,9 @@ async def incremental_alter_configs(
     for res in req.resources:
         code, message = ErrorCode.none, None
         try:
+            _check_access(
+                ctx, broker, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name
+            )
             ops = [AlterConfigOp(c.name, c.config_operation, c.value) for c in res.configs]
             names = [op.name for op in ops]
             if len(names) != len(set(names)):

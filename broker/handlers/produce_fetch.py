@@ -1,4 +1,9 @@
-"""Produce, Fetch (with long poll), ListOffsets, DeleteRecords."""
+"""Produce, Fetch (with long poll), ListOffsets, DeleteRecords.
+
+Authorization as Kafka 4.2's KafkaApis: Produce needs WRITE on each topic (and WRITE on
+the transactional id when its batches are transactional, or the whole request fails),
+Fetch READ on each topic, ListOffsets DESCRIBE, DeleteRecords DELETE; a denied topic's
+partitions get TOPIC_AUTHORIZATION_FAILED, checked before whether they exist."""
 
 from __future__ import annotations
 
@@ -12,14 +17,16 @@ from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import Records, TZAware, i32, i64
 
 from broker.handlers import responses as resp
+from broker.handlers.access import Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import verify_produce
 from broker.partitions import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import MetadataStore
 from coordinator.transactions import TransactionCoordinator
 from protocol import api
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import iter_batches
 
 if TYPE_CHECKING:
@@ -39,7 +46,7 @@ EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4,
 READ_COMMITTED = 1
 
 
-class DataBroker(Protocol):
+class DataBroker(Guarded, Protocol):
     """What the data handlers use of the broker: topic names and ids, partition logs."""
 
     @property
@@ -58,6 +65,7 @@ class _Wanted(NamedTuple):
     partition: int
     fetch_offset: int
     partition_max_bytes: int
+    denied: bool = False  # no READ on the topic: TOPIC_AUTHORIZATION_FAILED
 
 
 def _topic_name(broker: DataBroker, entry: object) -> tuple[str | None, uuid.UUID | None]:
@@ -162,15 +170,49 @@ def _produced_entry(cls: type[PartitionProduced], p: _Produced) -> PartitionProd
     )
 
 
+def _has_transactional_records(req: ProduceRequest) -> bool:
+    """Kafka's RequestUtils.hasTransactionalRecords: is any partition's first batch
+    transactional? (A malformed one is left to the validation that follows.)"""
+    for t in req.topic_data:
+        for p in t.partition_data:
+            try:
+                for _, header in iter_batches(p.records or b"", validate=False):
+                    if header.is_transactional:
+                        return True
+                    break
+            except CorruptRecordError:
+                continue
+    return False
+
+
 async def produce(
     ctx: RequestContext, req: ProduceRequest, broker: DataBroker
 ) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse | None:
     acks = req.acks
     timeout_s = max(req.timeout.total_seconds(), 0.001)
+    az = broker.authorizer
     responses: list[tuple[str | None, uuid.UUID | None, list[_Produced]]] = []
     waits: list[tuple[_Produced, Partition, int]] = []
+    if _has_transactional_records(req) and (
+        req.transactional_id is None
+        or not az.allows(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        )
+    ):
+        # Kafka fails the whole request: every partition gets the error.
+        denied = KafkaError(ErrorCode.transactional_id_authorization_failed)
+        for t in req.topic_data:
+            name, topic_id = _topic_name(broker, t)
+            parts = [_Produced(p.index) for p in t.partition_data]
+            for entry in parts:
+                entry.failed(denied)
+            responses.append((name, topic_id, parts))
+        return None if acks == 0 else _produce_response(ctx.api_version, responses)
+    writable: dict[str, bool] = {}
     for t in req.topic_data:
         name, topic_id = _topic_name(broker, t)
+        if name is not None and name not in writable:
+            writable[name] = az.allows(ctx, AclOperation.WRITE, ResourceType.TOPIC, name)
         parts = []
         for p in t.partition_data:
             entry = _Produced(p.index)
@@ -179,6 +221,8 @@ async def produce(
                     raise KafkaError(
                         ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, got {acks}"
                     )
+                if name is not None and not writable[name]:
+                    raise KafkaError(ErrorCode.topic_authorization_failed)
                 part = broker.logs.get(name, p.index) if name else None
                 if part is None:
                     raise KafkaError(
@@ -259,17 +303,26 @@ async def fetch(
             responses=(),
         )
     wanted: list[_Wanted] = []
+    readable: dict[str, bool] = {}
     for t in req.topics:
         name, topic_id = _topic_name(broker, t)
+        if name is not None and name not in readable:
+            readable[name] = broker.authorizer.allows(
+                ctx, AclOperation.READ, ResourceType.TOPIC, name
+            )
+        denied = name is not None and not readable[name]
         for p in t.partitions:
             wanted.append(
-                _Wanted(name, topic_id, p.partition, p.fetch_offset, p.partition_max_bytes)
+                _Wanted(name, topic_id, p.partition, p.fetch_offset, p.partition_max_bytes, denied)
             )
+    # Denied partitions are answered at once and wait for nothing: the others may still
+    # wait for MinBytes, as Kafka waits for the partitions it may read.
+    readable_any = any(not w.denied for w in wanted)
     while True:
         responses, total, errors = _fetch_once(broker.logs, req.max_bytes, wanted, committed_only)
         remaining_ms = deadline_ms - clock.now_ms()
         stopping = broker.logs.stopping  # shutdown: answer now, don't hold it up
-        if total >= req.min_bytes or errors or remaining_ms <= 0 or not wanted or stopping:
+        if total >= req.min_bytes or errors or remaining_ms <= 0 or not readable_any or stopping:
             break
         await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
     return _fetch_response(ctx.api_version, responses)
@@ -317,10 +370,15 @@ async def list_offsets(
     topics = []
     for t in req.topics:
         parts = []
+        describable = broker.authorizer.allows(
+            ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name
+        )
         for p in t.partitions:
             code, offset, ts = ErrorCode.none, -1, -1
             part = broker.logs.get(t.name, p.partition_index)
-            if part is None:
+            if not describable:
+                code = ErrorCode.topic_authorization_failed
+            elif part is None:
                 code = ErrorCode.unknown_topic_or_partition
             else:
                 offset, ts = _offset_for(part, p.timestamp, committed_only)
@@ -344,10 +402,13 @@ async def delete_records(
     topics = []
     for t in req.topics:
         parts = []
+        deletable = broker.authorizer.allows(ctx, AclOperation.DELETE, ResourceType.TOPIC, t.name)
         for p in t.partitions:
             low_watermark, code = -1, ErrorCode.none
             part = broker.logs.get(t.name, p.partition_index)
             try:
+                if not deletable:
+                    raise KafkaError(ErrorCode.topic_authorization_failed)
                 if part is None:
                     raise KafkaError(ErrorCode.unknown_topic_or_partition)
                 low_watermark = await part.delete_records_before(p.offset)
@@ -382,11 +443,13 @@ def _fetch_once(
     errors = False
     by_topic: FetchedTopics = {}
     for w in wanted:
-        part = logs.get(w.name, w.partition) if w.name else None
+        part = logs.get(w.name, w.partition) if w.name and not w.denied else None
         if part is None:
             entry = m.PartitionData(
                 partition_index=i32(w.partition),
-                error_code=_unknown_topic_error(w.name),
+                error_code=ErrorCode.topic_authorization_failed
+                if w.denied
+                else _unknown_topic_error(w.name),
                 high_watermark=i64(-1),
                 last_stable_offset=i64(-1),
                 log_start_offset=i64(-1),
@@ -394,7 +457,7 @@ def _fetch_once(
                 preferred_read_replica=BrokerId(-1),
                 records=_NO_RECORDS,
             )
-            errors = True
+            errors = errors or not w.denied
         else:
             # KIP-74: the first partition returns at least one whole batch even past
             # max_bytes; later ones only what is left of the budget.
@@ -449,7 +512,7 @@ def _aborted_in(
 
 async def _wait_for_data(logs: LogManager, wanted: list[_Wanted], timeout_s: float) -> None:
     """Park until any fetched partition's high watermark or LSO moves, or the timeout."""
-    parts = [logs.get(w.name, w.partition) for w in wanted if w.name]
+    parts = [logs.get(w.name, w.partition) for w in wanted if w.name and not w.denied]
     await wait_for_any([part for part in parts if part is not None], timeout_s, clock=logs.clock)
 
 

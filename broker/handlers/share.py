@@ -4,13 +4,21 @@ ShareFetch and ShareAcknowledge are decoded into `broker.share.fetch`'s requests
 by its `ShareFetchService` (share sessions, acknowledgements, the delayed share fetch) and
 encoded here; nothing of their logic lives in this module. Every answer is a typed kio
 response entity of the newest version spool serves (`broker.handlers.responses`), which
-`protocol.api.at_version` converts to the request's version."""
+`protocol.api.at_version` converts to the request's version.
+
+Authorization as Kafka 4.2's KafkaApis: ShareGroupHeartbeat needs READ on the group and
+DESCRIBE on every subscribed topic (else TOPIC_AUTHORIZATION_FAILED for the request);
+ShareGroupDescribe DESCRIBE per group, and a group assigned a topic the principal may
+not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED; ListGroups lists every group with
+DESCRIBE on the cluster, else the groups it may DESCRIBE; ShareFetch and
+ShareAcknowledge READ on the group (the whole request) and READ on each topic (its
+partitions answered TOPIC_AUTHORIZATION_FAILED)."""
 
 from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
@@ -18,6 +26,7 @@ from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
 from broker.handlers import responses as resp
+from broker.handlers.access import GROUP_DENIED, Guarded, authorized_operations
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from broker.share.delayed_fetch import FetchEntry
@@ -28,6 +37,7 @@ from broker.share.fetch import (
 )
 from broker.share.manager import AckBatches, AckOutcome
 from broker.share.session import TopicIdPartition
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataStore
 from protocol.errors import ErrorCode, KafkaError
@@ -44,7 +54,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("spool.share")
 
 
-class ShareBroker(Protocol):
+class ShareBroker(Guarded, Protocol):
     """What the share-group handlers use of the broker."""
 
     @property
@@ -75,7 +85,16 @@ async def share_group_heartbeat(
     ctx: RequestContext, req: ShareGroupHeartbeatRequest, broker: ShareBroker
 ) -> resp.share_group_heartbeat_v1.ShareGroupHeartbeatResponse:
     m = resp.share_group_heartbeat_v1
+    az = broker.authorizer
     try:
+        if not az.allows(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id):
+            raise KafkaError(ErrorCode.group_authorization_failed, GROUP_DENIED)
+        # The subscription may name only topics the member may see.
+        subscribed = sorted(set(req.subscribed_topic_names or ()))
+        if len(
+            az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, subscribed, log_denied=True)
+        ) < len(subscribed):
+            raise KafkaError(ErrorCode.topic_authorization_failed)
         result = await broker.groups.heartbeat(
             req.group_id,
             req.member_id,
@@ -127,10 +146,13 @@ async def share_group_describe(
     ctx: RequestContext, req: ShareGroupDescribeRequest, broker: ShareBroker
 ) -> resp.share_group_describe_v1.ShareGroupDescribeResponse:
     m = resp.share_group_describe_v1
+    az = broker.authorizer
     names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
     groups = []
     for group_id in req.group_ids:
         try:
+            if not az.allows(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id):
+                raise KafkaError(ErrorCode.group_authorization_failed)
             d = broker.groups.describe(group_id)
         except KafkaError as exc:
             groups.append(
@@ -147,6 +169,29 @@ async def share_group_describe(
                 )
             )
             continue
+        assigned = sorted({names.get(tid, "") for member in d.members for tid in member.assignment})
+        if az.enabled and len(
+            az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, assigned, log_denied=True)
+        ) < len(assigned):
+            # Kafka answers the whole group so: its members would show the topics.
+            groups.append(
+                m.DescribedGroup(
+                    error_code=ErrorCode.topic_authorization_failed,
+                    error_message="The group has described topic(s) that the client is not "
+                    "authorized to describe.",
+                    group_id=group_id,
+                    group_state="",
+                    group_epoch=i32(0),
+                    assignment_epoch=i32(0),
+                    assignor_name="",
+                    members=(),
+                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                )
+            )
+            continue
+        operations = AUTHORIZED_OPERATIONS_OMITTED
+        if req.include_authorized_operations:
+            operations = i32(authorized_operations(az, ctx, ResourceType.GROUP, d.group_id))
         groups.append(
             m.DescribedGroup(
                 error_code=ErrorCode.none,
@@ -178,7 +223,7 @@ async def share_group_describe(
                     )
                     for member in d.members
                 ),
-                authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                authorized_operations=operations,
             )
         )
     return m.ShareGroupDescribeResponse(throttle_time=NO_THROTTLE, groups=tuple(groups))
@@ -193,9 +238,17 @@ async def list_groups(
     states = {s.lower() for s in states_filter or ()}
     types = {t.lower() for t in types_filter or ()}
     groups = []
+    az = broker.authorizer
+    # DESCRIBE on the cluster lists every group (Kafka keeps it for compatibility);
+    # otherwise the groups the principal may DESCRIBE. Denials are not logged.
+    every_group = az.allows(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, log_denied=False)
     if not types or SHARE_GROUP_TYPE in types:
         for g in broker.groups.list_groups():
             if states and g.state.lower() not in states:
+                continue
+            if not every_group and not az.allows(
+                ctx, AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id, log_denied=False
+            ):
                 continue
             groups.append(
                 m.ListedGroup(
@@ -236,9 +289,36 @@ def _by_topic(entries: Iterable[tuple[TopicIdPartition, T]]) -> list[tuple[uuid.
     return list(by_topic.items())
 
 
+def _readable(ctx: RequestContext, broker: ShareBroker) -> Callable[[uuid.UUID], bool]:
+    """Whether the requester may READ a topic, by id: decided once per topic and request
+    (one denial logged), an unknown id left to the UNKNOWN_TOPIC_ID answer."""
+    decided: dict[uuid.UUID, bool] = {}
+    topics = broker.metadata.state.topics_by_id
+
+    def readable(topic_id: uuid.UUID) -> bool:
+        if topic_id not in decided:
+            topic = topics.get(topic_id)
+            decided[topic_id] = topic is None or broker.authorizer.allows(
+                ctx, AclOperation.READ, ResourceType.TOPIC, topic.name
+            )
+        return decided[topic_id]
+
+    return readable
+
+
 async def share_fetch(
     ctx: RequestContext, req: ShareFetchRequest, broker: ShareBroker
 ) -> resp.share_fetch_v2.ShareFetchResponse:
+    m = resp.share_fetch_v2
+    if not broker.authorizer.allows(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id or ""):
+        return m.ShareFetchResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.group_authorization_failed,
+            error_message=GROUP_DENIED,
+            acquisition_lock_timeout=_ms(0),
+            responses=(),
+            node_endpoints=(),
+        )
     params = ShareFetchParams(
         group_id=req.group_id or "",
         member_id=req.member_id or "",
@@ -260,9 +340,9 @@ async def share_fetch(
         renew_only=getattr(req, "is_renew_ack", False),  # v2+ (KIP-1222)
         version=ctx.api_version,
         connection_id=str(ctx.connection_id),
+        readable=_readable(ctx, broker),
     )
     result = await broker.share_service.share_fetch(params)
-    m = resp.share_fetch_v2
     leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
 
     def partition(tp: TopicIdPartition, e: FetchEntry) -> resp.share_fetch_v2.PartitionData:
@@ -302,6 +382,16 @@ async def share_fetch(
 async def share_acknowledge(
     ctx: RequestContext, req: ShareAcknowledgeRequest, broker: ShareBroker
 ) -> resp.share_acknowledge_v2.ShareAcknowledgeResponse:
+    m = resp.share_acknowledge_v2
+    if not broker.authorizer.allows(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id or ""):
+        return m.ShareAcknowledgeResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.group_authorization_failed,
+            error_message=GROUP_DENIED,
+            acquisition_lock_timeout=_ms(0),
+            responses=(),
+            node_endpoints=(),
+        )
     params = ShareAcknowledgeParams(
         group_id=req.group_id or "",
         member_id=req.member_id or "",
@@ -310,9 +400,9 @@ async def share_acknowledge(
         acks=_acks(req),
         renew=getattr(req, "is_renew_ack", False),  # v2+
         version=ctx.api_version,
+        readable=_readable(ctx, broker),
     )
     result = await broker.share_service.share_acknowledge(params)
-    m = resp.share_acknowledge_v2
     leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
 
     def partition(

@@ -3,6 +3,10 @@ and ReadShareGroupStateSummary (api keys 83-87).
 
 Each is answered through the same `Persister` the in-process share-partition leader
 uses, so the wire and in-process paths cannot disagree.
+
+Only brokers and super users may call them: they need CLUSTER_ACTION on the cluster,
+and anyone else gets CLUSTER_AUTHORIZATION_FAILED on every partition named, as Kafka
+4.2's KafkaApis answers (`toGlobalErrorResponse`), before anything is read or written.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import structlog
 from kio.static.primitive import i8, i16, i32, i64
 
 from broker.handlers import responses as resp
+from broker.handlers.access import CLUSTER_DENIED, Guarded
 from broker.server import RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import (
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("spool.share_coordinator")
 
 
-class ShareStateBroker(Protocol):
+class ShareStateBroker(Guarded, Protocol):
     """What the share-state RPCs use of the broker: the share coordinator."""
 
     @property
@@ -69,8 +75,18 @@ async def _per_partition(
     topics: Sequence[tuple[uuid.UUID | None, Sequence[P]]],
     op: Callable[[Persister, ShareStateKey, P], Awaitable[R]],
     failed: Callable[[int, KafkaError], R],
+    ctx: RequestContext,
+    broker: ShareStateBroker,
 ) -> Results[R]:
-    """`op` on each partition: its result, or `failed`'s for the KafkaError it raised."""
+    """`op` on each partition: its result, or `failed`'s for the KafkaError it raised;
+    `failed`'s for CLUSTER_AUTHORIZATION_FAILED on every partition if the requester
+    may not call the share coordinator."""
+    if not broker.authorizer.allows(ctx, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
+        denied = KafkaError(ErrorCode.cluster_authorization_failed, CLUSTER_DENIED)
+        return [
+            (topic_id, [failed(p.partition, denied) for p in partitions])
+            for topic_id, partitions in topics
+        ]
     # Kafka's ShareCoordinatorService answers an empty response (no results at all)
     # when the group id is empty, or when the request names no topic or a topic with
     # no partitions.
@@ -108,7 +124,7 @@ async def initialize_share_group_state(
     m = resp.initialize_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
     results = await _per_partition(
-        broker.share_persister, req.group_id, topics, _initialize, _initialize_failed
+        broker.share_persister, req.group_id, topics, _initialize, _initialize_failed, ctx, broker
     )
     return m.InitializeShareGroupStateResponse(
         results=tuple(
@@ -141,7 +157,7 @@ async def read_share_group_state(
     m = resp.read_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
     results = await _per_partition(
-        broker.share_persister, req.group_id, topics, _read, _read_failed
+        broker.share_persister, req.group_id, topics, _read, _read_failed, ctx, broker
     )
     return m.ReadShareGroupStateResponse(
         results=tuple(
@@ -208,7 +224,9 @@ async def write_share_group_state(
             partition=i32(partition), error_code=exc.code, error_message=exc.message
         )
 
-    results = await _per_partition(broker.share_persister, req.group_id, topics, collect, failed)
+    results = await _per_partition(
+        broker.share_persister, req.group_id, topics, collect, failed, ctx, broker
+    )
     if writes:
         outcomes = await write_states(broker.share_persister, writes)
         for (_, partitions), (_, parts) in zip(topics, results, strict=True):
@@ -250,7 +268,7 @@ async def delete_share_group_state(
     m = resp.delete_share_group_state_v0
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
     results = await _per_partition(
-        broker.share_persister, req.group_id, topics, _delete, _delete_failed
+        broker.share_persister, req.group_id, topics, _delete, _delete_failed, ctx, broker
     )
     return m.DeleteShareGroupStateResponse(
         results=tuple(
@@ -283,7 +301,13 @@ async def read_share_group_state_summary(
     m = resp.read_share_group_state_summary_v1
     topics = [(t.topic_id, [p for p in t.partitions]) for t in req.topics]
     results = await _per_partition(
-        broker.share_persister, req.group_id, topics, _read_summary, _read_summary_failed
+        broker.share_persister,
+        req.group_id,
+        topics,
+        _read_summary,
+        _read_summary_failed,
+        ctx,
+        broker,
     )
     return m.ReadShareGroupStateSummaryResponse(
         results=tuple(

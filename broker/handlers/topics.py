@@ -1,4 +1,11 @@
-"""CreateTopics, DeleteTopics, CreatePartitions, and auto-creation."""
+"""CreateTopics, DeleteTopics, CreatePartitions, and auto-creation.
+
+Authorization as Kafka 4.2's ControllerApis (a KRaft broker forwards these to its
+controller, which checks them): CreateTopics needs CREATE on the cluster or the topic,
+and returns a created topic's configs only with DESCRIBE_CONFIGS on it; DeleteTopics
+needs DELETE on the cluster or the topic, and a topic the principal may not DESCRIBE
+is TOPIC_AUTHORIZATION_FAILED whether it exists or not; CreatePartitions needs ALTER
+on the topic. The checks run in the request's metadata turn, beside the others."""
 
 from __future__ import annotations
 
@@ -13,9 +20,11 @@ from kio.static.primitive import i8, i16, i32
 
 from broker.config import TOPIC_KEYS, BrokerConfig, format_value, parse_value
 from broker.handlers import responses as resp
+from broker.handlers.access import Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.partitions import LogManager
 from broker.server import RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import MetadataStore, Record, Topic, validate_topic_name
 from protocol.errors import ErrorCode, KafkaError
 
@@ -46,7 +55,7 @@ class TopicStores(Protocol):
     def topic_changed_hooks(self) -> list[Callable[[str], None]]: ...
 
 
-class TopicsBroker(TopicStores, Protocol):
+class TopicsBroker(TopicStores, Guarded, Protocol):
     """What the topic handlers use of the broker."""
 
     @property
@@ -182,16 +191,20 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
     return outcome
 
 
-def _check_new_topic(broker: TopicsBroker, t: Any, seen: set[str]) -> tuple[int, dict[str, str]]:
-    """The checks of a CreateTopics entry, in Kafka's order (the name, whether it
-    exists, then the rest): (partitions, configs). Inside the operation: the existence
-    check is made in the turn that writes the topic."""
+def _check_new_topic(
+    broker: TopicsBroker, t: Any, seen: set[str], creatable: Callable[[str], bool]
+) -> tuple[int, dict[str, str]]:
+    """The checks of a CreateTopics entry, in Kafka's order (duplicates, authorization,
+    the name, whether it exists, then the rest): (partitions, configs). Inside the
+    operation: the existence check is made in the turn that writes the topic."""
     if t.name in seen:
         raise KafkaError(
             ErrorCode.invalid_request,
             f"Topic {t.name} appears more than once in the request",
         )
     seen.add(t.name)
+    if not creatable(t.name):
+        raise KafkaError(ErrorCode.topic_authorization_failed, "Authorization failed.")
     validate_topic_name(t.name)
     broker.metadata.state.check_topic_absent(t.name)
     assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments]
@@ -224,6 +237,11 @@ async def create_topics(
     created: set[int] = set()
     failed: list[Topic] = []
     outcomes: list[Outcome] = []
+    az = broker.authorizer
+    any_topic = az.allows(ctx, AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False)
+
+    def creatable(name: str) -> bool:
+        return any_topic or az.allows(ctx, AclOperation.CREATE, ResourceType.TOPIC, name)
 
     def op() -> tuple[list[Record], list[Outcome]]:
         records: list[Record] = []
@@ -231,7 +249,7 @@ async def create_topics(
         pending = 0
         for t in req.topics:
             try:
-                partitions, configs = _check_new_topic(broker, t, seen)
+                partitions, configs = _check_new_topic(broker, t, seen, creatable)
                 topic, record = _new_topic(broker, t.name, partitions, configs, pending)
             except KafkaError as exc:
                 outcomes.append(exc)
@@ -267,6 +285,23 @@ async def create_topics(
                     num_partitions=i32(-1),
                     replication_factor=i16(-1),
                     configs=(),
+                )
+            )
+            continue
+        if not az.allows(
+            ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, t, log_denied=False
+        ):
+            # Created, but its configs and layout are not the principal's to see.
+            results.append(
+                m.CreatableTopicResult(
+                    name=t,
+                    topic_id=None if req.validate_only else outcome.topic_id,
+                    error_code=ErrorCode.none,
+                    error_message=None,
+                    num_partitions=i32(-1),
+                    replication_factor=i16(-1),
+                    configs=(),
+                    topic_config_error_code=i16(ErrorCode.topic_authorization_failed),
                 )
             )
             continue
@@ -317,6 +352,14 @@ async def delete_topics(
         wanted = [(name, None) for name in req.topic_names]
     state = broker.metadata.state
     outcomes: list[Outcome] = []
+    az = broker.authorizer
+    any_topic = az.allows(ctx, AclOperation.DELETE, ResourceType.CLUSTER, log_denied=False)
+
+    def describable(name: str) -> bool:
+        return any_topic or az.allows(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, name)
+
+    def deletable(name: str) -> bool:
+        return any_topic or az.allows(ctx, AclOperation.DELETE, ResourceType.TOPIC, name)
 
     def op() -> tuple[list[Record], list[Outcome]]:
         records: list[Record] = []
@@ -328,7 +371,16 @@ async def delete_topics(
                         ErrorCode.topic_deletion_disabled,
                         "Topic deletion is disabled (delete.topic.enable=false)",
                     )
+                if name is not None and not describable(name):
+                    # Whether it exists is not disclosed.
+                    raise KafkaError(ErrorCode.topic_authorization_failed)
                 topic = state.find_topic(name, topic_id)
+                if not deletable(topic.name):
+                    # By id, the name is told only to whom may describe the topic.
+                    denied = KafkaError(ErrorCode.topic_authorization_failed)
+                    if name is None and describable(topic.name):
+                        denied = _Named(topic.name, denied)
+                    raise denied
                 if topic.topic_id in deleted:
                     # Kafka's ControllerApis.deleteTopics refuses a topic named twice.
                     raise KafkaError(
@@ -353,6 +405,8 @@ async def delete_topics(
     m = resp.delete_topics_v6
     responses = []
     for (name, topic_id), outcome in zip(wanted, outcomes, strict=True):
+        if isinstance(outcome, _Named):
+            name = outcome.name
         if isinstance(outcome, KafkaError):
             code, message = outcome.code, outcome.message
         else:
@@ -367,6 +421,14 @@ async def delete_topics(
             )
         )
     return m.DeleteTopicsResponse(throttle_time=NO_THROTTLE, responses=tuple(responses))
+
+
+class _Named(KafkaError):
+    """A DeleteTopics refusal by id that may name the topic in its answer."""
+
+    def __init__(self, name: str, exc: KafkaError) -> None:
+        super().__init__(exc.code, exc.message)
+        self.name = name
 
 
 def _remove_deleted(broker: TopicsBroker, outcomes: list[Outcome]) -> None:
@@ -409,6 +471,7 @@ async def create_partitions(
     names = [t.name for t in req.topics]
     duplicates = {name for name, n in Counter(names).items() if n > 1}
     outcomes: list[Growth] = []
+    az = broker.authorizer
 
     def op() -> tuple[list[Record], list[Growth]]:
         records: list[Record] = []
@@ -418,6 +481,8 @@ async def create_partitions(
                 if t.name in duplicates:
                     # Kafka's ControllerApis.createPartitions.
                     raise KafkaError(ErrorCode.invalid_request, "Duplicate topic name.")
+                if not az.allows(ctx, AclOperation.ALTER, ResourceType.TOPIC, t.name):
+                    raise KafkaError(ErrorCode.topic_authorization_failed)
                 assignments = None if t.assignments is None else len(t.assignments)
                 topic, grown, record = state.grow_topic_record(t.name, t.count, assignments)
                 _check_partitions(t.count)

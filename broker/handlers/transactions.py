@@ -13,6 +13,12 @@ no such log here), and TxnOffsetCommit answers as Kafka's group coordinator does
 group it does not know: ILLEGAL_GENERATION for a member of a generation; for a simple
 group (generation -1), which Kafka would create and store offsets for, spool has no
 offset store and answers GROUP_ID_NOT_FOUND.
+
+Authorization as Kafka 4.2's KafkaApis: each request needs WRITE on its transactional
+id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); AddPartitionsToTxn up to v3 WRITE on each
+topic (a denied topic fails the transaction's request, the other partitions are
+OPERATION_NOT_ATTEMPTED), v4+ CLUSTER_ACTION (only brokers send it); AddOffsetsToTxn
+and TxnOffsetCommit READ on the group, TxnOffsetCommit READ on each topic.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.static.primitive import i16, i32
 
 from broker.handlers import responses as resp
+from broker.handlers.access import Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
+from coordinator.acls import AclOperation, ResourceType
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.transactions import (
     OFFSETS_TOPIC,
@@ -59,7 +67,7 @@ log = structlog.get_logger("spool.transactions")
 MARKER_TIMEOUT_S = 30.0
 
 
-class TxnBroker(Protocol):
+class TxnBroker(Guarded, Protocol):
     """What the transaction handlers use of the broker."""
 
     @property
@@ -161,17 +169,33 @@ async def _add_one(
     verify_only: bool,
     version: int,
     client: str,
+    ctx: RequestContext | None = None,
 ) -> dict[TopicPartition, ErrorCode]:
     """One transaction's partitions: their error codes (Kafka's
-    handleAddPartitionsToTxnRequest for one transaction)."""
+    handleAddPartitionsToTxnRequest for one transaction). With `ctx` (a client's
+    request, v3 and before) the transactional id and the topics are authorized."""
     wanted = [(t.name, int(p)) for t in topics for p in t.partitions]
+    denied: set[str] = set()
+    if ctx is not None:
+        az = broker.authorizer
+        if not az.allows(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+            return dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
+        names = sorted({name for name, _ in wanted})
+        denied = set(names) - set(
+            az.filter(ctx, AclOperation.WRITE, ResourceType.TOPIC, names, log_denied=True)
+        )
     unknown = {
-        tp for tp in wanted if broker.logs.get(tp[0], tp[1]) is None and tp[0] != OFFSETS_TOPIC
+        tp
+        for tp in wanted
+        if tp[0] not in denied and broker.logs.get(tp[0], tp[1]) is None and tp[0] != OFFSETS_TOPIC
     }
-    if unknown:
-        # Any unknown partition fails the whole request; the others were not attempted.
+    if unknown or denied:
+        # Any denied or unknown partition fails the whole request; the others were not
+        # attempted.
         return {
-            tp: ErrorCode.unknown_topic_or_partition
+            tp: ErrorCode.topic_authorization_failed
+            if tp[0] in denied
+            else ErrorCode.unknown_topic_or_partition
             if tp in unknown
             else ErrorCode.operation_not_attempted
             for tp in wanted
@@ -209,6 +233,7 @@ async def add_partitions_to_txn(
             verify_only=False,
             version=ctx.api_version,
             client=client,
+            ctx=ctx,
         )
         v3 = resp.add_partitions_to_txn_v3
         return v3.AddPartitionsToTxnResponse(
@@ -219,6 +244,14 @@ async def add_partitions_to_txn(
             ),
         )
     transactions: list[Any] = list(req.transactions)  # v4 or v5 entries, same fields
+    m = resp.add_partitions_to_txn_v5
+    if not broker.authorizer.allows(ctx, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
+        # Brokers send the batched form: anyone else fails as a whole.
+        return m.AddPartitionsToTxnResponse(
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            results_by_transaction=(),
+        )
     results = await asyncio.gather(
         *(
             _add_one(
@@ -234,7 +267,6 @@ async def add_partitions_to_txn(
             for t in transactions
         )
     )
-    m = resp.add_partitions_to_txn_v5
     return m.AddPartitionsToTxnResponse(
         throttle_time=NO_THROTTLE,
         error_code=ErrorCode.none,
@@ -256,10 +288,18 @@ async def add_offsets_to_txn(
 ) -> resp.add_offsets_to_txn_v4.AddOffsetsToTxnResponse:
     partition = (OFFSETS_TOPIC, offsets_partition(req.group_id))
     code = ErrorCode.none
+    az = broker.authorizer
     try:
-        await broker.transactions.add_partitions(
-            req.transactional_id, req.producer_id, req.producer_epoch, [partition]
-        )
+        if not az.allows(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            code = ErrorCode.transactional_id_authorization_failed
+        elif not az.allows(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id):
+            code = ErrorCode.group_authorization_failed
+        else:
+            await broker.transactions.add_partitions(
+                req.transactional_id, req.producer_id, req.producer_epoch, [partition]
+            )
     except KafkaError as exc:
         _log_refused("AddOffsetsToTxn", req.transactional_id, exc, ctx.header.client_id or "")
         code = _code(exc, ctx.api_version, 2)
@@ -272,6 +312,29 @@ async def txn_offset_commit(
     ctx: RequestContext, req: TxnOffsetCommitRequest, broker: TxnBroker
 ) -> resp.txn_offset_commit_v5.TxnOffsetCommitResponse:
     m = resp.txn_offset_commit_v5
+    az = broker.authorizer
+    denied = None
+    if not az.allows(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id):
+        denied = ErrorCode.transactional_id_authorization_failed
+    elif not az.allows(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id):
+        denied = ErrorCode.group_authorization_failed
+    if denied is not None:
+        # Kafka fails every partition of the request with it.
+        return m.TxnOffsetCommitResponse(
+            throttle_time=NO_THROTTLE,
+            topics=tuple(
+                m.TxnOffsetCommitResponseTopic(
+                    name=t.name,
+                    partitions=tuple(
+                        m.TxnOffsetCommitResponsePartition(
+                            partition_index=p.partition_index, error_code=denied
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in req.topics
+            ),
+        )
     generation: int = getattr(req, "generation_id", -1)  # v3+
     # See the module docstring: no group is known here.
     code = ErrorCode.illegal_generation if generation >= 0 else ErrorCode.group_id_not_found
@@ -286,10 +349,13 @@ async def txn_offset_commit(
     topics = []
     for t in req.topics:
         known = broker.metadata.state.topics.get(t.name)
+        readable = az.allows(ctx, AclOperation.READ, ResourceType.TOPIC, t.name)
         parts = tuple(
             m.TxnOffsetCommitResponsePartition(
                 partition_index=p.partition_index,
-                error_code=code
+                error_code=ErrorCode.topic_authorization_failed
+                if not readable
+                else code
                 if known is not None and 0 <= p.partition_index < known.partitions
                 else ErrorCode.unknown_topic_or_partition,
             )
@@ -307,9 +373,14 @@ async def end_txn(
 ) -> resp.end_txn_v4.EndTxnResponse:
     code = ErrorCode.none
     try:
-        await broker.transactions.end_txn(
-            req.transactional_id, req.producer_id, req.producer_epoch, req.committed
-        )
+        if not broker.authorizer.allows(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            code = ErrorCode.transactional_id_authorization_failed
+        else:
+            await broker.transactions.end_txn(
+                req.transactional_id, req.producer_id, req.producer_epoch, req.committed
+            )
     except KafkaError as exc:
         _log_refused("EndTxn", req.transactional_id, exc, ctx.header.client_id or "")
         code = _code(exc, ctx.api_version, 2)

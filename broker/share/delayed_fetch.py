@@ -63,6 +63,7 @@ class DelayedShareFetch:
         max_bytes: int,
         mode: ShareAcquireMode,
         entries: dict[TopicIdPartition, FetchEntry],
+        readable: Callable[[uuid.UUID], bool] = lambda _: True,
     ) -> None:
         self.service = service
         self.session = session
@@ -72,6 +73,9 @@ class DelayedShareFetch:
         self.max_bytes = max_bytes
         self.mode = mode
         self.entries = entries
+        # A partition of a topic the requester may not READ is answered
+        # TOPIC_AUTHORIZATION_FAILED, and the fetch waits for the others.
+        self.readable = readable
 
     async def run(
         self,
@@ -119,6 +123,7 @@ class DelayedShareFetch:
         start = service.rotation % max(len(partitions), 1)
         service.rotation += 1
         keys = []
+        denied = False
         for tid, p in partitions[start:] + partitions[:start]:
             if not service.topic_known(tid):
                 entry = self.entries.setdefault((tid, p), FetchEntry())
@@ -126,7 +131,16 @@ class DelayedShareFetch:
                 entry.error_message = f"Topic id {tid} does not exist"
                 got_any = True
                 continue
+            if not self.readable(tid):
+                entry = self.entries.setdefault((tid, p), FetchEntry())
+                entry.error_code = ErrorCode.topic_authorization_failed
+                entry.error_message = "Topic authorization failed."
+                denied = True
+                continue
             keys.append(ShareStateKey(group_id, tid, p))
+        # Nothing readable to wait for: answer now (Kafka answers at once when no
+        # partition is left to fetch).
+        got_any |= denied and not keys
         # Every partition's acknowledgements and acquisitions: one share-state write.
         acked, fetched_all = await service.manager.acknowledge_and_acquire(
             acks or {},

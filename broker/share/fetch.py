@@ -38,6 +38,10 @@ RENEW_ACK = 4  # AcknowledgeType Renew (KIP-1222, ShareFetch/ShareAcknowledge v2
 DEFAULT_MAX_RECORDS = 500
 
 
+def _readable(topic_id: uuid.UUID) -> bool:
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class ShareFetchParams:
     """A ShareFetch as decoded from the wire."""
@@ -58,6 +62,9 @@ class ShareFetchParams:
     renew_only: bool = False  # v2+ IsRenewAck (KIP-1222)
     version: int = 1
     connection_id: str | None = None
+    # May the requester READ the topic? A partition of a topic it may not is answered
+    # TOPIC_AUTHORIZATION_FAILED (fetch and acknowledgement alike), as Kafka 4.2 does.
+    readable: Callable[[uuid.UUID], bool] = _readable
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,7 @@ class ShareAcknowledgeParams:
     acks: dict[TopicIdPartition, AckBatches]
     renew: bool = False  # v2+ IsRenewAck
     version: int = 1
+    readable: Callable[[uuid.UUID], bool] = _readable
 
 
 @dataclass(slots=True)
@@ -207,7 +215,7 @@ class ShareFetchService:
             _refused(result, "share_fetch_refused", group_id, member_id, req.epoch, exc)
             return result
         ack_results, acks = self._acknowledgements(
-            group_id, req.acks, req.version, is_renew_ack=req.renew_only
+            group_id, req.acks, req.version, is_renew_ack=req.renew_only, readable=req.readable
         )
         entries = result.partitions
 
@@ -240,6 +248,7 @@ class ShareFetchService:
             max_bytes=req.max_bytes,
             mode=mode,
             entries=entries,
+            readable=req.readable,
         )
         # The first round applies the acknowledgements as well: they and the acquisitions
         # are made durable by one share-state write (one fsync), since a ShareFetch
@@ -306,7 +315,7 @@ class ShareFetchService:
         # Every partition's acknowledgements, made durable by one share-state write; each
         # partition gets its own result.
         results, valid = self._acknowledgements(
-            group_id, req.acks, req.version, is_renew_ack=req.renew
+            group_id, req.acks, req.version, is_renew_ack=req.renew, readable=req.readable
         )
         if valid:
             self._ack_outcomes(results, await self.manager.acknowledge_many(valid, member_id))
@@ -348,9 +357,11 @@ class ShareFetchService:
         version: int,
         *,
         is_renew_ack: bool,
+        readable: Callable[[uuid.UUID], bool] = _readable,
     ) -> tuple[dict[TopicIdPartition, AckOutcome], dict[ShareStateKey, AckBatches]]:
         """The request's acknowledgements: the results of those refused before reaching a
-        share partition (unknown topic, malformed batches), and the rest, per partition."""
+        share partition (unknown topic, no READ on it, malformed batches), and the rest,
+        per partition."""
         results: dict[TopicIdPartition, AckOutcome] = {}
         valid: dict[ShareStateKey, AckBatches] = {}
         for (topic_id, partition), batches in acks.items():
@@ -358,6 +369,12 @@ class ShareFetchService:
                 results[(topic_id, partition)] = (
                     ErrorCode.unknown_topic_id,
                     f"Topic id {topic_id} does not exist",
+                )
+                continue
+            if not readable(topic_id):
+                results[(topic_id, partition)] = (
+                    ErrorCode.topic_authorization_failed,
+                    "Topic authorization failed.",
                 )
                 continue
             invalid = acknowledgement_batches_error(

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from broker.authorizer import NO_AUTHORIZER, Authorizer
 from broker.broker import compaction_loop, retention_loop
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import fetch, produce
@@ -55,6 +56,7 @@ class Setup:
     logs: LogManager
     metadata: Any
     transactions: TransactionCoordinator
+    authorizer: Authorizer = NO_AUTHORIZER
 
     @property
     def part(self) -> Partition:

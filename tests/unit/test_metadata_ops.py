@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from broker.authorizer import NO_AUTHORIZER
 from broker.config import TOPIC_KEYS, BrokerConfig
 from broker.handlers.configs import TOPIC as TOPIC_RESOURCE
 from broker.handlers.configs import incremental_alter_configs
@@ -94,6 +95,7 @@ def open_broker(tmp_path: Path, commit: GroupCommit) -> Callable[[], Broker]:
             logs=Logs(),
             topic_changed_hooks=[],
             topic_deleted_hooks=[],
+            authorizer=NO_AUTHORIZER,
         )
 
     return make

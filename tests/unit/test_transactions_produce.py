@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from broker.authorizer import NO_AUTHORIZER, Authorizer
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import produce
 from broker.partitions import LogManager, Partition
@@ -34,6 +35,7 @@ class Setup:
     logs: LogManager
     transactions: TransactionCoordinator
     metadata: Any
+    authorizer: Authorizer = NO_AUTHORIZER
 
     def part(self, index: int) -> Partition:
         part = self.logs.get(TOPIC, index)

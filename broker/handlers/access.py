@@ -1,0 +1,81 @@
+"""What the handlers share for authorization: the broker's `authorizer` in a Protocol
+every handler module's broker Protocol includes, and KIP-430's authorized-operations
+bit field.
+
+The checks themselves are in the handlers, at the granularity Kafka 4.2's KafkaApis
+(and ControllerApis, for the requests a KRaft broker forwards to its controller) makes
+them: per partition, topic, group, resource or the whole request. With no authorizer
+configured every check allows (`broker.authorizer`), so nothing changes then.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from broker.authorizer import Authorizer, Requester
+from coordinator.acls import CLUSTER_NAME, AclOperation, ResourceType
+
+# Kafka's AclEntry.supportedOperations: what an authorized-operations field reports on.
+SUPPORTED_OPERATIONS: dict[ResourceType, tuple[AclOperation, ...]] = {
+    ResourceType.TOPIC: (
+        AclOperation.READ,
+        AclOperation.WRITE,
+        AclOperation.CREATE,
+        AclOperation.DESCRIBE,
+        AclOperation.DELETE,
+        AclOperation.ALTER,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
+    ),
+    ResourceType.GROUP: (
+        AclOperation.READ,
+        AclOperation.DESCRIBE,
+        AclOperation.DELETE,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
+    ),
+    ResourceType.CLUSTER: (
+        AclOperation.CREATE,
+        AclOperation.CLUSTER_ACTION,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
+        AclOperation.IDEMPOTENT_WRITE,
+        AclOperation.ALTER,
+        AclOperation.DESCRIBE,
+    ),
+    ResourceType.TRANSACTIONAL_ID: (
+        AclOperation.DESCRIBE,
+        AclOperation.WRITE,
+        AclOperation.TWO_PHASE_COMMIT,
+    ),
+}
+
+
+class Guarded(Protocol):
+    """The broker's authorizer, which every handler module's broker Protocol includes."""
+
+    @property
+    def authorizer(self) -> Authorizer: ...
+
+
+def authorized_operations(
+    authorizer: Authorizer,
+    ctx: Requester,
+    resource_type: ResourceType,
+    name: str = CLUSTER_NAME,
+) -> int:
+    """KIP-430: the operations the principal may do on the resource, one bit per
+    operation code (Kafka's AuthHelper.authorizedOperations; denials not logged)."""
+    bits = 0
+    for op in SUPPORTED_OPERATIONS[resource_type]:
+        if authorizer.allows(ctx, op, resource_type, name, log_denied=False):
+            bits |= 1 << op
+    return bits
+
+
+# Kafka's default messages for its *_AUTHORIZATION_FAILED errors (Errors.message()),
+# which it sends where a response has a message field and nothing more specific.
+TOPIC_DENIED = "Topic authorization failed."
+GROUP_DENIED = "Group authorization failed."
+CLUSTER_DENIED = "Cluster authorization failed."
+TRANSACTIONAL_ID_DENIED = "Transactional Id authorization failed."
