@@ -64,6 +64,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.configs",
     "broker.tools.acls",
     "broker.tools.users",
+    "broker.tools.storage",
     "persister.spark.audit",
     "persister.spark.compact",
 )

@@ -1,7 +1,8 @@
 """SASL/SCRAM-SHA-256 and SCRAM-SHA-512 (KIP-84) with credentials managed by KIP-554
-(`spool users`, `spool configs --entity-type users`), and KIP-368 re-authentication,
-with real confluent-kafka clients configured as Kafka users configure them
-(security.protocol=SASL_PLAINTEXT, sasl.mechanism, sasl.username, sasl.password).
+(`spool users`, `spool configs --entity-type users`, `spool format --add-scram`), and
+KIP-368 re-authentication, with real confluent-kafka clients configured as Kafka users
+configure them (security.protocol=SASL_PLAINTEXT, sasl.mechanism, sasl.username,
+sasl.password).
 
 Each broker has a PLAINTEXT listener (the admin tools create credentials there, as an
 operator does on an internal listener before clients connect) and a SASL_PLAINTEXT one
@@ -10,6 +11,8 @@ with only the SCRAM mechanisms enabled.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -23,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cli_helpers import ok, spool
 from tests.integration.conftest import (
+    REPO_ROOT,
     Broker,
     consume_assigned,
     create_topic,
@@ -273,5 +277,32 @@ def test_clients_reauthenticate_and_keep_working(tmp_path: Path) -> None:
         assert broker.metric("spool_connections_closed_total", reason="sasl_session_expired") == 0
         received = consume_assigned(broker, topic, [0], sent[0], **client)
         assert len(received) == sent[0]
+    finally:
+        broker.kill9()
+
+
+def test_format_add_scram_before_the_first_start(tmp_path: Path) -> None:
+    """kafka-storage.sh format --add-scram's way: the credential exists before any
+    client connects, with no listener open to create it on."""
+    broker = ScramBroker(tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "broker", "format", "--data-dir", str(broker.data_dir),
+            "--add-scram", "SCRAM-SHA-512=[name=frank,password=frank-secret]",
+            "--add-scram", "SCRAM-SHA-256=[name=frank,iterations=8192,password=frank-secret]",
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "frank-secret" not in proc.stdout + proc.stderr
+    broker.start()
+    try:
+        for mechanism in SCRAM:
+            client = scram_config(broker, "frank", "frank-secret", mechanism)
+            produce_and_consume(broker, f"formatted-{mechanism.lower()}", client)
+        assert "invalid credentials" in refused(broker, scram_config(broker, "frank", "nope"))
+        described = ok(broker, "users", "--describe", "--entity-name", "frank")
+        assert "SCRAM-SHA-256=iterations=8192, SCRAM-SHA-512=iterations=4096" in described
+        assert not broker_logged(broker, "frank-secret")
     finally:
         broker.kill9()
