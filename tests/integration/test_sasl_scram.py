@@ -11,6 +11,8 @@ with only the SCRAM mechanisms enabled.
 
 from __future__ import annotations
 
+import datetime
+import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scramp
 from confluent_kafka import KafkaError, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.errors import ErrorCode
 from tests.integration.cli_helpers import ok, spool
 from tests.integration.conftest import (
     REPO_ROOT,
@@ -34,6 +38,8 @@ from tests.integration.conftest import (
     producer_config,
 )
 from tests.integration.share_helpers import log_lines
+from tests.integration.test_sasl_plain import _frame, _read_response
+from tests.integration.tls_helpers import closed_without_answer
 
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -306,3 +312,121 @@ def test_format_add_scram_before_the_first_start(tmp_path: Path) -> None:
         assert not broker_logged(broker, "frank-secret")
     finally:
         broker.kill9()
+
+
+# -- the exchange on the wire ----------------------------------------------------------------
+
+
+class Wire:
+    """A raw client connection: Kafka request frames, answers decoded."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.correlation = 0
+
+    def ask(self, api_key: int, version: int, data: dict[str, Any]) -> Any:
+        self.correlation += 1
+        self.sock.sendall(_frame(api_key, version, self.correlation, data))
+        return _read_response(self.sock, api_key, version)
+
+    def scram(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Any:
+        """SaslHandshake v1 + two SaslAuthenticate v2: the last answer."""
+        assert self.ask(17, 1, {"mechanism": mechanism}).error_code == ErrorCode.none
+        client = scramp.ScramClient([mechanism], user, password)
+        first = self.ask(36, 2, {"auth_bytes": client.get_client_first().encode()})
+        if first.error_code != ErrorCode.none:
+            return first
+        assert first.session_lifetime == datetime.timedelta(0)  # not complete yet
+        client.set_server_first(first.auth_bytes.decode())
+        final = self.ask(36, 2, {"auth_bytes": client.get_client_final().encode()})
+        if final.error_code == ErrorCode.none:
+            client.set_server_final(final.auth_bytes.decode())
+        return final
+
+    def metadata_ok(self) -> bool:
+        return bool(self.ask(3, 4, {"topics": None, "allow_auto_topic_creation": False}).brokers)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_malformed_scram_messages_close_only_that_connection(scram_broker: ScramBroker) -> None:
+    add_user(scram_broker, "gina", "SCRAM-SHA-256=[password=gina-secret]")
+    for token in (b"garbage", b"n,,n=gina", b"\xff\xfe", b"n,,n=gina,r=x,m=ext"):
+        wire = Wire(scram_broker.sasl_port)
+        try:
+            assert wire.ask(17, 1, {"mechanism": "SCRAM-SHA-256"}).error_code == ErrorCode.none
+            answer = wire.ask(36, 2, {"auth_bytes": token})
+            assert answer.error_code == ErrorCode.sasl_authentication_failed
+            assert answer.error_message == (
+                "Authentication failed during authentication due to invalid credentials with "
+                "SASL mechanism SCRAM-SHA-256"
+            )
+            assert closed_without_answer(wire.sock)
+        finally:
+            wire.close()
+    wire = Wire(scram_broker.sasl_port)
+    try:
+        answer = wire.scram("gina", "gina-secret")
+        assert answer.error_code == ErrorCode.none and answer.auth_bytes.startswith(b"v=")
+        assert answer.session_lifetime == datetime.timedelta(0)  # no connections.max.reauth.ms
+        assert wire.metadata_ok()
+    finally:
+        wire.close()
+
+
+def test_sessions_expire_and_reauthenticate_on_the_wire(tmp_path: Path) -> None:
+    broker = ScramBroker(tmp_path, **{"connections.max.reauth.ms": "1500"})
+    broker.start()
+    try:
+        add_user(broker, "hana", "SCRAM-SHA-512=[password=hana-secret]")
+        add_user(broker, "ivan", "SCRAM-SHA-512=[password=ivan-secret]")
+        # Re-authenticating keeps the connection: the same user, a new session.
+        wire = Wire(broker.sasl_port)
+        try:
+            answer = wire.scram("hana", "hana-secret", "SCRAM-SHA-512")
+            assert answer.session_lifetime == datetime.timedelta(milliseconds=1500)
+            time.sleep(1.1)  # the broker refuses re-authentication within a second
+            answer = wire.scram("hana", "hana-secret", "SCRAM-SHA-512")
+            assert answer.error_code == ErrorCode.none
+            assert answer.session_lifetime == datetime.timedelta(milliseconds=1500)
+            assert wire.metadata_ok()
+        finally:
+            wire.close()
+        # Re-authenticating as someone else closes the connection.
+        wire = Wire(broker.sasl_port)
+        try:
+            wire.scram("hana", "hana-secret", "SCRAM-SHA-512")
+            time.sleep(1.1)
+            answer = wire.scram("ivan", "ivan-secret", "SCRAM-SHA-512")
+            assert answer.error_code == ErrorCode.sasl_authentication_failed
+            assert answer.error_message == (
+                "Cannot change principals during re-authentication from User.hana: User.ivan"
+            )
+            assert closed_without_answer(wire.sock)
+        finally:
+            wire.close()
+        # A session left to expire: the next request closes the connection.
+        wire = Wire(broker.sasl_port)
+        try:
+            wire.scram("hana", "hana-secret", "SCRAM-SHA-512")
+            assert wire.metadata_ok()
+            wait_for(lambda: not _still_served(wire), "the expired session to close", timeout=10)
+        finally:
+            wire.close()
+        expired = broker.metric("spool_connections_closed_total", reason="sasl_session_expired")
+        assert expired == 1
+        assert log_lines(broker, "sasl_session_expired", "User:hana")
+        assert (
+            broker.metric("kafka_server_socket_server_metrics_successful_reauthentication_total")
+            == 1
+        )
+    finally:
+        broker.kill9()
+
+
+def _still_served(wire: Wire) -> bool:
+    try:
+        return wire.metadata_ok()
+    except (AssertionError, OSError):
+        return False
