@@ -15,6 +15,8 @@ import os
 
 import pytest
 import scramp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker import sasl
 from broker.config import BrokerConfig
@@ -35,12 +37,15 @@ def store(iterations: int = 4096) -> dict[tuple[str, str], ScramCredential]:
     }
 
 
+_STORE = store()
+
+
 def authenticator(
     creds: dict[tuple[str, str], ScramCredential] | None = None,
     reauth_ms: int = 0,
     mechanisms: tuple[str, ...] = (*sasl.SCRAM, "PLAIN"),
 ) -> sasl.SaslAuthenticator:
-    found = store() if creds is None else creds
+    found = _STORE if creds is None else creds
     settings = sasl.SaslSettings(
         "SASL_PLAINTEXT", mechanisms, {"carol": "carol-secret"}, reauth_ms=reauth_ms
     )
@@ -337,3 +342,68 @@ def test_credential_derivation_matches_scramp() -> None:
         assert (ours.stored_key, ours.server_key) == (stored, server)
         assert len(salted_password(mech, "x", salt, 4096)) in (32, 64)
         assert "hidden" in repr(ours) and repr(salt) not in repr(ours)
+
+
+# -- fuzzing the exchange ------------------------------------------------------------------
+
+
+def _valid_messages() -> tuple[bytes, bytes]:
+    """A real client-first and the client-final that answers the server's first."""
+    auth = authenticator()
+    auth.handshake("SCRAM-SHA-256", 1)
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
+    first = client.get_client_first().encode()
+    client.set_server_first(auth.authenticate(first).token.decode())
+    return first, client.get_client_final().encode()
+
+
+_FIRST, _FINAL = _valid_messages()
+
+
+def _mutate(data: bytes, cuts: list[tuple[int, bytes]]) -> bytes:
+    out = bytearray(data)
+    for position, insert in cuts:
+        i = position % (len(out) + 1)
+        out[i : i + len(insert)] = insert
+    return bytes(out)
+
+
+_cuts = st.lists(
+    st.tuples(
+        st.integers(0, 200),
+        st.sampled_from([b"", b",", b"=", b"=2C", b"\x00", b"\xff", b"a=", b"r=", b"p=AAAA"])
+        | st.binary(max_size=4),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(first=st.one_of(st.binary(max_size=64), _cuts.map(lambda c: _mutate(_FIRST, c))))
+def test_any_client_first_is_answered_without_raising(first: bytes) -> None:
+    auth = authenticator()
+    auth.handshake("SCRAM-SHA-256", 1)
+    outcome = auth.authenticate(first)
+    assert outcome.principal is None and not auth.complete
+    if outcome.close:
+        assert outcome.error == ErrorCode.sasl_authentication_failed
+    else:
+        assert outcome.token.startswith(b"r=")
+
+
+@settings(max_examples=400, deadline=None)
+@given(cuts=_cuts)
+def test_any_client_final_is_answered_without_raising(cuts: list[tuple[int, bytes]]) -> None:
+    auth = authenticator()
+    auth.handshake("SCRAM-SHA-256", 1)
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
+    server_first = auth.authenticate(client.get_client_first().encode()).token.decode()
+    client.set_server_first(server_first)
+    final = client.get_client_final().encode()
+    mutated = _mutate(final, cuts)
+    outcome = auth.authenticate(mutated)
+    if mutated == final:
+        assert outcome.principal is not None and auth.complete
+    else:
+        assert outcome.close and outcome.error == ErrorCode.sasl_authentication_failed
+        assert outcome.principal is None and not auth.complete
