@@ -304,11 +304,19 @@ async def fetch(
         )
     wanted: list[_Wanted] = []
     readable: dict[str, bool] = {}
+    # A follower's fetch (replica id >= 0) needs CLUSTER_ACTION instead of READ on each
+    # topic; without it every partition is denied (KafkaApis).
+    follower = _replica_id(req) >= 0
+    replica_allowed = follower and broker.authorizer.allows(
+        ctx, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER
+    )
     for t in req.topics:
         name, topic_id = _topic_name(broker, t)
         if name is not None and name not in readable:
-            readable[name] = broker.authorizer.allows(
-                ctx, AclOperation.READ, ResourceType.TOPIC, name
+            readable[name] = (
+                replica_allowed
+                if follower
+                else broker.authorizer.allows(ctx, AclOperation.READ, ResourceType.TOPIC, name)
             )
         denied = name is not None and not readable[name]
         for p in t.partitions:
@@ -326,6 +334,15 @@ async def fetch(
             break
         await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
     return _fetch_response(ctx.api_version, responses)
+
+
+def _replica_id(req: FetchRequest) -> int:
+    """Who fetches: a broker's id (a follower) or -1 (a consumer); in ReplicaState from
+    v15 (KIP-903)."""
+    state = getattr(req, "replica_state", None)
+    if state is not None:
+        return int(state.replica_id)
+    return int(getattr(req, "replica_id", -1))
 
 
 FetchedTopics = dict[tuple[str | None, uuid.UUID | None], list["resp.fetch_v18.PartitionData"]]
@@ -374,10 +391,11 @@ async def list_offsets(
             ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name
         )
         for p in t.partitions:
-            code, offset, ts = ErrorCode.none, -1, -1
+            code, offset, ts, epoch = ErrorCode.none, -1, -1, 0
             part = broker.logs.get(t.name, p.partition_index)
             if not describable:
-                code = ErrorCode.topic_authorization_failed
+                # Kafka's error entry leaves the leader epoch unknown (-1).
+                code, epoch = ErrorCode.topic_authorization_failed, -1
             elif part is None:
                 code = ErrorCode.unknown_topic_or_partition
             else:
@@ -388,7 +406,7 @@ async def list_offsets(
                     error_code=code,
                     timestamp=i64(ts),
                     offset=i64(offset),
-                    leader_epoch=i32(0),
+                    leader_epoch=i32(epoch),
                 )
             )
         topics.append(m.ListOffsetsTopicResponse(name=t.name, partitions=tuple(parts)))

@@ -351,7 +351,8 @@ async def test_fetch_list_offsets_and_delete_records_per_topic(data: Any) -> Non
         2, 7, {"topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
     )
     offsets = await list_offsets(ctx(7), offsets_req, data)
-    assert offsets.topics[0].partitions[0].error_code == TAF
+    denied = offsets.topics[0].partitions[0]
+    assert (denied.error_code, denied.offset, denied.leader_epoch) == (TAF, -1, -1)
     delete_req = request(
         21, 2, {"topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "offset": 0}]}]}
     )
@@ -365,6 +366,51 @@ async def test_fetch_list_offsets_and_delete_records_per_topic(data: Any) -> Non
     assert offsets.topics[0].partitions[0].error_code == ErrorCode.none
     deleted = await delete_records(ctx(2), delete_req, data)
     assert deleted.topics[0].partitions[0].error_code == TAF
+
+
+def fetch_request(version: int, topic_id: uuid.UUID, **more: Any) -> Any:
+    return request(
+        1,
+        version,
+        {
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "topics": [
+                {
+                    "topic": TOPIC,
+                    "topic_id": topic_id,
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                    ],
+                }
+            ],
+            **more,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "replica"),
+    [(12, {"replica_id": 1}), (15, {"replica_state": {"replica_id": 1, "replica_epoch": -1}})],
+)
+async def test_a_follower_fetch_needs_cluster_action_not_read(
+    data: Any, version: int, replica: dict[str, Any]
+) -> None:
+    data.authorizer = authorizer(allow(ResourceType.TOPIC, TOPIC, AclOperation.READ))
+    topic_id = data.metadata.state.topics[TOPIC].topic_id
+    follower = fetch_request(version, topic_id, **replica)
+
+    def code(answer: Any) -> ErrorCode:
+        return ErrorCode(answer.responses[0].partitions[0].error_code)
+
+    assert code(await fetch(ctx(version), follower, data)) == TAF
+    data.authorizer = authorizer(
+        allow(ResourceType.CLUSTER, "kafka-cluster", AclOperation.CLUSTER_ACTION)
+    )
+    assert code(await fetch(ctx(version), follower, data)) == ErrorCode.none
+    # A consumer's fetch still needs READ.
+    assert code(await fetch(ctx(version), fetch_request(version, topic_id), data)) == TAF
 
 
 # -- CreateTopics, DeleteTopics, CreatePartitions, configs --------------------------------
