@@ -402,6 +402,15 @@ SASL_KEYS: list[ConfigDef] = [
         read_only=True,
     ),
     ConfigDef(
+        "java.security.auth.login.config",
+        STRING,
+        None,
+        "A JAAS file (Kafka: the JVM property -Djava.security.auth.login.config): PLAIN "
+        "users of a listener with no listener.name.<listener>.plain.sasl.jaas.config come "
+        "from its <listener>.KafkaServer section, else its KafkaServer section.",
+        read_only=True,
+    ),
+    ConfigDef(
         "connections.max.reauth.ms",
         LONG,
         0,

@@ -16,7 +16,9 @@ the same keys.
 
 SASL listeners (SASL_PLAINTEXT, SASL_SSL) take `sasl.enabled.mechanisms` (per listener
 as `listener.name.<name>.sasl.enabled.mechanisms`) and, for each enabled mechanism, the
-JAAS entry `listener.name.<name>.<mechanism>.sasl.jaas.config`, as Kafka's brokers do.
+JAAS entry `listener.name.<name>.<mechanism>.sasl.jaas.config`, as Kafka's brokers do;
+PLAIN users may come instead from a JAAS file named by `java.security.auth.login.config`
+(Kafka's JVM property of that name).
 spool has PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512: GSSAPI (Kafka's default) and
 OAUTHBEARER are refused at startup. SCRAM users are in the cluster metadata (created
 with `spool users` or `spool format --add-scram`), so the SCRAM JAAS entry
@@ -393,34 +395,12 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
             )
     users: dict[str, str] = {}
     if sasl.PLAIN in mechanisms:
-        key = f"{prefix}plain.sasl.jaas.config"
         jaas = config.for_listener(listener, "plain.sasl.jaas.config")
-        if not jaas:
-            bare = (
-                " (sasl.jaas.config without the listener prefix is a client key)"
-                if (config.get("sasl.jaas.config"))
-                else ""
-            )
-            raise _invalid(
-                f"Listener {listener} enables SASL mechanism PLAIN but has no JAAS entry: set "
-                f"{key}='{sasl.PLAIN_LOGIN_MODULE} required user_<name>=\"<password>\";'"
-                f"{bare}"
-            )
-        try:
-            entry = sasl.parse_jaas(str(jaas))
-        except sasl.JaasError as exc:
-            raise _invalid(f"Listener {listener}: cannot parse {key}: {exc}") from None
-        if entry.login_module != sasl.PLAIN_LOGIN_MODULE:
-            raise _invalid(
-                f"Listener {listener}: {key} names login module {entry.login_module}; PLAIN "
-                f"takes {sasl.PLAIN_LOGIN_MODULE}"
-            )
-        users = sasl.plain_users(entry)
-        if not users:
-            raise _invalid(
-                f"Listener {listener}: {key} declares no users: add "
-                'user_<name>="<password>" options'
-            )
+        jaas_file = config.get("java.security.auth.login.config")
+        if not jaas and jaas_file:
+            users = _plain_users_from_file(listener, str(jaas_file))
+        else:
+            users = _plain_users_from_entry(config, listener, jaas)
     for mechanism in mechanisms:
         if mechanism not in sasl.SCRAM:
             continue
@@ -438,6 +418,70 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
                 f"{mechanism} takes {sasl.SCRAM_LOGIN_MODULE}"
             )
     return sasl.SaslSettings(listener, mechanisms, users, reauth_ms=reauth)
+
+
+def _plain_users_from_entry(config: BrokerConfig, listener: str, jaas: object) -> dict[str, str]:
+    """PLAIN users from listener.name.<listener>.plain.sasl.jaas.config."""
+    key = f"listener.name.{listener.lower()}.plain.sasl.jaas.config"
+    if not jaas:
+        bare = (
+            " (sasl.jaas.config without the listener prefix is a client key)"
+            if (config.get("sasl.jaas.config"))
+            else ""
+        )
+        raise _invalid(
+            f"Listener {listener} enables SASL mechanism PLAIN but has no JAAS entry: set "
+            f"{key}='{sasl.PLAIN_LOGIN_MODULE} required user_<name>=\"<password>\";' "
+            f"(or name a JAAS file in java.security.auth.login.config){bare}"
+        )
+    try:
+        entry = sasl.parse_jaas(str(jaas))
+    except sasl.JaasError as exc:
+        raise _invalid(f"Listener {listener}: cannot parse {key}: {exc}") from None
+    if entry.login_module != sasl.PLAIN_LOGIN_MODULE:
+        raise _invalid(
+            f"Listener {listener}: {key} names login module {entry.login_module}; PLAIN "
+            f"takes {sasl.PLAIN_LOGIN_MODULE}"
+        )
+    users = sasl.plain_users(entry)
+    if not users:
+        raise _invalid(
+            f'Listener {listener}: {key} declares no users: add user_<name>="<password>" options'
+        )
+    return users
+
+
+def _plain_users_from_file(listener: str, path: str) -> dict[str, str]:
+    """PLAIN users from a JAAS file's `<listener>.KafkaServer` section, else its
+    `KafkaServer` one, as Kafka's JaasContext.loadServerContext reads the JVM's JAAS
+    file when the listener has no sasl.jaas.config."""
+    key = "java.security.auth.login.config"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise _invalid(f"Listener {listener}: cannot read {key} {path}: {exc.strerror}") from None
+    try:
+        sections = sasl.parse_jaas_file(text)
+    except sasl.JaasError as exc:
+        raise _invalid(f"Listener {listener}: cannot parse {key} {path}: {exc}") from None
+    listener_section = f"{listener.lower()}.KafkaServer"
+    entries = sections.get(listener_section, sections.get("KafkaServer"))
+    if entries is None:
+        raise _invalid(
+            f"Could not find a 'KafkaServer' or '{listener_section}' entry in the JAAS "
+            f"configuration. System property '{key}' is {path}"
+        )
+    users: dict[str, str] = {}
+    for entry in entries:
+        if entry.login_module == sasl.PLAIN_LOGIN_MODULE:
+            users.update(sasl.plain_users(entry))
+    if not users:
+        raise _invalid(
+            f"Listener {listener}: the JAAS file {path} ({key}) declares no PLAIN users: "
+            f'add user_<name>="<password>" options to a {sasl.PLAIN_LOGIN_MODULE} entry'
+        )
+    return users
 
 
 def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:

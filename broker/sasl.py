@@ -10,8 +10,10 @@ SASL_AUTHENTICATION_FAILED with Kafka's message; both then close the connection.
 
 Mechanisms: PLAIN (RFC 4616, Kafka's PlainSaslServer), with the users declared in the
 listener's JAAS entry as `user_<name>="<password>"` (Kafka's PlainServerCallbackHandler),
-from `listener.name.<listener>.plain.sasl.jaas.config`. Passwords are compared in
-constant time and never logged.
+from `listener.name.<listener>.plain.sasl.jaas.config`, or, for a listener without it,
+from the JAAS file `java.security.auth.login.config` names (`parse_jaas_file`: its
+`<listener>.KafkaServer` section, else `KafkaServer`, as Kafka's JaasContext reads the
+file the JVM property names). Passwords are compared in constant time and never logged.
 
 SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, KIP-84; Kafka's ScramSaslServer), run by
 `scramp` over the credentials in the cluster metadata (coordinator.scram), read at each
@@ -83,34 +85,43 @@ class JaasEntry:
         return f"JaasEntry({self.login_module!r}, {self.flag!r}, <{len(self.options)} options>)"
 
 
-# A token of Kafka's JaasConfig grammar: a quoted string, `=`, `;` or a bare word.
-_TOKEN = re.compile(r'\s*(?:"((?:[^"\\]|\\.)*)"|(=)|(;)|([^\s=;"]+))')
+# A token of Kafka's JaasConfig grammar: a comment (skipped), a quoted string, `=`, `;`,
+# a brace (JAAS files only) or a bare word.
+_TOKEN = re.compile(
+    r'\s*(?://[^\n]*|/\*.*?\*/|"((?:[^"\\]|\\.)*)"|(=)|(;)|([{}])|([^\s=;"{}]+))', re.DOTALL
+)
+Token = tuple[str, str]  # (kind, value): kind is "word", "str", "=", ";", "{" or "}"
 
 
-def parse_jaas(text: str) -> JaasEntry:
-    """`<LoginModule> <flag> key="value" ... ;` (Kafka's JaasConfig), exactly one module
-    as Kafka requires of a sasl.jaas.config value."""
-    tokens: list[tuple[str, str]] = []  # (kind, value): kind is "word", "str", "=", ";"
+def _tokens(text: str) -> list[Token]:
+    tokens: list[Token] = []
     pos, text = 0, text.strip()
     while pos < len(text):
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
             raise JaasError(f"unexpected character at offset {pos} (an unterminated quote?)")
-        quoted, eq, semi, word = match.groups()
+        quoted, eq, semi, brace, word = match.groups()
         if quoted is not None:
             tokens.append(("str", re.sub(r"\\(.)", r"\1", quoted)))
         elif eq:
             tokens.append(("=", eq))
         elif semi:
             tokens.append((";", semi))
+        elif brace:
+            tokens.append((brace, brace))
         elif word is not None:
             tokens.append(("word", word))
         pos = match.end()
         while pos < len(text) and text[pos].isspace():
             pos += 1
+    return tokens
+
+
+def _modules(tokens: list[Token], i: int, end: str | None) -> tuple[list[JaasEntry], int]:
+    """Login module entries from `tokens[i]` up to a token of kind `end` (None: the
+    end); returns them and the index of that token."""
     modules: list[JaasEntry] = []
-    i = 0
-    while i < len(tokens):
+    while i < len(tokens) and tokens[i][0] != end:
         if i + 1 >= len(tokens) or tokens[i][0] != "word" or tokens[i + 1][0] != "word":
             raise JaasError(
                 "expected `<LoginModule class> <control flag>` at the start of an entry"
@@ -122,7 +133,7 @@ def parse_jaas(text: str) -> JaasEntry:
             )
         i += 2
         options: dict[str, str] = {}
-        while i < len(tokens) and tokens[i][0] != ";":
+        while i < len(tokens) and tokens[i][0] not in (";", end):
             if (
                 i + 2 >= len(tokens)
                 or tokens[i][0] != "word"
@@ -132,13 +143,43 @@ def parse_jaas(text: str) -> JaasEntry:
                 raise JaasError(f"expected key=value options in the entry of {module}")
             options[tokens[i][1]] = tokens[i + 2][1]
             i += 3
-        if i >= len(tokens):
+        if i >= len(tokens) or tokens[i][0] != ";":
             raise JaasError(f"the entry of {module} must end with ';'")
         i += 1
         modules.append(JaasEntry(module, flag, options))
+    if end is not None and i >= len(tokens):
+        raise JaasError(f"a section must end with '{end}'")
+    return modules, i
+
+
+def parse_jaas(text: str) -> JaasEntry:
+    """`<LoginModule> <flag> key="value" ... ;` (Kafka's JaasConfig), exactly one module
+    as Kafka requires of a sasl.jaas.config value."""
+    modules, _ = _modules(_tokens(text), 0, None)
     if len(modules) != 1:
         raise JaasError(f"it contains {len(modules)} login modules, should be 1 module")
     return modules[0]
+
+
+def parse_jaas_file(text: str) -> dict[str, list[JaasEntry]]:
+    """A JAAS configuration file, as the JVM's `java.security.auth.login.config` names
+    it for Kafka: `Name { <entries> };` sections (`KafkaServer`, or
+    `<listener>.KafkaServer` for one listener), `//` and `/* */` comments."""
+    tokens = _tokens(text)
+    sections: dict[str, list[JaasEntry]] = {}
+    i = 0
+    while i < len(tokens):
+        if i + 1 >= len(tokens) or tokens[i][0] != "word" or tokens[i + 1][0] != "{":
+            raise JaasError("expected `<Name> {` at the start of a section")
+        name = tokens[i][1]
+        modules, i = _modules(tokens, i + 2, "}")
+        i += 1  # the brace
+        if i < len(tokens) and tokens[i][0] == ";":
+            i += 1
+        else:
+            raise JaasError(f"the section {name} must end with '}};'")
+        sections[name] = sections.get(name, []) + modules
+    return sections
 
 
 def plain_users(entry: JaasEntry) -> dict[str, str]:

@@ -430,3 +430,34 @@ def _still_served(wire: Wire) -> bool:
         return wire.metadata_ok()
     except (AssertionError, OSError):
         return False
+
+
+def test_plain_users_from_a_jaas_file_beside_scram(tmp_path: Path) -> None:
+    """PLAIN users in the JAAS file `java.security.auth.login.config` names (Kafka's
+    -Djava.security.auth.login.config), SCRAM users in the metadata, one listener."""
+    jaas = tmp_path / "kafka_server_jaas.conf"
+    jaas.write_text(
+        "KafkaServer {\n"
+        "  org.apache.kafka.common.security.plain.PlainLoginModule required\n"
+        '    user_admin="admin-secret" user_kim="kim-secret";\n'
+        "};\n"
+    )
+    broker = ScramBroker(
+        tmp_path,
+        **{
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+            "java.security.auth.login.config": str(jaas),
+        },
+    )
+    broker.start()
+    try:
+        plain = {**scram_config(broker, "kim", "kim-secret"), "sasl.mechanism": "PLAIN"}
+        produce_and_consume(broker, "jaas-file-plain", plain)
+        add_user(broker, "lee", "SCRAM-SHA-256=[password=lee-secret]")
+        produce_and_consume(broker, "jaas-file-scram", scram_config(broker, "lee", "lee-secret"))
+        wrong = {**plain, "sasl.password": "not-kims"}
+        assert "Invalid username or password" in refused(broker, wrong)
+        assert log_lines(broker, "sasl_authenticated", "User:kim", "PLAIN")
+        assert not broker_logged(broker, "kim-secret")
+    finally:
+        broker.kill9()
