@@ -36,6 +36,7 @@ from coordinator.scram import (
     MAX_ITERATIONS,
     MECHANISM_BY_TYPE,
     MIN_ITERATIONS,
+    MIN_SALT_BYTES,
     ScramCredential,
     ScramDeletion,
     ScramUpsertion,
@@ -274,7 +275,9 @@ class ClusterState:
         the request (whatever the mechanisms) is DUPLICATE_RESOURCE; an empty name or
         bad iterations UNACCEPTABLE_CREDENTIAL; an unknown mechanism
         UNSUPPORTED_SASL_MECHANISM; deleting a credential that does not exist
-        RESOURCE_NOT_FOUND. Results: deletions, then upsertions, then errors."""
+        RESOURCE_NOT_FOUND; a salt shorter than 12 bytes (which no login could use)
+        UNACCEPTABLE_CREDENTIAL, where Kafka takes it. Results: deletions, then
+        upsertions, then errors."""
         to_delete: dict[str, ScramDeletion] = {}
         to_upsert: dict[str, ScramUpsertion] = {}
         errors: dict[str, tuple[ErrorCode, str]] = {}
@@ -313,6 +316,11 @@ class ClusterState:
                 error = (ErrorCode.unacceptable_credential, "Too few iterations")
             elif error is None and upsertion.iterations > MAX_ITERATIONS:
                 error = (ErrorCode.unacceptable_credential, "Too many iterations")
+            elif error is None and len(upsertion.salt) < MIN_SALT_BYTES:
+                error = (
+                    ErrorCode.unacceptable_credential,
+                    f"Salt must be at least {MIN_SALT_BYTES} bytes",
+                )
             if error is not None:
                 errors[upsertion.user] = error
             else:

@@ -33,6 +33,10 @@ MECHANISM_BY_TYPE: dict[int, str] = {t: name for name, (t, _) in MECHANISMS.item
 MIN_ITERATIONS = 4096
 MAX_ITERATIONS = 16384
 DEFAULT_ITERATIONS = 4096  # kafka-configs.sh's default for `SCRAM-SHA-*=[password=...]`
+# The shortest salt a login can use (scramp's Salt.MIN_LENGTH). Kafka takes any salt;
+# its clients make 20 bytes or more, and a shorter one is refused when it is stored
+# rather than failing every login later.
+MIN_SALT_BYTES = 12
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from coordinator.scram import (
     MAX_ITERATIONS,
     MECHANISMS,
     MIN_ITERATIONS,
+    MIN_SALT_BYTES,
     ScramCredential,
     credential_from_salted,
     salted_password,
@@ -113,6 +114,11 @@ def parse_add_scram(text: str) -> tuple[str, str, ScramCredential]:
     if iterations > MAX_ITERATIONS:
         raise FormatError(
             f"The 'iterations' value must be <= {MAX_ITERATIONS} for add-scram using {mechanism}"
+        )
+    if salt is not None and len(salt) < MIN_SALT_BYTES:
+        raise FormatError(
+            f"The 'salt' must be at least {MIN_SALT_BYTES} bytes for add-scram (a SCRAM "
+            "login cannot use a shorter one)"
         )
     salt = salt if salt is not None else os.urandom(SALT_BYTES)
     if salted is None:

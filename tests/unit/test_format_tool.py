@@ -47,6 +47,7 @@ def test_salt_and_salted_password_in_base64() -> None:
         ("SCRAM-SHA-512=[name=a,iterations=16385,password=pw-secret]", "must be <= 16384"),
         ("SCRAM-SHA-256=[name=a,iterations=many,password=pw-secret]", "iterations count"),
         ("SCRAM-SHA-256=[name=a,salt=!!,password=pw-secret]", "Failed to decode given salt"),
+        ('SCRAM-SHA-512=[name=a,salt="N3E=",saltedpassword="YCE="]', "at least 12 bytes"),
     ],
 )
 def test_kafkas_messages_without_the_password(text: str, message: str) -> None:

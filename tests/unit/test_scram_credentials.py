@@ -75,6 +75,7 @@ def test_kafkas_per_user_errors() -> None:
             upsert("many", iterations=16385),
             upsert("unknown-mech", mech=0),
             upsert("edge", iterations=16384),
+            ScramUpsertion("short-salt", SHA256, 4096, b"s" * 11, b"x" * 32),
         ],
     )
     assert results == {
@@ -92,6 +93,7 @@ def test_kafkas_per_user_errors() -> None:
         "many": (ErrorCode.unacceptable_credential, "Too many iterations"),
         "unknown-mech": (ErrorCode.unsupported_sasl_mechanism, "Unknown SCRAM mechanism"),
         "edge": (ErrorCode.none, None),
+        "short-salt": (ErrorCode.unacceptable_credential, "Salt must be at least 12 bytes"),
     }
     assert state.scram_credential("alice", "SCRAM-SHA-256") is not None
 
