@@ -461,3 +461,60 @@ def test_plain_users_from_a_jaas_file_beside_scram(tmp_path: Path) -> None:
         assert not broker_logged(broker, "kim-secret")
     finally:
         broker.kill9()
+
+
+def test_a_scram_only_broker_with_acls_managed_over_scram(tmp_path: Path) -> None:
+    """The whole Kafka recipe: `format --add-scram` an admin, a broker with only a
+    SASL listener and StandardAuthorizer, `spool users --command-config` as the admin
+    to create a user, who may log in but not alter credentials (no ALTER on the
+    cluster)."""
+    broker = ScramBroker(
+        tmp_path,
+        **{
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:admin",
+        },
+    )
+    broker.settings["listeners"] = f"SASL_PLAINTEXT://127.0.0.1:{broker.sasl_port}"
+    broker.port = broker.sasl_port  # the harness's start probe, and the tools' bootstrap
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "broker", "format", "--data-dir", str(broker.data_dir),
+            "-S", "SCRAM-SHA-512=[name=admin,password=admin-secret]",
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+    def properties(user: str, password: str) -> str:
+        path = tmp_path / f"{user}.properties"
+        path.write_text(
+            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+            f"sasl.username={user}\nsasl.password={password}\n"
+        )
+        return str(path)
+
+    admin = properties("admin", "admin-secret")
+    broker.start()
+    try:
+        out = ok(
+            broker, "users", "--command-config", admin, "--alter", "--entity-name", "mia",
+            "--add-config", "SCRAM-SHA-512=[password=mia-secret]",
+        )  # fmt: skip
+        assert "Completed updating config for user mia." in out
+        mia = properties("mia", "mia-secret")
+        # mia authenticates, but may neither alter nor describe credentials.
+        proc = spool(
+            broker, "users", "--command-config", mia, "--alter", "--entity-name", "mia",
+            "--add-config", "SCRAM-SHA-512=[password=other]",
+        )  # fmt: skip
+        assert proc.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in proc.stderr
+        proc = spool(broker, "users", "--command-config", mia, "--describe")
+        assert proc.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in proc.stderr
+        described = ok(broker, "users", "--command-config", admin, "--describe")
+        assert "user-principal 'admin'" in described and "user-principal 'mia'" in described
+        assert log_lines(broker, "authorization_denied", "User:mia", "ALTER", "CLUSTER")
+        assert not broker_logged(broker, "mia-secret")
+        assert not broker_logged(broker, "admin-secret")
+    finally:
+        broker.kill9()
