@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import uuid
 from typing import TYPE_CHECKING, Protocol
@@ -24,6 +25,7 @@ from broker.handlers.transactions import TxnBroker, init_transactional_producer_
 from broker.server import Endpoint, RequestContext
 from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import Topic
+from protocol import api
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
@@ -108,7 +110,7 @@ async def sasl_authenticate(
 
 async def metadata(
     ctx: RequestContext, req: MetadataRequest, broker: ClusterBroker
-) -> resp.metadata_v13.MetadataResponse:
+) -> resp.metadata_v13.MetadataResponse | resp.metadata_v10.MetadataResponse:
     """Topics the principal may not DESCRIBE are left out of an all-topics answer
     (without logging the denials) and answered TOPIC_AUTHORIZATION_FAILED when named;
     creating a missing topic needs CREATE on the cluster or the topic (KafkaApis'
@@ -119,8 +121,7 @@ async def metadata(
     version = ctx.api_version
     requested = req.topics
     allow_auto: bool = getattr(req, "allow_auto_topic_creation", True)  # v4+
-    # KIP-430 (v8+). The cluster's operations (v8-10 only) keep their default, "not
-    # requested": clients ask DescribeCluster for them since Kafka 2.8.
+    # KIP-430 (v8+); the cluster's operations are in v8-10 only.
     topic_ops: bool = version >= 8 and getattr(req, "include_topic_authorized_operations", False)
     wanted: list[tuple[str | None, uuid.UUID | None]]
     all_topics = requested is None or (version == 0 and not requested)
@@ -193,7 +194,7 @@ async def metadata(
             operations = authorized_operations(az, ctx, ResourceType.TOPIC, topic.name)
         topics.append(_topic_entry(broker.node_id, topic, operations))
     ep = broker.advertised_for(ctx.listener)
-    return m.MetadataResponse(
+    answer = m.MetadataResponse(
         throttle_time=NO_THROTTLE,
         brokers=(
             m.MetadataResponseBroker(
@@ -208,6 +209,12 @@ async def metadata(
         topics=tuple(topics),
         error_code=ErrorCode.none,
     )
+    if 8 <= version <= 10 and getattr(req, "include_cluster_authorized_operations", False):
+        old = api.convert(answer, resp.metadata_v10.MetadataResponse)
+        return dataclasses.replace(
+            old, cluster_authorized_operations=i32(_cluster_operations(ctx, broker))
+        )
+    return answer
 
 
 def _cluster_operations(ctx: RequestContext, broker: ClusterBroker) -> int:

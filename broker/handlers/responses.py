@@ -7,6 +7,8 @@ spool serves, and their handlers build an older version's classes for the older
 requests: Produce and Fetch name topics before v13 and by id from v13 (KIP-516),
 FindCoordinator answers one coordinator before v4 and a list from v4 (KIP-699),
 AddPartitionsToTxn answers per topic before v4 and per transaction from v4 (KIP-890).
+Metadata's cluster authorized operations (KIP-430) exist only in v8-10: asked for
+there, the answer is converted to v10 to carry them.
 
 The handlers read these names as `responses.metadata_v13.MetadataResponse`. A module
 is imported when a request first reads it (`protocol.api.lazy_module`): importing
@@ -55,6 +57,7 @@ __all__ = [
     "initialize_share_group_state_v0",
     "list_groups_v5",
     "list_offsets_v11",
+    "metadata_v10",
     "metadata_v13",
     "produce_v12",
     "produce_v13",
@@ -109,6 +112,7 @@ if TYPE_CHECKING:
     )
     from kio.schema.list_groups.v5 import response as list_groups_v5
     from kio.schema.list_offsets.v11 import response as list_offsets_v11
+    from kio.schema.metadata.v10 import response as metadata_v10
     from kio.schema.metadata.v13 import response as metadata_v13
     from kio.schema.produce.v12 import response as produce_v12
     from kio.schema.produce.v13 import response as produce_v13
@@ -165,6 +169,7 @@ else:
     )
     list_groups_v5 = lazy_module("kio.schema.list_groups.v5.response")
     list_offsets_v11 = lazy_module("kio.schema.list_offsets.v11.response")
+    metadata_v10 = lazy_module("kio.schema.metadata.v10.response")
     metadata_v13 = lazy_module("kio.schema.metadata.v13.response")
     produce_v12 = lazy_module("kio.schema.produce.v12.response")
     produce_v13 = lazy_module("kio.schema.produce.v13.response")

@@ -218,6 +218,42 @@ async def test_metadata_reports_topic_authorized_operations_when_asked() -> None
     )
 
 
+@pytest.mark.parametrize("version", [8, 9, 10])
+async def test_metadata_reports_cluster_authorized_operations_in_v8_to_v10(version: int) -> None:
+    broker = metadata_broker(authorizer(), [])
+    req = request(3, version, {"topics": [], "include_cluster_authorized_operations": True})
+    answer = await cluster.metadata(ctx(version), req, broker)
+    # Without DESCRIBE on the cluster: none (Kafka answers 0, not "omitted").
+    assert api.at_version(3, version, answer).cluster_authorized_operations == 0
+    broker.authorizer = authorizer(
+        allow(ResourceType.CLUSTER, "kafka-cluster", AclOperation.DESCRIBE),
+        allow(ResourceType.CLUSTER, "kafka-cluster", AclOperation.IDEMPOTENT_WRITE),
+    )
+    answer = await cluster.metadata(ctx(version), req, broker)
+    assert api.at_version(3, version, answer).cluster_authorized_operations == (
+        1 << AclOperation.DESCRIBE
+    ) | (1 << AclOperation.IDEMPOTENT_WRITE)
+    unasked = request(3, version, {"topics": []})
+    answer = await cluster.metadata(ctx(version), unasked, broker)
+    assert api.at_version(3, version, answer).cluster_authorized_operations == -(2**31)
+
+
+async def test_describe_cluster_reports_authorized_operations_only() -> None:
+    # Kafka 4.2 answers DescribeCluster to anyone; DESCRIBE on the cluster decides only
+    # whether its authorized operations are told.
+    broker = metadata_broker(authorizer(), [])
+    req = request(60, 1, {"include_cluster_authorized_operations": True, "endpoint_type": 1})
+    answer = await cluster.describe_cluster(ctx(1), req, broker)
+    assert (answer.error_code, answer.cluster_authorized_operations) == (ErrorCode.none, 0)
+    assert [b.broker_id for b in answer.brokers] == [1]
+    broker.authorizer = authorizer(allow(ResourceType.CLUSTER, "kafka-cluster", AclOperation.ALTER))
+    answer = await cluster.describe_cluster(ctx(1), req, broker)
+    # ALTER implies DESCRIBE.
+    assert answer.cluster_authorized_operations == (1 << AclOperation.ALTER) | (
+        1 << AclOperation.DESCRIBE
+    )
+
+
 # -- FindCoordinator, InitProducerId ------------------------------------------------------
 
 
