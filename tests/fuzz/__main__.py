@@ -1,5 +1,9 @@
 """`python -m tests.fuzz --frames N --seed S`: fuzz a fresh broker; exit 1 on any
-crash or traceback. `--replay HEX` sends one frame printed by an earlier run."""
+crash or traceback. `--replay HEX` sends one frame printed by an earlier run. Then
+`--handshake N` scenarios (default 5000; 0 skips them) fuzz the SASL handshake of
+another broker (tests/fuzz/handshake.py): exit 1 if it ends, logs an error, serves a
+request before authentication or stops serving a good client. `--frames 0` runs the
+handshake part alone."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.fuzz.driver import Options, replay, run
+from tests.fuzz.handshake import run_handshake
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,24 +26,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None, help="keep broker data here")
     parser.add_argument("--keep-going", action="store_true", help="do not stop at a crash")
     parser.add_argument("--replay", metavar="HEX", help="send one frame (no size prefix)")
+    parser.add_argument(
+        "--handshake", type=int, default=5000, metavar="N", help="SASL handshake scenarios"
+    )
     args = parser.parse_args(argv)
     if args.replay:
         return replay(args.replay)
     seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
-    print(f"fuzzing with seed {seed}: {args.frames} frames, {args.workers} connections")
-    report = run(
-        Options(
-            seed=seed,
-            frames=args.frames,
-            workers=args.workers,
-            round_size=args.round,
-            timeout_s=args.timeout,
-            data_dir=args.data_dir,
-            stop_on_crash=not args.keep_going,
+    failed = False
+    if args.frames > 0:
+        print(f"fuzzing with seed {seed}: {args.frames} frames, {args.workers} connections")
+        report = run(
+            Options(
+                seed=seed,
+                frames=args.frames,
+                workers=args.workers,
+                round_size=args.round,
+                timeout_s=args.timeout,
+                data_dir=args.data_dir,
+                stop_on_crash=not args.keep_going,
+            )
         )
-    )
-    print(report.summary())
-    if not report.ok:
+        print(report.summary())
+        failed = not report.ok
+    if args.handshake > 0 and not (failed and not args.keep_going):
+        print(f"fuzzing the SASL handshake with seed {seed}: {args.handshake} scenarios")
+        handshake = run_handshake(seed, args.handshake, args.workers)
+        print(handshake.summary())
+        failed = failed or not handshake.ok
+    if failed:
         print(f"FAILED (seed {seed}); reproduce with: python -m tests.fuzz --seed {seed}")
         return 1
     return 0
