@@ -19,11 +19,14 @@ import argparse
 import asyncio
 import base64
 import binascii
+import logging
 import os
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from coordinator.scram import (
     DEFAULT_ITERATIONS,
@@ -151,11 +154,12 @@ def check_cluster_id(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from broker import logging as spool_logging
     from persister.dirlock import DataDirInUse
 
-    spool_logging.configure("console", "warning")  # the tool's own lines, not the log's
-
+    # The tool's own lines, not the metadata log's info lines: warnings and up only,
+    # the rest of the logging setup left as it is (and restored after).
+    previous = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     try:
         credentials = [parse_add_scram(text) for text in args.add_scram]
         cluster_id = check_cluster_id(args.cluster_id) if args.cluster_id else None
@@ -163,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     except (FormatError, DataDirInUse) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        structlog.configure(wrapper_class=previous)
 
 
 async def format_dir(
