@@ -351,6 +351,7 @@ class HandshakeReport:
     smuggled: int = 0
     problems: list[str] = field(default_factory=list)
     mechanisms: tuple[str, ...] = ()
+    good_logins: tuple[str, ...] = ()  # the good client's mechanisms after each round
 
     @property
     def ok(self) -> bool:
@@ -361,6 +362,7 @@ class HandshakeReport:
             f"handshake seed {self.seed}: {self.scenarios} scenarios in {self.elapsed_s:.1f}s, "
             f"mechanisms {', '.join(self.mechanisms)}, {self.smuggled} requests smuggled "
             "before authentication",
+            f"a good client logs in after each round with {', '.join(self.good_logins)}",
             "kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(self.kinds.items())),
             "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())),
             f"problems: {len(self.problems)}",
@@ -555,6 +557,7 @@ class HandshakeRun:
         logins = [("PLAIN", "alice")]
         if self.scram_user is not None:
             logins.append(("SCRAM-SHA-256", self.scram_user))
+        self.report.good_logins = tuple(mechanism for mechanism, _ in logins)
         for mechanism, user in logins:
             security = ClientSecurity("SASL_PLAINTEXT", mechanism, user, USERS.get(user, ""))
             try:

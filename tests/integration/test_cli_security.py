@@ -255,21 +255,19 @@ async def _add_scram_user(broker: Broker, user: str, password: str) -> str | Non
         versions = await client.api_versions()
         if 51 not in versions:
             return "the broker has no AlterUserScramCredentials"
-        upsertions = []
+        # One request per mechanism: Kafka refuses a user altered twice in one request.
         for mechanism in SCRAM:
             salt = os.urandom(16)
-            upsertions.append(
-                {
-                    "name": user,
-                    "mechanism": 1 if mechanism == "SCRAM-SHA-256" else 2,
-                    "iterations": 4096,
-                    "salt": salt,
-                    "salted_password": _salted(mechanism, password, salt, 4096),
-                }
-            )
-        resp = await client.request(51, 0, {"deletions": [], "upsertions": upsertions})
-        errors = [(r.user, r.error_code, r.error_message) for r in resp.results if r.error_code]
-        assert not errors, errors
+            upsertion = {
+                "name": user,
+                "mechanism": 1 if mechanism == "SCRAM-SHA-256" else 2,
+                "iterations": 4096,
+                "salt": salt,
+                "salted_password": _salted(mechanism, password, salt, 4096),
+            }
+            resp = await client.request(51, 0, {"deletions": [], "upsertions": [upsertion]})
+            errors = [(r.user, r.error_code, r.error_message) for r in resp.results if r.error_code]
+            assert not errors, errors
         return None
     finally:
         await client.close()
