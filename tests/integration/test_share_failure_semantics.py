@@ -705,11 +705,16 @@ KAFKA_4_2_VERSIONS = {
     # transaction version 1 only, so it stops at v4 and clients use that.
     26: (0, 4),  # EndTxn
     28: (0, 5),  # TxnOffsetCommit
+    29: (1, 3),  # DescribeAcls
+    30: (1, 3),  # CreateAcls
+    31: (1, 3),  # DeleteAcls
     32: (1, 4),  # DescribeConfigs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
+    50: (0, 0),  # DescribeUserScramCredentials
+    51: (0, 0),  # AlterUserScramCredentials
     60: (0, 2),  # DescribeCluster
     76: (1, 1),  # ShareGroupHeartbeat
     77: (1, 1),  # ShareGroupDescribe
