@@ -416,7 +416,8 @@ SASL_KEYS: list[ConfigDef] = [
         0,
         "KIP-368: the longest a SASL session lasts before the client must re-authenticate "
         "on the connection (0: sessions do not expire); a connection that sends a request "
-        "after its session expired is closed.",
+        "after its session expired is closed. Per listener and mechanism as "
+        "listener.name.<listener>.<mechanism>.connections.max.reauth.ms.",
         _at_least(0),
         read_only=True,
     ),
@@ -452,6 +453,8 @@ SSL_KEY_NAMES = frozenset(k.name for k in SSL_KEYS)
 # Keys a listener may override besides ssl.* (`<mechanism>.sasl.jaas.config` too).
 LISTENER_KEY_NAMES = SSL_KEY_NAMES | {"sasl.enabled.mechanisms", "connections.max.reauth.ms"}
 JAAS_SUFFIX = ".sasl.jaas.config"
+# listener.name.<listener>.<mechanism>.connections.max.reauth.ms (KIP-368, per mechanism)
+REAUTH_SUFFIX = ".connections.max.reauth.ms"
 # listener.name.<lower-cased listener name>.<key> (Kafka's ListenerName.configPrefix)
 LISTENER_PREFIX = "listener.name."
 
@@ -464,6 +467,9 @@ def listener_key_def(key: str) -> ConfigDef | None:
     mechanism = key[: -len(JAAS_SUFFIX)] if key.endswith(JAAS_SUFFIX) else ""
     if mechanism and "." not in mechanism:
         return BROKER_KEYS["sasl.jaas.config"]
+    mechanism = key[: -len(REAUTH_SUFFIX)] if key.endswith(REAUTH_SUFFIX) else ""
+    if mechanism and "." not in mechanism:
+        return BROKER_KEYS["connections.max.reauth.ms"]
     return None
 
 
@@ -475,8 +481,9 @@ def listener_override(name: str) -> tuple[str, str] | None:
     listener, sep, key = rest.partition(".")
     if not sep or not listener:
         return None
-    if key.endswith(JAAS_SUFFIX):
-        key = key[: -len(JAAS_SUFFIX)].lower() + JAAS_SUFFIX
+    for suffix in (JAAS_SUFFIX, REAUTH_SUFFIX):
+        if key.endswith(suffix) and key != suffix[1:]:
+            key = key[: -len(suffix)].lower() + suffix
     if listener_key_def(key) is None:
         return None
     return listener.lower(), key
@@ -725,6 +732,11 @@ _ENV_MECHANISMS = ("PLAIN", "SCRAM_SHA_256", "SCRAM_SHA_512", "GSSAPI", "OAUTHBE
 
 def _sasl_env_name(rest: str) -> str | None:
     """The listener.name.* key of a SPOOL_LISTENER_NAME_ variable's tail, if SASL's."""
+    for mechanism in _ENV_MECHANISMS:
+        suffix = f"_{mechanism}_CONNECTIONS_MAX_REAUTH_MS"
+        if rest.endswith(suffix) and len(rest) > len(suffix):
+            name = mechanism.lower().replace("_", "-")
+            return f"{LISTENER_PREFIX}{rest[: -len(suffix)].lower()}.{name}{REAUTH_SUFFIX}"
     for suffix, key in (
         ("_SASL_ENABLED_MECHANISMS", "sasl.enabled.mechanisms"),
         ("_CONNECTIONS_MAX_REAUTH_MS", "connections.max.reauth.ms"),

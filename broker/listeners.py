@@ -417,7 +417,14 @@ def sasl_from_config(config: BrokerConfig, listener: str) -> sasl.SaslSettings:
                 f"Listener {listener}: {key} names login module {entry.login_module}; "
                 f"{mechanism} takes {sasl.SCRAM_LOGIN_MODULE}"
             )
-    return sasl.SaslSettings(listener, mechanisms, users, reauth_ms=reauth)
+    by_mechanism: dict[str, int] = {}
+    for mechanism in mechanisms:
+        value = config.for_listener(listener, f"{mechanism.lower()}.connections.max.reauth.ms")
+        if value is not None:
+            by_mechanism[mechanism] = int(value)
+    return sasl.SaslSettings(
+        listener, mechanisms, users, reauth_ms=reauth, reauth_ms_by_mechanism=by_mechanism
+    )
 
 
 def _plain_users_from_entry(config: BrokerConfig, listener: str, jaas: object) -> dict[str, str]:

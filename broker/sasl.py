@@ -237,8 +237,13 @@ class SaslSettings:
     listener: str
     mechanisms: tuple[str, ...]
     plain_users: Mapping[str, str] = field(default_factory=dict)
-    # connections.max.reauth.ms (KIP-368): 0 means sessions never expire.
+    # connections.max.reauth.ms (KIP-368): 0 means sessions never expire; per mechanism
+    # from listener.name.<listener>.<mechanism>.connections.max.reauth.ms.
     reauth_ms: int = 0
+    reauth_ms_by_mechanism: Mapping[str, int] = field(default_factory=dict)
+
+    def reauth_ms_for(self, mechanism: str) -> int:
+        return self.reauth_ms_by_mechanism.get(mechanism, self.reauth_ms)
 
     def __repr__(self) -> str:  # never the passwords
         return (
@@ -515,7 +520,7 @@ class SaslAuthenticator:
         reauthenticated = self._previous is not None
         self._previous = None
         self._scram = None
-        lifetime = max(self.settings.reauth_ms, 0)
+        lifetime = max(self.settings.reauth_ms_for(self.mechanism), 0)
         self.session_expires_ms = now_ms + lifetime if lifetime > 0 else None
         return Outcome(
             principal=principal,

@@ -975,7 +975,8 @@ class Connection:
             principal=str(self.security.principal),
             api=api.api_name(header.api_key),
             hint="the client did not re-authenticate within connections.max.reauth.ms "
-            f"({auth.settings.reauth_ms} ms); clients re-authenticate on their own "
+            f"({auth.settings.reauth_ms_for(auth.mechanism or '')} ms); clients "
+            "re-authenticate on their own "
             "(librdkafka, Java 2.2+)",
         )
         self.close()

@@ -11,6 +11,7 @@ re-authentication a second). The socket side is tests/integration/test_sasl_scra
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import sasl
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, load_static
 from broker.listeners import listeners_from_config
 from broker.security import KafkaPrincipal
 from coordinator.scram import ScramCredential, credential_from_password, salted_password
@@ -316,6 +317,30 @@ def test_a_scram_listener_needs_no_jaas_entry_and_takes_reauth_ms() -> None:
     }
     [listener] = listeners_from_config(BrokerConfig(settings))
     assert listener.sasl is not None and listener.sasl.reauth_ms == 500
+
+
+def test_reauth_ms_per_mechanism_as_kafka_prefixes_it() -> None:
+    """listener.name.<listener>.<mechanism>.connections.max.reauth.ms, from --set and
+    from SPOOL_ variables, over the listener's and the broker's values."""
+    static = load_static(
+        None,
+        ["listener.name.sasl_plaintext.SCRAM-SHA-512.connections.max.reauth.ms=700"],
+        {
+            "SPOOL_CONNECTIONS_MAX_REAUTH_MS": "5000",
+            "SPOOL_LISTENER_NAME_SASL_PLAINTEXT_SCRAM_SHA_256_CONNECTIONS_MAX_REAUTH_MS": "900",
+        },
+    )
+    [listener] = listeners_from_config(BrokerConfig({**SCRAM_LISTENER, **static}))
+    assert listener.sasl is not None
+    assert listener.sasl.reauth_ms_for("SCRAM-SHA-512") == 700
+    assert listener.sasl.reauth_ms_for("SCRAM-SHA-256") == 900
+    auth = sasl.SaslAuthenticator(listener.sasl, lambda u, m: _STORE.get((u, m)))
+    assert login(auth, "SCRAM-SHA-512", "alice", "alice-secret").session_lifetime_ms == 700
+    auth = sasl.SaslAuthenticator(
+        dataclasses.replace(listener.sasl, reauth_ms_by_mechanism={}),
+        lambda u, m: _STORE.get((u, m)),
+    )
+    assert login(auth, "SCRAM-SHA-512", "alice", "alice-secret").session_lifetime_ms == 5000
 
 
 def test_a_scram_jaas_entry_must_name_the_scram_login_module() -> None:
