@@ -256,8 +256,8 @@ class SaslSettings:
 ScramLookup = Callable[[str, str], ScramCredential | None]
 NO_SCRAM_USERS: ScramLookup = lambda user, mechanism: None  # noqa: E731
 
-# Unknown users get a salt derived from their name under this key: stable for a name
-# (a second try does not show a new salt) and unguessable across brokers and restarts.
+# Unknown users get a salt derived from their name under this key: the same for a name
+# while the broker runs (a second try does not show a new salt), and unguessable.
 _FAKE_SALT_KEY = os.urandom(32)
 
 
