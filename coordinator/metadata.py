@@ -50,6 +50,7 @@ from persister.coordinator_log import (
     RecordLog,
     internal_log_config,
 )
+from persister.storage import FILE_STORAGE, StorageEngine
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.cluster")
@@ -382,11 +383,18 @@ class MetadataStore:
         *,
         clock: Clock = SYSTEM_CLOCK,
         segment_bytes: int = INTERNAL_SEGMENT_BYTES,
+        storage: StorageEngine = FILE_STORAGE,
     ) -> None:
         self.state = ClusterState()
         self.runtime: CoordinatorRuntime[Record] = CoordinatorRuntime(
             "cluster-metadata",
-            RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock),
+            RecordLog(
+                directory,
+                commit,
+                internal_log_config(segment_bytes),
+                clock=clock,
+                open_log=storage.open_log,
+            ),
             encode=_encode,
             decode=_decode,
             replay=self.state.replay,

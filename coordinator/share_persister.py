@@ -46,7 +46,7 @@ from persister.file_log import PartitionLog
 from persister.share_compaction import plan_share_compaction, write_cleaned_segment
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt
-from persister.storage import CoordinatorLog
+from persister.storage import FILE_STORAGE, CoordinatorLog, StorageEngine
 from protocol.errors import KafkaError
 
 log = structlog.get_logger("spool.share_coordinator")
@@ -294,6 +294,7 @@ class DurablePersister(_ShardPersister):
         checkpoints: bool = True,
         checkpoint_interval_records: int = DEFAULT_CHECKPOINT_INTERVAL_RECORDS,
         compaction_enabled: bool = True,
+        storage: StorageEngine = FILE_STORAGE,
     ) -> None:
         """`checkpoints=False` replays the whole log and writes no checkpoint (to check
         a checkpointed restart against a full replay). `compaction_enabled=False`
@@ -309,7 +310,13 @@ class DurablePersister(_ShardPersister):
             checkpoint_file.remove()
         # A `spool compact` output left for a stopped broker goes in before the replay.
         spark_adopt.adopt_at_start(directory)
-        self.records = RecordLog(directory, commit, internal_log_config(segment_bytes), clock=clock)
+        self.records = RecordLog(
+            directory,
+            commit,
+            internal_log_config(segment_bytes),
+            clock=clock,
+            open_log=storage.open_log,
+        )
         super().__init__(
             self.records,
             snapshot_update_records_per_snapshot,

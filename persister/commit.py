@@ -13,6 +13,11 @@ not queue behind the share-state write of the record before it.
 within the call, `done` is told the outcome on the loop, and `started` once a flush
 thread has begun the round (a topic partition wakes its parked fetches then, so their
 Python runs while the disk syncs rather than keeping the thread from starting).
+
+A target with a `flush_async` coroutine method (`AsyncFlushable`: a log whose durability
+is a network round trip, persister.pg_storage) has its rounds run as tasks on the loop
+instead of on a thread: same rounds, same waiters, no thread hop, and any number of
+targets' rounds in flight at once (their commits share transactions downstream).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import contextlib
 import contextvars
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +40,11 @@ log = structlog.get_logger(__name__)
 class Flushable(Protocol):
     def flush(self) -> None:
         """Blocking: make everything written so far durable."""
+
+
+class AsyncFlushable(Protocol):
+    async def flush_async(self) -> None:
+        """On the loop: make everything written so far durable."""
 
 
 @dataclass(slots=True)
@@ -103,6 +113,8 @@ class GroupCommit:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._targets: dict[int, _Target] = {}
+        # Rounds of `AsyncFlushable` targets running as tasks (kept from collection).
+        self._async_rounds: set[asyncio.Task[None]] = set()
         self._stopping = False
         # Told when the last running round has ended (`stop` waits on it).
         self._idle: asyncio.Event | None = None
@@ -184,6 +196,15 @@ class GroupCommit:
         if times is not None:
             times.started_ns = time.perf_counter_ns()
         announce = [w.started for w in waiters if w.started is not None]
+        flush_async = getattr(state.target, "flush_async", None)
+        if flush_async is not None:
+            finish = functools.partial(
+                self._finish_round, key, state, waiters, self._timer(), times
+            )
+            task = self._loop.create_task(_run_async_round(flush_async, times, announce, finish))
+            self._async_rounds.add(task)
+            task.add_done_callback(self._async_rounds.discard)
+            return
         self._executor.submit(
             _run_round,
             self._loop,
@@ -259,3 +280,23 @@ def _run_round(
         times.flushed_ns = time.perf_counter_ns()
     with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
         loop.call_soon_threadsafe(finish, error)
+
+
+async def _run_async_round(
+    flush_async: Callable[[], Awaitable[None]],
+    times: RoundTimes | None,
+    announce: list[Callable[[], None]],
+    finish: Callable[[BaseException | None], None],
+) -> None:
+    """On the loop: `_run_round` for a target that flushes with a coroutine."""
+    if times is not None:
+        times.entered_ns = time.perf_counter_ns()
+    _call_each(announce)
+    error: BaseException | None = None
+    try:
+        await flush_async()
+    except Exception as exc:  # handed to the waiters, as a failed flush
+        error = exc
+    if times is not None:
+        times.flushed_ns = time.perf_counter_ns()
+    finish(error)

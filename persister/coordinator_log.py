@@ -63,9 +63,12 @@ class RecordLog:
         config: LogConfig | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        open_log: Callable[[Path, LogConfig, int], PartitionLog] = PartitionLog.open,
     ) -> None:
+        """`open_log` opens the segmented log underneath (a storage engine's
+        `open_log`; the file engine's is `PartitionLog.open`)."""
         self._clock = clock
-        self.log = PartitionLog.open(directory, config or internal_log_config(), clock.now_ms())
+        self.log = open_log(directory, config or internal_log_config(), clock.now_ms())
         self._commit = commit
 
     @property

@@ -13,11 +13,12 @@ Protocols here:
   write a batch of key/value records, wait for them to be durable, undo a failed write,
   replay on startup (from a checkpoint's offset), close.
 
-A `StorageEngine` opens both. `FileStorage` is the one engine so far: segment files under
+A `StorageEngine` opens both. `FileStorage` is the default engine: segment files under
 the data directory (`persister.file_log.PartitionLog`, `persister.coordinator_log.RecordLog`), which
 mypy checks against these Protocols where `FileStorage` returns them and where
 `FILE_STORAGE` is typed. `persister.coordinator_log.MemoryRecordLog` is a `CoordinatorLog`
-for unit tests.
+for unit tests. `persister.pg_storage.PgStorage` keeps the same files as a cache and
+commits every log's writes to PostgreSQL, the durable copy (see its docstring).
 
 What is still the file backend's own, and the next backend has to answer for:
 - `TopicLog.directory`: `broker.partitions.LogManager` lays out the topic directories itself
@@ -28,11 +29,12 @@ What is still the file backend's own, and the next backend has to answer for:
   closed segments, adopting a Spark compaction). A log without one (None) runs with
   neither, as `MemoryRecordLog` does.
 - `coordinator.metadata.MetadataStore` and `coordinator.share_persister.DurablePersister`
-  open their `RecordLog` themselves.
+  build their `RecordLog` themselves, on the engine's `open_log`.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -43,6 +45,20 @@ from persister.coordinator_log import KeyValue, RecordLog
 from persister.file_log import AppendResult, LogConfig, PartitionLog
 from persister.producer_state import ProducerStateManager
 from persister.txn_index import AbortedTxn
+
+
+class Fenced(OSError):
+    """A flush refused because the log belongs to a newer epoch: another writer claimed
+    it, and this one must stop writing it. An OSError, so a caller that only knows
+    failed fsyncs still fails safe; the partition answers NOT_LEADER_OR_FOLLOWER and a
+    coordinator NOT_COORDINATOR."""
+
+    def __init__(self, name: str, epoch: int) -> None:
+        super().__init__(
+            errno.EPERM, f"log {name} was claimed by another writer (epoch {epoch} is stale)"
+        )
+        self.log_name = name
+        self.epoch = epoch
 
 
 class TopicLog(Protocol):
@@ -134,7 +150,21 @@ class CoordinatorLog(Protocol):
 
 class StorageEngine(Protocol):
     """Opens the logs of one broker. The file engine keys them by directory under the
-    data dir (`topics/<topic>-<partition>`, `groups`, `transactions`, ...)."""
+    data dir (`topics/<topic>-<partition>`, `groups`, `transactions`, ...).
+
+    `start` runs before any log is opened (PostgreSQL: connect, migrate, bring the data
+    dir up to date with the database) and `stop` after the last is closed."""
+
+    async def start(self, data_dir: Path) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def open_log(self, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        """Open the segmented log under a coordinator's `RecordLog`, creating it if new."""
+
+    def forget_log(self, directory: Path) -> None:
+        """A log is gone for good (its topic was deleted): drop what the engine keeps of
+        it besides the directory, which the caller removes."""
 
     def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
         """Open the log of a topic partition, creating it if new."""
@@ -154,6 +184,18 @@ class StorageEngine(Protocol):
 class FileStorage:
     """The file engine: segment files under the data directory, fsynced by `GroupCommit`."""
 
+    async def start(self, data_dir: Path) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def open_log(self, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        return PartitionLog.open(directory, config, now_ms)
+
+    def forget_log(self, directory: Path) -> None:
+        return None
+
     def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
         return PartitionLog.open(directory, config, now_ms)
 
@@ -165,7 +207,7 @@ class FileStorage:
         *,
         clock: Clock = SYSTEM_CLOCK,
     ) -> CoordinatorLog:
-        return RecordLog(directory, commit, config, clock=clock)
+        return RecordLog(directory, commit, config, clock=clock, open_log=self.open_log)
 
 
 # Typed as the Protocol, so mypy checks FileStorage against it.
