@@ -1,0 +1,197 @@
+"""Group commit to PostgreSQL: the writes of many logs in one transaction, one round trip.
+
+`PgCommitter.commit(write)` hands over what one log wrote since its last commit (a
+`LogWrite`: new batches, a truncation to undo, a moved log start) and returns once it
+is committed. One commit is in flight at a time: the writes that arrive while it runs
+wait and all go in the next one, as `persister.commit.GroupCommit` shares one fsync
+among the writers of a log; here one transaction serves every log. The transaction is
+a single call of `spool_commit` (persister.pg_schema), sent outside an explicit
+transaction block, so it costs one round trip and one WAL flush on the server.
+
+Failures surface as a failed fsync does: OSError(EIO, "... postgresql: <reason>"),
+for every write of the failed transaction (none of it is committed, unless the
+connection broke during the commit itself, when it may be: the next commit of that log
+removes the rows from the uncommitted offset on first, so a retry never collides). A
+write whose log has a newer epoch in the database than the writer's is refused with
+`Fenced` (an OSError too, so a caller that knows only fsync failures still fails safe).
+
+Connections come from an asyncpg pool on the broker's event loop. A connection that
+failed is closed (`terminate`), so the pool opens a new one on the next acquire: a
+database restart heals without restarting the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from persister.storage import Fenced
+
+log = structlog.get_logger(__name__)
+
+# How long one commit may take (acquire included) before it counts as failed.
+COMMIT_TIMEOUT_S = 30.0
+
+_COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+
+
+def storage_error(exc: BaseException) -> OSError:
+    """What a failed PostgreSQL call becomes: an I/O error, as a failed fsync is."""
+    reason = str(exc) or type(exc).__name__
+    return OSError(errno.EIO, f"commit to postgresql failed: {reason}")
+
+
+@dataclass(slots=True)
+class Batch:
+    """Record batches of one append, as written to the log: bytes and offsets."""
+
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class LogWrite:
+    """What one log commits: rows to insert, where a truncation began (rows from there on
+    are removed first), the log end offset, and the log start offset if it moved."""
+
+    log_id: int
+    epoch: int
+    name: str
+    batches: list[Batch] = field(default_factory=list)
+    truncate_from: int | None = None
+    next_offset: int = 0
+    log_start_offset: int | None = None
+
+
+@dataclass(slots=True)
+class _Pending:
+    write: LogWrite
+    future: asyncio.Future[None]
+
+
+class PgCommitter:
+    """One commit in flight, the next collecting; see the module docstring."""
+
+    def __init__(self, pool: Any, *, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+        self._pool = pool
+        self._timeout_s = timeout_s
+        self._queue: list[_Pending] = []
+        self._running: asyncio.Task[None] | None = None
+        # Transactions run so far (tests check many writes share one).
+        self.transactions = 0
+
+    async def commit(self, write: LogWrite) -> None:
+        """Return once `write` is committed; raise OSError (or `Fenced`) if it was not."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(write, future))
+        if self._running is None:
+            self._running = asyncio.create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                pending, self._queue = self._queue, []
+                await self._run(pending)
+        finally:
+            self._running = None
+
+    async def _run(self, pending: list[_Pending]) -> None:
+        # Several writes of one log in one round (a second flush while the first was
+        # queued) merge: later rows follow, the lowest truncation wins, the last end wins.
+        merged: dict[int, LogWrite] = {}
+        for item in pending:
+            w = item.write
+            m = merged.get(w.log_id)
+            if m is None:
+                merged[w.log_id] = LogWrite(
+                    w.log_id,
+                    w.epoch,
+                    w.name,
+                    list(w.batches),
+                    w.truncate_from,
+                    w.next_offset,
+                    w.log_start_offset,
+                )
+                continue
+            if w.truncate_from is not None:
+                m.batches = [b for b in m.batches if b.base_offset < w.truncate_from]
+                m.truncate_from = (
+                    w.truncate_from
+                    if m.truncate_from is None
+                    else min(m.truncate_from, w.truncate_from)
+                )
+            m.batches.extend(w.batches)
+            m.next_offset = w.next_offset
+            if w.log_start_offset is not None:
+                m.log_start_offset = max(m.log_start_offset or 0, w.log_start_offset)
+            m.epoch = w.epoch
+        writes = list(merged.values())
+        try:
+            fenced = await asyncio.wait_for(self._execute(writes), self._timeout_s)
+        except Exception as exc:
+            error = storage_error(exc)
+            log.error("postgresql_commit_failed", logs=len(writes), error=str(error))
+            for item in pending:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            return
+        self.transactions += 1
+        refused = set(fenced)
+        for item in pending:
+            if item.future.done():
+                continue
+            if item.write.log_id in refused:
+                log.warning("log_fenced", log=item.write.name, epoch=item.write.epoch)
+                item.future.set_exception(Fenced(item.write.name, item.write.epoch))
+            else:
+                item.future.set_result(None)
+
+    async def _execute(self, writes: list[LogWrite]) -> list[int]:
+        p_logs, p_epochs, p_truncate, p_next, p_start = [], [], [], [], []
+        b_logs, b_base, b_last, b_ts, b_data = [], [], [], [], []
+        for w in writes:
+            p_logs.append(w.log_id)
+            p_epochs.append(w.epoch)
+            # Rows from the first new batch on go first: a commit whose outcome was
+            # unknown (the connection broke during it) may have stored them already.
+            first = w.batches[0].base_offset if w.batches else None
+            cut = [o for o in (w.truncate_from, first) if o is not None]
+            p_truncate.append(min(cut) if cut else None)
+            p_next.append(w.next_offset)
+            p_start.append(w.log_start_offset)
+            for b in w.batches:
+                b_logs.append(w.log_id)
+                b_base.append(b.base_offset)
+                b_last.append(b.last_offset)
+                b_ts.append(b.max_timestamp)
+                b_data.append(b.data)
+        conn = await self._pool.acquire()
+        try:
+            fenced: list[int] = await conn.fetchval(
+                _COMMIT_SQL,
+                p_logs,
+                p_epochs,
+                p_truncate,
+                p_next,
+                p_start,
+                b_logs,
+                b_base,
+                b_last,
+                b_ts,
+                b_data,
+            )
+        except BaseException:
+            # The connection's state is unknown (broken, or a statement left running):
+            # drop it so the pool opens a fresh one.
+            conn.terminate()
+            await self._pool.release(conn)
+            raise
+        await self._pool.release(conn)
+        return list(fenced or [])

@@ -1,0 +1,134 @@
+"""The PostgreSQL schema of the storage engine (persister.pg_storage), and its migrations.
+
+Tables:
+
+- `spool_schema_version(version)`: one row, the last migration applied.
+- `spool_logs`: one row per log the broker keeps, named as the file engine names its
+  directory under the data dir (`topics/<topic>-<partition>`, `meta`, `groups`,
+  `share-state`, `transactions`). `leader_epoch` is the fencing epoch: a broker claims a
+  log by bumping it and every commit checks it is still its own. `log_start_offset` is
+  the first offset kept (DeleteRecords, retention); `next_offset` the log end offset as
+  of the last commit; `topic_id` the topic's id for a partition log (a topic deleted
+  and created again under its name is another log).
+- `spool_batches`: the record batches of each log as the broker wrote them (v2 bytes
+  with their assigned base offset, never decoded), one row per append, keyed by
+  (log, base offset) with the last offset and max timestamp to find them.
+
+`spool_commit(...)` is the whole of a commit in one statement, so one round trip (and,
+run outside an explicit transaction, one transaction): check the epochs of the logs
+written (their `spool_logs` rows read FOR SHARE, so a concurrent claim waits for the
+commit or the commit sees the claim), then for the logs still owned remove the rows a
+truncation undid, insert the new batches, move the log start and end offsets and drop
+the rows below the log start. It returns the ids of the logs whose epoch was not the
+writer's (fenced), which it leaves untouched.
+
+`migrate` applies what is missing under a transaction-scoped advisory lock, so brokers
+starting at once against one database take turns and the second finds the work done.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+# pg_advisory_xact_lock key of the migrations: "spool" in ASCII plus 1.
+MIGRATION_LOCK = 0x73706F6F6C01
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS spool_logs (
+    log_id bigserial PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    leader_epoch bigint NOT NULL DEFAULT 0,
+    log_start_offset bigint NOT NULL DEFAULT 0,
+    next_offset bigint NOT NULL DEFAULT 0,
+    topic_id text,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS spool_batches (
+    log_id bigint NOT NULL REFERENCES spool_logs (log_id) ON DELETE CASCADE,
+    base_offset bigint NOT NULL,
+    last_offset bigint NOT NULL,
+    max_timestamp bigint NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (log_id, base_offset)
+);
+CREATE OR REPLACE FUNCTION spool_commit(
+    p_logs bigint[],
+    p_epochs bigint[],
+    p_truncate bigint[],
+    p_next bigint[],
+    p_start bigint[],
+    b_logs bigint[],
+    b_base bigint[],
+    b_last bigint[],
+    b_ts bigint[],
+    b_data bytea[]
+) RETURNS bigint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    fenced bigint[];
+BEGIN
+    PERFORM 1 FROM spool_logs WHERE log_id = ANY (p_logs) ORDER BY log_id FOR SHARE;
+    SELECT coalesce(array_agg(t.log_id), '{}') INTO fenced
+      FROM unnest(p_logs, p_epochs) AS t (log_id, epoch)
+      LEFT JOIN spool_logs l ON l.log_id = t.log_id
+     WHERE l.leader_epoch IS DISTINCT FROM t.epoch;
+    DELETE FROM spool_batches b
+     USING unnest(p_logs, p_truncate) AS t (log_id, from_offset)
+     WHERE t.from_offset IS NOT NULL AND b.log_id = t.log_id
+       AND b.base_offset >= t.from_offset AND NOT (t.log_id = ANY (fenced));
+    INSERT INTO spool_batches (log_id, base_offset, last_offset, max_timestamp, data)
+    SELECT x.log_id, x.base, x.last, x.ts, x.data
+      FROM unnest(b_logs, b_base, b_last, b_ts, b_data) AS x (log_id, base, last, ts, data)
+     WHERE NOT (x.log_id = ANY (fenced));
+    UPDATE spool_logs l
+       SET next_offset = t.next_offset,
+           log_start_offset = greatest(l.log_start_offset, t.start_offset)
+      FROM unnest(p_logs, p_next, p_start) AS t (log_id, next_offset, start_offset)
+     WHERE l.log_id = t.log_id AND NOT (t.log_id = ANY (fenced));
+    DELETE FROM spool_batches b
+     USING unnest(p_logs, p_start) AS t (log_id, start_offset)
+     WHERE t.start_offset IS NOT NULL AND b.log_id = t.log_id
+       AND b.base_offset < t.start_offset AND b.last_offset < t.start_offset
+       AND NOT (t.log_id = ANY (fenced));
+    RETURN fenced;
+END
+$fn$;
+"""
+
+# Each migration takes the schema from version i to i + 1; append, never edit.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer spool than this one."""
+
+
+async def migrate(conn: Any) -> int:
+    """Bring the schema up to `SCHEMA_VERSION`; return how many migrations this applied.
+
+    Idempotent, and safe when several brokers run it at once: each takes the advisory
+    lock in its own transaction, reads the version under it and applies only what is
+    missing. `conn` is an asyncpg connection."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS spool_schema_version (version integer NOT NULL)"
+        )
+        current = await conn.fetchval("SELECT max(version) FROM spool_schema_version")
+        current = 0 if current is None else int(current)
+        if current > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the database schema is at version {current}, newer than this spool's "
+                f"{SCHEMA_VERSION}: run a newer spool"
+            )
+        for version in range(current, SCHEMA_VERSION):
+            await conn.execute(MIGRATIONS[version])
+        if current < SCHEMA_VERSION:
+            await conn.execute("DELETE FROM spool_schema_version")
+            await conn.execute("INSERT INTO spool_schema_version VALUES ($1)", SCHEMA_VERSION)
+            log.info("storage_schema_migrated", version_from=current, version=SCHEMA_VERSION)
+        return SCHEMA_VERSION - current

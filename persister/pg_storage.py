@@ -1,0 +1,530 @@
+"""The PostgreSQL storage engine: the database is the durable copy, the data dir a cache.
+
+Every log (topic partitions and the coordinator record logs) is still a `PartitionLog`
+of segment files under the data dir, so reads, indexes, producer state, checkpoints and
+compaction work as on the file engine. What changes is durability: `PgPartitionLog`
+remembers the batches appended since its last commit, and its flush round (GroupCommit
+runs `flush_async` on the loop) hands them to the shared `PgCommitter`, which writes the
+pending batches of every log in one transaction (persister.pg_commit). A write is
+acknowledged only once that commit returned, so nothing acknowledged is only in the
+data dir. The local files are not fsynced on the write path: a crash of the machine
+that loses them, or their tail, is repaired from the database at the next start.
+
+Start (`PgStorage.start`, before the broker opens anything): connect, migrate the
+schema (persister.pg_schema), then bring the data dir in line with the database, log
+by log: a log the data dir lacks or holds less of gets the missing batches fetched and
+appended (through `PartitionLog`, so indexes follow); what the data dir holds beyond
+the database's end (written, never committed, never acknowledged) is truncated; the log
+start offset is the database's. The cluster metadata comes back with the `meta` log,
+so the broker then opens everything as usual. A coordinator log with data in the data
+dir but no row in the database is refused (a data dir of the file engine: moving it is
+`spool migrate`'s job), rather than silently emptied.
+
+Fencing: opening a log claims it, bumping its `leader_epoch` in `spool_logs`; every
+commit carries that epoch and is refused (`Fenced`) once another writer claimed the
+log. A fenced log refuses every later flush too.
+
+Truncation and retention: a truncation (a failed write undone) is recorded and its
+rows deleted by the log's next commit; DeleteRecords and retention move the log start
+offset, sent with the next commit, which deletes the rows wholly below it. A deleted
+topic's rows go when `forget_log` runs (LogManager calls it as it removes the
+directory), in the background; `spool_logs.topic_id` holds the topic id of a partition
+log (from the directory's `partition.metadata`), and a claim by another topic id empties
+the rows a deleted topic of that name left, so a re-created topic never inherits them.
+
+Compaction of coordinator logs rewrites the local segments only: the database keeps
+every committed batch (a restore replays more, to the same state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from persister.clock import SYSTEM_CLOCK, Clock
+from persister.commit import GroupCommit
+from persister.coordinator_log import RecordLog, internal_log_config
+from persister.file_log import (
+    LOG_START_OFFSET_CHECKPOINT,
+    AppendResult,
+    LogConfig,
+    PartitionLog,
+    _write_checkpoint,
+)
+from persister.pg_commit import Batch, LogWrite, PgCommitter, storage_error
+from persister.pg_schema import migrate
+from persister.segment import LOG_SUFFIX
+from persister.storage import CoordinatorLog, Fenced, TopicLog
+
+log = structlog.get_logger(__name__)
+
+# The coordinator logs, by directory name under the data dir.
+COORDINATOR_LOGS = ("meta", "groups", "share-state", "transactions")
+# Rows fetched per query while restoring a log.
+_RESTORE_ROWS = 256
+POOL_MAX_SIZE = 8
+CONNECT_TIMEOUT_S = 10.0
+
+
+def mask_password(url: str) -> str:
+    """`url` with its password, if any, replaced by ***: what logs may show."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = urllib.parse.quote(parts.username or "", safe="")
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+@dataclass(slots=True)
+class _Claim:
+    log_id: int
+    epoch: int
+
+
+class PgPartitionLog(PartitionLog):
+    """A `PartitionLog` whose flush commits its new batches to PostgreSQL."""
+
+    _engine: PgStorage
+    _name: str
+
+    def _attach(self, engine: PgStorage, name: str, topic_id: str | None) -> None:
+        self._engine = engine
+        self._name = name
+        self._pending: list[Batch] = []
+        self._truncate_from: int | None = None
+        self._committed_start = self.log_start_offset
+        self._fenced: Fenced | None = None
+        self._topic_id = topic_id
+        self._claim: asyncio.Task[_Claim] = engine._claim_later(name, topic_id)
+
+    def __repr__(self) -> str:
+        return f"PgPartitionLog({self._name})"
+
+    # -- writes remembered for the next commit ----------------------------------
+
+    def append(self, data: bytearray | memoryview, now_ms: int) -> AppendResult:
+        result = super().append(data, now_ms)
+        self._remember(data, result)
+        return result
+
+    def append_raw(self, data: bytearray | memoryview, now_ms: int) -> AppendResult:
+        result = super().append_raw(data, now_ms)
+        self._remember(data, result)
+        return result
+
+    def _remember(self, data: bytearray | memoryview, result: AppendResult) -> None:
+        self._pending.append(
+            Batch(result.first_offset, result.last_offset, result.max_timestamp, bytes(data))
+        )
+
+    def truncate_to(self, offset: int) -> int:
+        removed = super().truncate_to(offset)
+        self._pending = [b for b in self._pending if b.base_offset < offset]
+        if self._truncate_from is None or offset < self._truncate_from:
+            self._truncate_from = offset
+        return removed
+
+    # -- durability ---------------------------------------------------------------
+
+    async def flush_async(self) -> None:
+        """Commit what was written since the last commit (GroupCommit's round)."""
+        if self._fenced is not None:
+            raise self._fenced
+        claim = await self._claimed()
+        batches, self._pending = self._pending, []
+        truncate_from, self._truncate_from = self._truncate_from, None
+        start = self.log_start_offset
+        write = LogWrite(
+            claim.log_id,
+            claim.epoch,
+            self._name,
+            batches,
+            truncate_from,
+            self.log_end_offset,
+            start if start != self._committed_start else None,
+        )
+        try:
+            await self._engine.committer.commit(write)
+        except Fenced as exc:
+            self._fenced = exc
+            raise
+        except BaseException:
+            # Not committed: sent again with the next round, unless truncated meanwhile
+            # (the truncation filtered `_pending`; these were cut as well, or are older).
+            cut = self._truncate_from
+            kept = [b for b in batches if cut is None or b.base_offset < cut]
+            self._pending[:0] = kept
+            if truncate_from is not None:
+                self._truncate_from = min(truncate_from, cut if cut is not None else truncate_from)
+            raise
+        self._committed_start = start
+
+    async def _claimed(self) -> _Claim:
+        try:
+            return await asyncio.shield(self._claim)
+        except Fenced:
+            raise
+        except Exception as exc:
+            # The claim failed (database unreachable at open): try again next round.
+            self._claim = self._engine._claim_later(self._name, self._topic_id)
+            raise storage_error(exc) from exc
+
+
+class PgStorage:
+    """The PostgreSQL engine: see the module docstring. `url` is a libpq URL
+    (postgresql://user@host:port/db); the password comes from it, `password`, or
+    PGPASSWORD (asyncpg reads it), and is never logged."""
+
+    def __init__(self, url: str, *, password: str | None = None) -> None:
+        self.url = url
+        self._password = password
+        self._pool: Any = None
+        self.committer: PgCommitter
+        self._data_dir: Path | None = None
+        # Claims and drops of a log name, in the order they were asked for.
+        self._name_ops: dict[str, asyncio.Task[Any]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"PgStorage({mask_password(self.url)})"
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self, data_dir: Path) -> None:
+        import asyncpg
+
+        self._data_dir = Path(data_dir).resolve()
+        log.info("storage_connecting", storage=mask_password(self.url))
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                password=self._password,
+                min_size=1,
+                max_size=POOL_MAX_SIZE,
+                timeout=CONNECT_TIMEOUT_S,
+                # One statement per commit: no need for asyncpg's prepared-statement
+                # cache to grow with the schema.
+                statement_cache_size=32,
+            )
+        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+            raise OSError(
+                f"cannot reach the storage database {mask_password(self.url)}: {exc}"
+            ) from exc
+        self.committer = PgCommitter(self._pool)
+        try:
+            async with self._pool.acquire() as conn:
+                await migrate(conn)
+            await self._restore(self._data_dir)
+        except asyncpg.PostgresError as exc:
+            await self.stop()
+            raise OSError(
+                f"storage database {mask_password(self.url)}: start failed: {exc}"
+            ) from exc
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            with contextlib.suppress(Exception):
+                await task
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    # -- opening -------------------------------------------------------------------
+
+    def _name(self, directory: Path) -> str:
+        if self._data_dir is None:
+            raise RuntimeError("PgStorage.start has not run")
+        return Path(directory).resolve().relative_to(self._data_dir).as_posix()
+
+    def _open(self, directory: Path, config: LogConfig, now_ms: int) -> PgPartitionLog:
+        plog = PgPartitionLog.open(directory, config, now_ms)
+        assert isinstance(plog, PgPartitionLog)
+        plog._attach(self, self._name(directory), _topic_id(directory))
+        return plog
+
+    def open_log(self, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        return self._open(directory, config, now_ms)
+
+    def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
+        return self._open(directory, config, now_ms)
+
+    def open_coordinator_log(
+        self,
+        directory: Path,
+        commit: GroupCommit,
+        config: LogConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> CoordinatorLog:
+        return RecordLog(directory, commit, config, clock=clock, open_log=self.open_log)
+
+    def forget_log(self, directory: Path) -> None:
+        try:
+            name = self._name(directory)
+        except ValueError:
+            return
+        self._after(name, self._drop(name))
+
+    # -- claims and drops ------------------------------------------------------------
+
+    def _claim_later(self, name: str, topic_id: str | None) -> asyncio.Task[_Claim]:
+        return self._after(name, self._claim(name, topic_id))
+
+    def _after(self, name: str, coro: Any) -> asyncio.Task[Any]:
+        """Run `coro` once the previous claim or drop of `name` is over."""
+        previous = self._name_ops.get(name)
+
+        async def run() -> Any:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            return await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._name_ops[name] = task
+        self._background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if self._name_ops.get(name) is t:
+                del self._name_ops[name]
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("storage_log_op_failed", log=name, error=str(t.exception()))
+
+        task.add_done_callback(done)
+        return task
+
+    async def _claim(self, name: str, topic_id: str | None) -> _Claim:
+        """Take `name` for this broker: a new epoch (creating the row if new). A row of
+        another topic id (a deleted topic's, its rows not dropped yet) is emptied first."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            old = await conn.fetchrow(
+                "SELECT log_id, topic_id FROM spool_logs WHERE name = $1 FOR UPDATE", name
+            )
+            if (
+                old is not None
+                and topic_id is not None
+                and old["topic_id"] is not None
+                and old["topic_id"] != topic_id
+            ):
+                await conn.execute("DELETE FROM spool_batches WHERE log_id = $1", old["log_id"])
+                await conn.execute(
+                    "UPDATE spool_logs SET next_offset = 0, log_start_offset = 0 WHERE log_id = $1",
+                    old["log_id"],
+                )
+                log.warning("log_of_deleted_topic_emptied", log=name, topic_id=old["topic_id"])
+            row = await conn.fetchrow(
+                "INSERT INTO spool_logs (name, leader_epoch, topic_id) VALUES ($1, 1, $2) "
+                "ON CONFLICT (name) DO UPDATE SET leader_epoch = spool_logs.leader_epoch + 1, "
+                "topic_id = coalesce(EXCLUDED.topic_id, spool_logs.topic_id) "
+                "RETURNING log_id, leader_epoch",
+                name,
+                topic_id,
+            )
+        log.info("log_claimed", log=name, epoch=row["leader_epoch"])
+        return _Claim(int(row["log_id"]), int(row["leader_epoch"]))
+
+    async def _drop(self, name: str) -> None:
+        async with self._pool.acquire() as conn:
+            await conn.execute("DELETE FROM spool_logs WHERE name = $1", name)
+        log.info("log_dropped", log=name)
+
+    # -- restore -------------------------------------------------------------------
+
+    async def _restore(self, data_dir: Path) -> None:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT log_id, name, log_start_offset, next_offset, topic_id "
+                "FROM spool_logs ORDER BY name"
+            )
+        known = {row["name"] for row in rows}
+        for name in COORDINATOR_LOGS:
+            directory = data_dir / name
+            if name not in known and _holds_data(directory):
+                raise OSError(
+                    f"{directory} holds a {name} log the storage database "
+                    f"{mask_password(self.url)} does not know: it is a data dir of another "
+                    "storage; start with an empty data dir, or copy it into the database "
+                    "first"
+                )
+        restored = 0
+        for row in rows:
+            name = row["name"]
+            if not _safe_name(name):
+                log.warning("storage_log_name_skipped", log=name)
+                continue
+            if await self._restore_log(
+                data_dir / name,
+                name,
+                int(row["log_id"]),
+                int(row["log_start_offset"]),
+                int(row["next_offset"]),
+                row["topic_id"],
+            ):
+                restored += 1
+        log.info("storage_restored", logs=len(rows), repaired=restored)
+
+    async def _restore_log(
+        self, directory: Path, name: str, log_id: int, start: int, end: int, topic_id: str | None
+    ) -> bool:
+        """Bring `directory`'s log in line with the database's copy; whether it changed."""
+        config = internal_log_config() if name in COORDINATOR_LOGS else LogConfig()
+        now = SYSTEM_CLOCK.now_ms()
+        local_id = _topic_id(directory)
+        if topic_id is not None and local_id is not None and local_id != topic_id:
+            # The data dir's log is of another topic of that name: not this one's cache.
+            shutil.rmtree(directory)
+        plog = PartitionLog.open(directory, config, now)
+        if topic_id is not None:
+            _write_topic_id(directory, topic_id)
+        changed = False
+        try:
+            if plog.log_end_offset == end and plog.log_start_offset >= start:
+                return False
+            if plog.log_end_offset > end:
+                if end >= plog.log_start_offset:
+                    plog.truncate_to(end)
+                else:
+                    plog = self._rebuild(plog, directory, config, start)
+                changed = True
+            fetched = self._rows(log_id, plog.log_end_offset)
+            async for base, last, data in fetched:
+                local_end = plog.log_end_offset
+                if last < local_end:
+                    continue
+                if base < local_end:
+                    # The data dir holds part of this append: take it whole.
+                    if base >= plog.log_start_offset:
+                        plog.truncate_to(base)
+                    else:
+                        plog = self._rebuild(plog, directory, config, base)
+                elif base > local_end:
+                    # A gap (the database dropped rows the data dir never had).
+                    plog = self._rebuild(plog, directory, config, base)
+                plog.append_raw(bytearray(data), now)
+                changed = True
+            if plog.log_end_offset < end:
+                raise OSError(
+                    f"the storage database's copy of {name} ends at offset "
+                    f"{plog.log_end_offset}, below its recorded end {end}"
+                )
+            if start > plog.log_start_offset:
+                plog.delete_records_before(min(start, plog.log_end_offset))
+                changed = True
+        finally:
+            plog.close(clean=True)
+        if changed:
+            log.warning(
+                "log_restored_from_storage",
+                log=name,
+                log_start_offset=start,
+                log_end_offset=end,
+            )
+        return changed
+
+    def _rebuild(
+        self, plog: PartitionLog, directory: Path, config: LogConfig, first: int
+    ) -> PartitionLog:
+        """Empty `directory`'s log and start it at offset `first`."""
+        plog.close(clean=False)
+        marker = directory / _TOPIC_ID_MARKER
+        kept = marker.read_bytes() if marker.exists() else None
+        shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        if kept is not None:
+            # The topic id marker (broker.partitions.LogManager writes it).
+            marker.write_bytes(kept)
+        _write_checkpoint(directory / LOG_START_OFFSET_CHECKPOINT, first)
+        return PartitionLog.open(directory, config, SYSTEM_CLOCK.now_ms())
+
+    async def _rows(self, log_id: int, from_offset: int) -> AsyncIterator[tuple[int, int, bytes]]:
+        """(base, last, data) of the rows holding offsets from `from_offset` on, in order,
+        a few at a time."""
+        after = from_offset
+        first = True
+        while True:
+            async with self._pool.acquire() as conn:
+                if first:
+                    rows = await conn.fetch(
+                        "SELECT base_offset, last_offset, data FROM spool_batches "
+                        "WHERE log_id = $1 AND last_offset >= $2 "
+                        "ORDER BY base_offset LIMIT $3",
+                        log_id,
+                        after,
+                        _RESTORE_ROWS,
+                    )
+                else:
+                    rows = await conn.fetch(
+                        "SELECT base_offset, last_offset, data FROM spool_batches "
+                        "WHERE log_id = $1 AND base_offset > $2 "
+                        "ORDER BY base_offset LIMIT $3",
+                        log_id,
+                        after,
+                        _RESTORE_ROWS,
+                    )
+            first = False
+            if not rows:
+                return
+            for row in rows:
+                yield int(row["base_offset"]), int(row["last_offset"]), bytes(row["data"])
+            after = int(rows[-1]["base_offset"])
+
+
+_TOPIC_ID_MARKER = "partition.metadata"
+
+
+def _topic_id(directory: Path) -> str | None:
+    """The topic id in a partition directory's `partition.metadata` (Kafka's marker,
+    which LogManager writes before opening the log), or None."""
+    try:
+        text = (Path(directory) / _TOPIC_ID_MARKER).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            return value.strip()
+    return None
+
+
+def _write_topic_id(directory: Path, topic_id: str) -> None:
+    marker = directory / _TOPIC_ID_MARKER
+    if not marker.exists():
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(f"version: 0\ntopic_id: {topic_id}\n")
+        os.replace(tmp, marker)
+
+
+def _holds_data(directory: Path) -> bool:
+    try:
+        return any(
+            entry.name.endswith(LOG_SUFFIX) and entry.stat().st_size > 0
+            for entry in os.scandir(directory)
+        )
+    except FileNotFoundError:
+        return False
+
+
+def _safe_name(name: str) -> bool:
+    parts = name.split("/")
+    return all(part not in ("", ".", "..") for part in parts)

@@ -1,0 +1,50 @@
+"""PostgreSQL for the storage tests: one throwaway server per test session
+(tests/postgres.py), a fresh database per test.
+
+Import the fixtures where they are used and name them in the module's `__all__`
+(`from tests.integration.pg_helpers import pg_dsn, pg_server`): pytest finds fixtures
+imported into a test module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+import asyncpg
+import pytest
+
+from tests.postgres import PostgresServer
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def create_database(server: PostgresServer, name: str) -> str:
+    """A new empty database on `server`; its URL."""
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return server.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PostgresServer) -> str:
+    """The URL of a database of its own for this test."""
+    return create_database(pg_server, f"spool_test_{next(_databases)}")
