@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where logs and state live (default ./data)",
     )
     serve.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="make the logs durable in PostgreSQL (postgresql://user@host:port/db), the "
+        "data dir being a cache; short for --set storage=URL (default: the data dir's files)",
+    )
+    serve.add_argument(
         "--config",
         type=Path,
         default=None,
@@ -145,7 +152,10 @@ def serve(args: argparse.Namespace) -> int:
     try:
         static = load_static(args.config, args.set)
         apply_listen_shorthands(static, args.listen, args.advertise)
+        if args.storage is not None:
+            static["storage"] = args.storage
         config = BrokerConfig(static)
+        storage = storage_engine(config)
         ServerLimits.from_config(config)  # settings that must agree, checked up front
         listeners = listeners_from_config(config)
         for listener in listeners:
@@ -155,7 +165,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"spool: {exc}", file=sys.stderr)
         return 2
     raise_open_file_limit()
-    broker = Broker(config, args.data_dir)
+    broker = Broker(config, args.data_dir, storage=storage)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -190,6 +200,31 @@ def serve(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         return 1
     return 0
+
+
+def storage_engine(config: BrokerConfig) -> Any:
+    """The storage engine the `storage` key names: the data dir's files when unset,
+    PostgreSQL for a postgresql:// URL (its password from the URL, the file
+    `storage.password.file` names, or PGPASSWORD)."""
+    from persister.storage import FILE_STORAGE
+
+    url = config.get("storage")
+    if not url:
+        return FILE_STORAGE
+    from persister.pg_storage import PgStorage
+
+    password = None
+    password_file = config.get("storage.password.file")
+    if password_file:
+        try:
+            lines = Path(password_file).read_text().splitlines()
+        except OSError as exc:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"storage.password.file {password_file}: cannot read it ({exc.strerror})",
+            ) from exc
+        password = lines[0] if lines else ""
+    return PgStorage(str(url), password=password)
 
 
 async def _warm_up(broker: Any) -> None:

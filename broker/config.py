@@ -492,6 +492,34 @@ def listener_override(name: str) -> tuple[str, str] | None:
 # KIP-932's broker-level share-group keys (defaults and bounds of the group configs).
 BROKER_KEYS.update(BROKER_CONFIG_DEFS)
 
+# Where the broker's logs are durable (persister.storage), read at start. A password in
+# the URL makes the key sensitive: it is typed PASSWORD, so DescribeConfigs hides it.
+STORAGE_KEYS = [
+    ConfigDef(
+        "storage",
+        PASSWORD,
+        None,
+        "Where the logs are made durable: unset for the data dir's files (fsynced), or a "
+        "PostgreSQL URL (postgresql://user@host:port/db) to commit every write there, "
+        "the data dir then being a cache restored from the database at start.",
+        lambda v: (
+            None
+            if v is None or str(v).startswith(("postgresql://", "postgres://"))
+            else "must be a postgresql:// URL"
+        ),
+        read_only=True,
+    ),
+    ConfigDef(
+        "storage.password.file",
+        STRING,
+        None,
+        "A file holding the storage database's password (its first line), instead of "
+        "the URL or PGPASSWORD.",
+        read_only=True,
+    ),
+]
+BROKER_KEYS.update({k.name: k for k in STORAGE_KEYS})
+
 TOPIC_KEYS: dict[str, ConfigDef] = {
     k.name: k
     for k in [

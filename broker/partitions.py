@@ -34,7 +34,7 @@ from persister.clock import SYSTEM_CLOCK, Clock, ms_of
 from persister.commit import GroupCommit
 from persister.file_log import AppendResult, LogConfig
 from persister.producer_state import CompletedTxn, ProducerStateManager
-from persister.storage import FILE_STORAGE, StorageEngine, TopicLog
+from persister.storage import FILE_STORAGE, Fenced, StorageEngine, TopicLog
 from persister.txn_index import AbortedTxn
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
@@ -402,6 +402,9 @@ class Partition:
             timer.cancel()
             self.remove_listener(on_change)
         if self._hw_error is not None and self.high_watermark <= last_offset:
+            if isinstance(self._hw_error, Fenced):
+                # Another broker claimed the partition's log: it leads it now.
+                raise KafkaError(ErrorCode.not_leader_or_follower, str(self._hw_error))
             raise KafkaError(ErrorCode.kafka_storage_error, f"fsync failed: {self._hw_error}")
 
     # -- read -------------------------------------------------------------------
@@ -652,6 +655,7 @@ class LogManager:
             trash = path.with_name(f"{path.name}.{uuid.uuid4().hex}-delete")
             os.replace(path, trash)
             shutil.rmtree(trash, ignore_errors=True)
+            self.storage.forget_log(path)
             part._notify()
 
     def get(self, topic: str, index: int) -> Partition | None:
@@ -676,6 +680,7 @@ class LogManager:
             topic, _, index = name.rpartition("-")
             if index.isdigit() and topic not in live:
                 shutil.rmtree(path, ignore_errors=True)
+                self.storage.forget_log(path)
 
     def enforce_retention(self) -> int:
         deleted = 0

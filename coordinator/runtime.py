@@ -81,7 +81,7 @@ from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.coordinator_log import CompactionKeys, KeyValue, compact_by_key
 from persister.file_log import PartitionLog
-from persister.storage import CoordinatorLog
+from persister.storage import CoordinatorLog, Fenced
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.runtime")
@@ -428,6 +428,11 @@ class CoordinatorRuntime(Generic[R]):
                 if write.error is None:
                     self._undo(write.start, exc, "fsync")
                 assert write.error is not None
+                if isinstance(exc, Fenced):
+                    # Another broker claimed this log: it is the coordinator now.
+                    raise KafkaError(
+                        ErrorCode.not_coordinator, f"the {self.name} log moved: {exc}"
+                    ) from exc
                 raise storage_error(write.error) from exc
             if write.error is not None:
                 # An earlier write failed and its undo cut these records too.
