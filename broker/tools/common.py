@@ -78,7 +78,10 @@ def add_connection_flags(parser: argparse.ArgumentParser, timeout: bool = False)
         "--command-config",
         type=Path,
         metavar="FILE",
-        help=f"properties file of admin client configs ({', '.join(COMMAND_CONFIG_KEYS)})",
+        help="properties file of Kafka client configs: client.id, default.api.timeout.ms, "
+        "security.protocol, sasl.mechanism, sasl.username, sasl.password or sasl.jaas.config, "
+        "ssl.ca.location, ssl.certificate.location, ssl.key.location, ssl.key.password, "
+        "ssl.endpoint.identification.algorithm",
     )
     if timeout:
         parser.add_argument(

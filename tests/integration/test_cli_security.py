@@ -1,4 +1,4 @@
-"""`spool topics`, `share-groups` and `configs` with `--command-config` over SASL_SSL and
+"""`spool topics`, `share-groups`, `configs` and `users` with `--command-config` over SASL_SSL and
 SASL_PLAINTEXT, as an operator runs them (subprocesses): Kafka client properties with
 librdkafka's names and with the Java client's sasl.jaas.config, PLAIN and SCRAM. A wrong
 password, a CA that did not sign the broker's certificate, a missing ssl.ca.location and
@@ -8,10 +8,7 @@ person can act on, and no password is ever printed.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.client import KafkaClient
 from tests.integration.cli_helpers import CLI_TIMEOUT_S
-from tests.integration.conftest import REPO_ROOT, Broker, BrokerError, free_port
+from tests.integration.conftest import REPO_ROOT, Broker, free_port
 from tests.integration.tls_helpers import Certs, certs
 
 __all__ = ["certs"]  # the module fixture, from tls_helpers
@@ -240,52 +236,40 @@ def test_bad_command_config_is_a_usage_error(broker: SecureBroker, tmp_path: Pat
     assert "hunter2" not in proc.stderr
 
 
-# --- SCRAM, once the broker has it -------------------------------------------------------
-
-
-def _salted(mechanism: str, password: str, salt: bytes, iterations: int) -> bytes:
-    digest = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
-    return hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
-
-
-async def _add_scram_user(broker: Broker, user: str, password: str) -> str | None:
-    """AlterUserScramCredentials (KIP-554) over PLAINTEXT; None, or why it cannot."""
-    client = await KafkaClient.connect(broker.host, broker.port, "cli-security-scram")
-    try:
-        versions = await client.api_versions()
-        if 51 not in versions:
-            return "the broker has no AlterUserScramCredentials"
-        # One request per mechanism: Kafka refuses a user altered twice in one request.
-        for mechanism in SCRAM:
-            salt = os.urandom(16)
-            upsertion = {
-                "name": user,
-                "mechanism": 1 if mechanism == "SCRAM-SHA-256" else 2,
-                "iterations": 4096,
-                "salt": salt,
-                "salted_password": _salted(mechanism, password, salt, 4096),
-            }
-            resp = await client.request(51, 0, {"deletions": [], "upsertions": [upsertion]})
-            errors = [(r.user, r.error_code, r.error_message) for r in resp.results if r.error_code]
-            assert not errors, errors
-        return None
-    finally:
-        await client.close()
+# --- SCRAM ----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def scram_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureBroker]:
-    broker = SecureBroker(tmp_path_factory.mktemp("cli-scram"), certs, ("PLAIN", *SCRAM))
+    """SCRAM-SHA-256 and -512 enabled; the user carol made with `spool users` over
+    SASL_SSL as the PLAIN user admin (one mechanism per call: Kafka refuses a user
+    altered twice in one AlterUserScramCredentials request)."""
+    root = tmp_path_factory.mktemp("cli-scram")
+    broker = SecureBroker(root, certs, ("PLAIN", *SCRAM))
+    broker.start()
     try:
-        broker.start()
-    except BrokerError as exc:
-        if "SCRAM" in str(exc):
-            pytest.skip("this broker does not enable SCRAM yet")
-        raise
-    try:
-        why = asyncio.run(_add_scram_user(broker, "carol", "carol-secret"))
-        if why is not None:
-            pytest.skip(why)
+        admin = properties(
+            root,
+            "admin",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+            sasl_username="admin",
+            sasl_password="admin-secret",
+            ssl_ca_location=str(certs.ca),
+        )
+        for mechanism in SCRAM:
+            ok(
+                broker.sasl_ssl_port,
+                admin,
+                "users",
+                "--alter",
+                "--entity-name",
+                "carol",
+                "--add-config",
+                f"{mechanism}=[iterations=4096,password=carol-secret]",
+            )
+        described = ok(broker.sasl_ssl_port, admin, "users", "--describe", "--entity-name", "carol")
+        assert "SCRAM-SHA-512" in described and "carol-secret" not in described
         yield broker
     finally:
         if broker.running:
