@@ -369,12 +369,22 @@ class AdminClient:
 
     def _hint(self) -> str:
         """What to check when a broker closes a connection we just opened: most often
-        a listener whose security protocol is not the one configured."""
-        return (
-            f" (this client uses security.protocol={self.security.protocol}: if the "
-            "listener is SSL, SASL_PLAINTEXT or SASL_SSL, set security.protocol and its "
-            "settings in --command-config)"
-        )
+        a listener whose security protocol is not the one configured, or one that
+        requires a client certificate."""
+        security = self.security
+        if security.protocol == "PLAINTEXT":
+            return (
+                " (this client uses security.protocol=PLAINTEXT: if the listener is SSL, "
+                "SASL_PLAINTEXT or SASL_SSL, set security.protocol and its settings in "
+                "--command-config)"
+            )
+        hint = f" (security.protocol={security.protocol}: check that it is the listener's"
+        if security.uses_tls and security.ssl_certificate_location is None:
+            hint += (
+                "; if the listener requires a client certificate (ssl.client.auth), set "
+                "ssl.certificate.location and ssl.key.location"
+            )
+        return hint + ")"
 
     async def _drop(self, address: tuple[str, int]) -> None:
         conn = self._connections.pop(address, None)

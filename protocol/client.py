@@ -344,8 +344,8 @@ class KafkaClient:
                 except Exception as exc:
                     if not future.done():
                         future.set_exception(exc)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            error = ClientError(f"connection closed: {exc}")
+        except (asyncio.IncompleteReadError, OSError) as exc:  # OSError: ssl.SSLError too
+            error = ClientError(f"connection closed: {_reason(exc) or exc}")
         except asyncio.CancelledError:
             error = ClientError("client closed")
         for _, _, future in self._pending.values():

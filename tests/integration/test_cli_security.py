@@ -31,7 +31,18 @@ SCRAM_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-class SecureBroker(Broker):
+class ListenersBroker(Broker):
+    """A broker whose `listeners` setting replaces --listen (PLAINTEXT stays on `port`,
+    where the harness waits for it)."""
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        i = cmd.index("--listen")
+        del cmd[i : i + 2]
+        return cmd
+
+
+class SecureBroker(ListenersBroker):
     """PLAINTEXT on `port`, SASL_PLAINTEXT on `sasl_port`, SASL_SSL on `sasl_ssl_port`,
     with `mechanisms` enabled on both SASL listeners."""
 
@@ -52,12 +63,6 @@ class SecureBroker(Broker):
             f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
             f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
         )
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return cmd
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +313,45 @@ def test_scram_with_java_jaas_config(scram_broker: SecureBroker, tmp_path: Path)
         'username="carol" password="carol-secret";\n'
     )
     ok(scram_broker.sasl_port, config, "share-groups", "--list")
+
+
+def test_client_certificate_on_an_ssl_listener_that_requires_one(
+    certs: Certs, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """ssl.client.auth=required: with ssl.certificate.location and ssl.key.location the
+    tools are served; without, they exit 1 saying the connection was refused."""
+    root = tmp_path_factory.mktemp("cli-mtls")
+    broker = ListenersBroker(
+        root / "data",
+        root / "broker.log",
+        {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(certs.server),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(certs.ca),
+            "ssl.client.auth": "required",
+        },
+    )
+    ssl_port = free_port()
+    broker.settings["listeners"] = f"PLAINTEXT://127.0.0.1:{broker.port},SSL://127.0.0.1:{ssl_port}"
+    broker.start()
+    try:
+        with_cert = properties(
+            tmp_path,
+            "mtls",
+            security_protocol="SSL",
+            ssl_ca_location=str(certs.ca),
+            ssl_certificate_location=str(certs.client_cert),
+            ssl_key_location=str(certs.client_key),
+        )
+        ok(ssl_port, with_cert, "topics", "--create", "--topic", "mtls-topic")
+        without = properties(
+            tmp_path, "no-cert", security_protocol="SSL", ssl_ca_location=str(certs.ca)
+        )
+        proc = spool(ssl_port, without, "topics", "--list")
+        assert proc.returncode == 1, proc
+        assert proc.stderr.startswith("Error: "), proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "ssl.certificate.location and ssl.key.location" in proc.stderr
+    finally:
+        broker.stop()
