@@ -16,8 +16,10 @@ write whose log has a newer epoch in the database than the writer's is refused w
 `Fenced` (an OSError too, so a caller that knows only fsync failures still fails safe).
 
 Connections come from an asyncpg pool on the broker's event loop. A connection that
-failed is closed (`terminate`), so the pool opens a new one on the next acquire: a
-database restart heals without restarting the broker.
+failed is closed (`terminate`), so the pool opens a new one on the next acquire, and a
+commit that failed because its connection was dead (the database restarted since) is
+sent once more on a new one: a database restart heals without restarting the broker,
+and one that is over before the next commit is not seen at all.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class PgCommitter:
             m.epoch = w.epoch
         writes = list(merged.values())
         try:
-            fenced = await asyncio.wait_for(self._execute(writes), self._timeout_s)
+            fenced = await asyncio.wait_for(self._execute_retrying(writes), self._timeout_s)
         except Exception as exc:
             error = storage_error(exc)
             log.error("postgresql_commit_failed", logs=len(writes), error=str(error))
@@ -152,6 +154,18 @@ class PgCommitter:
                 item.future.set_exception(Fenced(item.write.name, item.write.epoch))
             else:
                 item.future.set_result(None)
+
+    async def _execute_retrying(self, writes: list[LogWrite]) -> list[int]:
+        """`_execute`, once more on a new connection if the first one was dead (the
+        database restarted since it was opened). A commit can be sent twice: it
+        replaces the rows from its first offset on and sets the offsets outright."""
+        try:
+            return await self._execute(writes)
+        except Exception as exc:
+            if not _connection_lost(exc):
+                raise
+            log.warning("postgresql_connection_lost", error=str(exc) or type(exc).__name__)
+        return await self._execute(writes)
 
     async def _execute(self, writes: list[LogWrite]) -> list[int]:
         p_logs, p_epochs, p_truncate, p_next, p_start = [], [], [], [], []
@@ -195,3 +209,20 @@ class PgCommitter:
             raise
         await self._pool.release(conn)
         return list(fenced or [])
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection is gone, rather than the server refusing."""
+    import asyncpg
+
+    return isinstance(
+        exc,
+        (
+            OSError,
+            ConnectionError,
+            asyncpg.ConnectionDoesNotExistError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.AdminShutdownError,
+            asyncpg.exceptions.CannotConnectNowError,
+        ),
+    )

@@ -7,8 +7,9 @@ remembers the batches appended since its last commit, and its flush round (Group
 runs `flush_async` on the loop) hands them to the shared `PgCommitter`, which writes the
 pending batches of every log in one transaction (persister.pg_commit). A write is
 acknowledged only once that commit returned, so nothing acknowledged is only in the
-data dir. The local files are not fsynced on the write path: a crash of the machine
-that loses them, or their tail, is repaired from the database at the next start.
+data dir. The local files are not fsynced on the write path (only when a segment
+rolls, to move the recovery point): a crash of the machine that loses them, or their
+tail, is repaired from the database at the next start.
 
 Start (`PgStorage.start`, before the broker opens anything): connect, migrate the
 schema (persister.pg_schema), then bring the data dir in line with the database, log
@@ -175,6 +176,14 @@ class PgPartitionLog(PartitionLog):
                 self._truncate_from = min(truncate_from, cut if cut is not None else truncate_from)
             raise
         self._committed_start = start
+        if self._unflushed:
+            # A segment rolled: fsync the closed ones and move the recovery point, so
+            # a start after a crash validates only the segments from there on (the
+            # database has the data; this only keeps restarts short).
+            try:
+                await asyncio.to_thread(PartitionLog.flush, self)
+            except OSError as exc:
+                log.warning("local_flush_failed", log=self._name, error=str(exc))
 
     async def _claimed(self) -> _Claim:
         try:

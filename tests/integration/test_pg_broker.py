@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
 from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka.admin import AdminClient
 
 from tests.integration.conftest import (
     Broker,
+    admin_config,
     consume_assigned,
     create_topic,
     produce,
@@ -122,6 +125,14 @@ def test_the_database_holds_what_the_broker_acknowledged(
     assert logs["topics/t-0"] == 30
     assert logs["meta"] > 0
     assert "storage_connecting" in broker.log_path.read_text()
+
+    # A deleted topic's rows go (in the background, after the deletion answered).
+    admin = AdminClient(admin_config(broker))
+    admin.delete_topics(["t"], request_timeout=30)["t"].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while "topics/t-0" in (logs := asyncio.run(rows())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "topics/t-0" not in logs and "meta" in logs
 
 
 def test_serve_takes_the_storage_url_as_a_flag() -> None:

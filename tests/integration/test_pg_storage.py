@@ -215,6 +215,12 @@ async def test_a_database_restart_fails_commits_then_heals_without_reopening(
         plog = await open_topic(engine, tmp_path, "t-0")
         plog.append(batch(b"before"), NOW)
         await commit.sync(plog)
+        # A restart between two commits: the pool's connection is dead, the commit is
+        # sent again on a new one, and nobody sees a failure.
+        await asyncio.to_thread(pg_server.restart, "immediate")
+        plog.append(batch(b"across a restart"), NOW)
+        await commit.sync(plog)
+        plog.truncate_to(1)
         await asyncio.to_thread(pg_server.stop, "immediate")
         plog.append(batch(b"while down"), NOW)
         with pytest.raises(OSError) as failed:
@@ -239,3 +245,24 @@ def test_the_password_never_shows_in_what_is_logged() -> None:
     assert mask_password("postgresql://u:s3cret@h:5432/db") == "postgresql://u:***@h:5432/db"
     assert mask_password("postgresql://u@h/db") == "postgresql://u@h/db"
     assert "s3cret" not in repr(PgStorage("postgresql://u:s3cret@h/db"))
+
+
+async def test_a_rolled_segment_is_fsynced_locally_so_restarts_stay_short(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    engine = PgStorage(pg_dsn)
+    await engine.start(tmp_path)
+    try:
+        directory = tmp_path / "topics" / "t-0"
+        plog = engine.open_topic_log(directory, LogConfig(segment_bytes=300), NOW)
+        assert isinstance(plog, PgPartitionLog)
+        checkpoint = directory / "recovery-point-offset-checkpoint"
+        plog.append(batch(b"x" * 150), NOW)
+        await plog.flush_async()
+        assert not checkpoint.exists()  # no roll: the database alone keeps it durable
+        plog.append(batch(b"y" * 150), NOW)  # rolls
+        await plog.flush_async()
+        assert checkpoint.read_text().split() == ["0", "1"]
+        plog.close()
+    finally:
+        await engine.stop()
