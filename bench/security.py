@@ -7,7 +7,8 @@ It starts its own broker with a PLAINTEXT and a SASL_SSL listener (TLS with a CA
 certificate made for the run, SASL/PLAIN), then on each listener in turn: creates a
 4-partition topic, produces the records (acks=all, linger 5 ms, value size the run's
 first --sizes), and reads them with one ShareConsumer (implicit acknowledgement, a new
-group from the earliest offset; the rate from the first record, as in bench.share). Four
+group from the earliest offset; the rate from the first record, as in bench.share);
+the listeners alternate, SPOOL_BENCH_SECURITY_RUNS times (3), and the median counts. Four
 consumers are left out: their rate measures how long the assignment takes to spread
 (a heartbeat interval), the same on both listeners. The clients are confluent-kafka
 configured as Kafka users configure them (security.protocol, sasl.mechanism,
@@ -38,6 +39,8 @@ from bench.share import share_consume
 DEFAULT_SECURITY_RECORDS = int(os.environ.get("SPOOL_BENCH_SECURITY_RECORDS", "500000"))
 PARTITIONS = 4
 CASE_TIME_LIMIT_S = 60.0
+# Each workload runs this many times per listener, alternating; the median counts.
+RUNS = int(os.environ.get("SPOOL_BENCH_SECURITY_RUNS", "3"))
 USER, PASSWORD = "bench", "bench-secret"
 JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -92,6 +95,15 @@ def _share(ctx: BenchContext, topic: str, consumers: int, expected: int, run: st
     return result
 
 
+def _median(readings: list[Result]) -> Result:
+    """The median reading by rate, its notes listing every reading."""
+    ordered = sorted(readings, key=lambda r: r.records_per_s)
+    middle = ordered[len(ordered) // 2]
+    rates = ", ".join(f"{r.records_per_s:,.0f}" for r in readings)
+    notes = "; ".join(n for n in (middle.notes, f"median of {len(readings)}: {rates}") if n)
+    return dataclasses.replace(middle, notes=notes)
+
+
 def format_side_by_side(rows: list[tuple[str, Result, Result]]) -> str:
     header = f"{'workload (records/s)':<34} {'PLAINTEXT':>12} {'SASL_SSL':>12} {'ratio':>7}"
     lines = [header, "-" * len(header)]
@@ -127,19 +139,31 @@ def bench_security(ctx: BenchContext, records: int | None = None) -> list[Result
                 client=secure_client,
             ),
         }
-        table: dict[str, dict[str, Result]] = {name: {} for name in listeners}
+        readings: dict[str, dict[str, list[Result]]] = {
+            name: {"produce": [], "share x1": []} for name in listeners
+        }
         try:
-            for name, sub in listeners.items():
-                progress(f"security: producing {records} records over {name}")
-                table[name]["produce"] = _produce(sub, f"bench-security-{name}", records, size)
-            for name, sub in listeners.items():
-                stored = table[name]["produce"].records
-                progress(f"security: a ShareConsumer over {name}")
-                table[name]["share x1"] = _share(sub, f"bench-security-{name}", 1, stored, name)
+            # Listeners alternate, run after run, so a burst of other load on the machine
+            # falls on both; each run has its own topic and share group.
+            for run in range(RUNS):
+                for name, sub in listeners.items():
+                    progress(f"security: producing {records} records over {name} ({run + 1})")
+                    topic = f"bench-security-{name}-{run}"
+                    readings[name]["produce"].append(_produce(sub, topic, records, size))
+            for run in range(RUNS):
+                for name, sub in listeners.items():
+                    stored = readings[name]["produce"][run].records
+                    progress(f"security: a ShareConsumer over {name} ({run + 1})")
+                    topic, group = f"bench-security-{name}-{run}", f"{name}-{run}"
+                    readings[name]["share x1"].append(_share(sub, topic, 1, stored, group))
         finally:
             code = broker.stop()
             if code != 0:
                 print(f"security: broker exited with {code}\n{broker.log_tail()}", flush=True)
+    table = {
+        name: {case: _median(results) for case, results in cases.items()}
+        for name, cases in readings.items()
+    }
     rows = [
         (table["PLAINTEXT"][key].case, table["PLAINTEXT"][key], table["SASL_SSL"][key])
         for key in table["PLAINTEXT"]
@@ -152,7 +176,12 @@ def bench_security(ctx: BenchContext, records: int | None = None) -> list[Result
     ]
     ctx.sections.append(format_side_by_side(rows))
     plain, secure = table["PLAINTEXT"].get("share x1"), table["SASL_SSL"].get("share x1")
-    if plain and secure and plain.records_per_s and secure.records >= plain.records > 0:
+    complete = all(
+        share.records >= produced.records > 0
+        for cases in readings.values()
+        for share, produced in zip(cases["share x1"], cases["produce"], strict=False)
+    )
+    if plain and secure and plain.records_per_s and complete:
         ctx.figures["security.share_ratio"] = secure.records_per_s / plain.records_per_s
     else:
         ctx.not_run["security.share_ratio"] = "a share case did not read all its records"
