@@ -19,7 +19,8 @@ the database's end (written, never committed, never acknowledged) is truncated; 
 start offset is the database's. The cluster metadata comes back with the `meta` log,
 so the broker then opens everything as usual. A coordinator log with data in the data
 dir but no row in the database is refused (a data dir of the file engine: moving it is
-`spool migrate`'s job), rather than silently emptied.
+`spool migrate`'s job), rather than silently emptied. A log whose last batches differ from the
+database's (the data dir was another database's cache) is rebuilt from the database.
 
 Fencing: opening a log claims it, bumping its `leader_epoch` in `spool_logs`; every
 commit carries that epoch and is refused (`Fenced`) once another writer claimed the
@@ -74,6 +75,8 @@ COORDINATOR_LOGS = ("meta", "groups", "share-state", "transactions")
 _RESTORE_ROWS = 256
 POOL_MAX_SIZE = 8
 CONNECT_TIMEOUT_S = 10.0
+# How long a stop waits for pending claims and drops, then for the pool to close.
+STOP_TIMEOUT_S = 5.0
 
 
 def mask_password(url: str) -> str:
@@ -251,12 +254,23 @@ class PgStorage:
             raise
 
     async def stop(self) -> None:
-        for task in list(self._background):
-            with contextlib.suppress(Exception):
-                await task
+        """Let pending claims and drops finish (a bounded wait: with the database away
+        they are given up; a dropped topic's rows are then emptied by the next claim of
+        its name), then close the connections."""
+        pending = list(self._background)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=STOP_TIMEOUT_S)
+            for task in late:
+                task.cancel()
+            for task in late:
+                with contextlib.suppress(BaseException):
+                    await task
         if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), STOP_TIMEOUT_S)
+            except (TimeoutError, OSError):
+                pool.terminate()
 
     # -- opening -------------------------------------------------------------------
 
@@ -408,14 +422,19 @@ class PgStorage:
             _write_topic_id(directory, topic_id)
         changed = False
         try:
-            if plog.log_end_offset == end and plog.log_start_offset >= start:
-                return False
             if plog.log_end_offset > end:
                 if end >= plog.log_start_offset:
                     plog.truncate_to(end)
                 else:
                     plog = self._rebuild(plog, directory, config, start)
                 changed = True
+            if not await self._tail_matches(plog, log_id, name):
+                # Not this database's log (a data dir reused with another database).
+                log.warning("log_cache_discarded", log=name, reason="differs from storage")
+                plog = self._rebuild(plog, directory, config, start)
+                changed = True
+            if plog.log_end_offset == end and plog.log_start_offset >= start:
+                return changed
             fetched = self._rows(log_id, plog.log_end_offset)
             async for base, last, data in fetched:
                 local_end = plog.log_end_offset
@@ -450,6 +469,29 @@ class PgStorage:
                 log_end_offset=end,
             )
         return changed
+
+    async def _tail_matches(self, plog: PartitionLog, log_id: int, name: str) -> bool:
+        """Whether the data dir's last batches are the database's (the bytes of the
+        last row below the local log end), where they can be compared: not in a
+        closed segment of a coordinator log, which compaction may have rewritten."""
+        local_end = plog.log_end_offset
+        if local_end == plog.log_start_offset:
+            return True
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT base_offset, last_offset, data FROM spool_batches "
+                "WHERE log_id = $1 AND base_offset < $2 ORDER BY base_offset DESC LIMIT 1",
+                log_id,
+                local_end,
+            )
+        if row is None:
+            return True
+        base, last, data = int(row["base_offset"]), int(row["last_offset"]), bytes(row["data"])
+        if last >= local_end or base < plog.log_start_offset:
+            return True  # the data dir holds part of it: the restore takes it whole
+        if name in COORDINATOR_LOGS and base < plog.segment_base_offsets[-1]:
+            return True
+        return plog.read(base, len(data), max_offset=last + 1)[: len(data)] == data
 
     def _rebuild(
         self, plog: PartitionLog, directory: Path, config: LogConfig, first: int

@@ -266,3 +266,28 @@ async def test_a_rolled_segment_is_fsynced_locally_so_restarts_stay_short(
         plog.close()
     finally:
         await engine.stop()
+
+
+async def test_a_data_dir_of_another_database_is_replaced_by_this_ones_log(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    plog.append(batch(b"ours", b"ours"), NOW)
+    await plog.flush_async()
+    plog.close()
+    await engine.stop()
+    # The same offsets, other bytes: a data dir that was another database's cache.
+    shutil.rmtree(data / "topics" / "t-0")
+    other = PartitionLog.open(data / "topics" / "t-0", LogConfig(), NOW)
+    other.append(batch(b"theirs", b"theirs"), NOW)
+    other.close()
+
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    assert values(plog) == [b"ours", b"ours"]
+    plog.close()
+    await engine.stop()
