@@ -15,6 +15,7 @@ long-poll fetches use them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
@@ -686,8 +687,26 @@ class LogManager:
         deleted = 0
         ts = self.clock.now_ms()
         for part in self:
-            deleted += part.log.enforce_retention(ts)
+            removed = part.log.enforce_retention(ts)
+            if removed:
+                # Make the new log start durable now, not at the partition's next
+                # write (the storage engine drops what lies below it then).
+                self._flush_soon(part)
+            deleted += removed
         return deleted
+
+    def _flush_soon(self, part: Partition) -> None:
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                log.warning(
+                    "retention_flush_failed",
+                    topic=part.topic,
+                    partition=part.index,
+                    error=str(error),
+                )
+
+        with contextlib.suppress(RuntimeError):  # not running (stopping, or a unit test)
+            self.commit.request(part.log, done)
 
     async def flush_all(self) -> None:
         await asyncio.gather(*(p.flush() for p in self))

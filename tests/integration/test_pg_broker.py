@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     produce,
     producer_config,
     wait_for_partitions,
+    watermarks,
 )
 from tests.integration.pg_helpers import pg_dsn, pg_server
 from tests.integration.share_helpers import (
@@ -175,3 +176,33 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     got = consume_assigned(second, "t", [0], 2, timeout=30)
     assert [r.value for r in got] == [b"before", b"after"]
     first.stop()  # a fenced log is not flushed again at stop: the exit is still clean
+
+
+def test_retention_moves_the_log_start_in_the_database_without_a_new_write(
+    broker_factory: Callable[..., Broker], pg_dsn: str
+) -> None:
+    broker = broker_factory({"storage": pg_dsn, "log.retention.check.interval.ms": "300"})
+    create_topic(broker, "r", config={"segment.bytes": "1000", "retention.bytes": "2000"})
+    produce_values(broker, "r", [b"v" * 100 for _ in range(100)], batch=5)
+
+    async def start_and_rows() -> tuple[int, int]:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT log_id, log_start_offset FROM spool_logs WHERE name = 'topics/r-0'"
+            )
+            below = await conn.fetchval(
+                "SELECT count(*) FROM spool_batches WHERE log_id = $1 AND last_offset < $2",
+                row["log_id"],
+                row["log_start_offset"],
+            )
+            return int(row["log_start_offset"]), int(below)
+        finally:
+            await conn.close()
+
+    deadline = time.monotonic() + 30
+    while (found := asyncio.run(start_and_rows()))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    start, below = found
+    assert start > 0 and below == 0
+    assert watermarks(broker, "r", 0)[0] == start
