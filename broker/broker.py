@@ -24,7 +24,14 @@ from broker.handlers.transactions import marker_writer
 from broker.listeners import ListenerConfig, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
 from broker.partitions import LogManager, Partition
-from broker.server import Endpoint, RequestContext, Server, ServerLimits, error_frame
+from broker.server import (
+    CloseConnection,
+    Endpoint,
+    RequestContext,
+    Server,
+    ServerLimits,
+    error_frame,
+)
 from broker.share.fetch import ShareFetchService
 from broker.share.manager import SharePartitionManager
 from broker.share.reader import LogPartition
@@ -417,7 +424,12 @@ class Broker:
             client_id=h.client_id,
             connection=ctx.connection_id,
         )
-        result = await entry.handler(ctx, request)
+        try:
+            result = await entry.handler(ctx, request)
+        except CloseConnection as exc:
+            # The answer never sent still counts (bytes rejected, for a Produce).
+            self.metrics.payload(h.api_key, request, exc.response)  # type: ignore[arg-type]
+            raise
         if trace.ENABLED:
             trace.event("handled")
         if result is None:

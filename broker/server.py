@@ -16,6 +16,8 @@ No client can exhaust the broker, with Kafka's socket-server settings:
   connection over a limit right after accept, sending nothing.
 - A request whose header cannot be parsed, or whose body `dispatch` reports as
   malformed, closes its connection: Kafka does not answer what it cannot parse.
+- A handler raising `CloseConnection` (a Produce with acks=0 that failed) closes its
+  connection once the answers to the requests before it are sent.
 Listeners (Kafka's `listeners`, broker.listeners): the server listens on each at once,
 with the limits above shared by all. A connection carries a `SecurityContext` (the
 listener, its security protocol and the principal, broker.security) into every request.
@@ -97,6 +99,19 @@ class Endpoint:
 
     host: str
     port: int
+
+
+class CloseConnection(Exception):
+    """Raised by a handler whose request has no answer but must not be ignored: the
+    connection closes after the answers before it, as Kafka's
+    RequestChannel.closeConnection (a Produce with acks=0 that failed, so that the
+    producer notices and refreshes its metadata). `response` is what would have been
+    answered, for the metrics."""
+
+    def __init__(self, reason: str, response: object = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
 
 
 @dataclass(slots=True, frozen=True)
@@ -820,6 +835,8 @@ class Connection:
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_CONNECTION)
         self._stopping = False
         self._read_task: asyncio.Task[None] | None = None
+        # The request task whose handler raised CloseConnection: the last one answered.
+        self._close_after: asyncio.Task[bytes | None] | None = None
 
     def stop_reading(self) -> None:
         """Shutdown: read no further requests; those in flight still get answers."""
@@ -1167,6 +1184,17 @@ class Connection:
                 trace.event("encoded")
                 return response
             return await self.server.dispatch(ctx, frame, body_offset)
+        except CloseConnection as exc:
+            self.log.info(
+                "request_closed_connection",
+                api=api.api_name(header.api_key),
+                api_version=header.api_version,
+                correlation_id=header.correlation_id,
+                client_id=header.client_id,
+                reason=exc.reason,
+            )
+            self._close_after = asyncio.current_task()
+            self.stop_reading()
         except api.MalformedRequest as exc:
             self._close_unparseable(exc.api_key, exc.api_version, exc.reason)
         except api.UnknownApi as exc:
@@ -1206,6 +1234,10 @@ class Connection:
             try:
                 frame = await task
             except asyncio.CancelledError:
+                return
+            if task is self._close_after:
+                # Nothing after this request is answered (CloseConnection).
+                self.writer.close()
                 return
             if frame is not None and not self.writer.is_closing():
                 self.writer.write(frame)

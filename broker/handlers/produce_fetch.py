@@ -21,7 +21,7 @@ from broker.handlers.access import Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import verify_produce
 from broker.partitions import LogManager, Partition, validate_produce_data, wait_for_any
-from broker.server import RequestContext
+from broker.server import CloseConnection, RequestContext
 from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import MetadataStore
 from coordinator.transactions import TransactionCoordinator
@@ -207,7 +207,7 @@ async def produce(
             for entry in parts:
                 entry.failed(denied)
             responses.append((name, topic_id, parts))
-        return None if acks == 0 else _produce_response(ctx.api_version, responses)
+        return _produce_answer(ctx, acks, responses)
     writable: dict[str, bool] = {}
     for t in req.topic_data:
         name, topic_id = _topic_name(broker, t)
@@ -274,9 +274,31 @@ async def produce(
                 entry.failed(result)
             elif isinstance(result, BaseException):
                 raise result
-    if acks == 0:
-        return None
-    return _produce_response(ctx.api_version, responses)
+    return _produce_answer(ctx, acks, responses)
+
+
+def _produce_answer(
+    ctx: RequestContext,
+    acks: int,
+    responses: list[tuple[str | None, uuid.UUID | None, list[_Produced]]],
+) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse | None:
+    """The response; None for acks=0, unless a partition failed: then, as Kafka's
+    KafkaApis.handleProduceRequest, the connection closes so that the producer, which
+    waits for no answer, notices (and refreshes its metadata)."""
+    if acks != 0:
+        return _produce_response(ctx.api_version, responses)
+    failed = [
+        f"{topic_id if name is None else name}-{p.index}: {ErrorCode(p.error_code).name.upper()}"
+        for name, topic_id, parts in responses
+        for p in parts
+        if p.error_code != ErrorCode.none
+    ]
+    if failed:
+        raise CloseConnection(
+            "error during a produce request with acks=0: " + ", ".join(failed),
+            _produce_response(ctx.api_version, responses),
+        )
+    return None
 
 
 def _has_session(req: FetchRequest) -> TypeIs[FetchSessionRequest]:

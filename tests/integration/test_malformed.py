@@ -316,6 +316,20 @@ def _batch(values: list[bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _produce_request(version: int, topic: str, batch: bytes, partition: int, acks: int) -> Any:
+    req_mod, _ = _produce_module(version)
+    return req_mod.ProduceRequest(
+        acks=i16(acks),
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            req_mod.TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(req_mod.PartitionProduceData(index=i32(partition), records=batch),),
+            ),
+        ),
+    )
+
+
 def _produce(
     conn: RawConnection, version: int, topic: str, batch: bytes, partition: int = 0
 ) -> Any:
@@ -388,6 +402,30 @@ def test_produce_errors_for_missing_partition_and_oversized_batch_append_nothing
         assert result.error_code == ErrorCode.none and result.base_offset == 0, result
     assert watermarks(broker, topic, 0) == (0, 1)
     assert_still_serving(broker, "after-limits")
+
+
+def test_a_failed_produce_with_acks_0_closes_the_connection_after_earlier_answers(
+    broker: Broker,
+) -> None:
+    """Kafka's handleProduceRequest: a producer with acks=0 waits for no answer, so an
+    error closes the connection (for it to refresh its metadata); the requests before
+    it are answered, none after it."""
+    topic = "acks-zero"
+    create_topic(broker, topic)
+    with RawConnection(broker) as conn:
+        version = produce_version(conn)
+        # A good acks=0 produce: no answer, the connection stays open.
+        conn.send_request(_produce_request(version, topic, _batch([b"ok"]), 0, acks=0))
+        before = conn.send_request(ApiVersionsRequestV0())
+        assert conn.response(ApiVersionsResponseV0, before).error_code == ErrorCode.none
+        # Pipelined: ApiVersions, a failing acks=0 produce, ApiVersions.
+        first = conn.send_request(ApiVersionsRequestV0())
+        conn.send_request(_produce_request(version, topic, _batch([b"x"]), 7, acks=0))
+        conn.send_request(ApiVersionsRequestV0())
+        assert conn.response(ApiVersionsResponseV0, first).error_code == ErrorCode.none
+        assert conn.answer_or_close() is None
+    assert watermarks(broker, topic, 0) == (0, 1)
+    assert_still_serving(broker, "after-acks-zero")
 
 
 # --- lying lengths and broken schema rules (protocol/request_check.py) ------------------------

@@ -23,7 +23,7 @@ from broker.handlers.access import authorized_operations
 from broker.handlers.produce_fetch import delete_records, fetch, list_offsets, produce
 from broker.handlers.transactions import end_txn, txn_offset_commit
 from broker.partitions import LogManager
-from broker.server import Endpoint
+from broker.server import CloseConnection, Endpoint
 from broker.share.fetch import ShareAcknowledgeParams
 from coordinator.acls import (
     AclBinding,
@@ -320,13 +320,13 @@ async def data(tmp_path: Path) -> AsyncIterator[Any]:
         await commit.stop()
 
 
-def produce_request(version: int = 9) -> Any:
+def produce_request(version: int = 9, acks: int = 1) -> Any:
     batch = build_batch([NewRecord(None, b"v")])
     return request(
         0,
         version,
         {
-            "acks": 1,
+            "acks": acks,
             "timeout": 5_000,
             "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": batch}]}],
         },
@@ -341,6 +341,18 @@ async def test_produce_needs_write_on_the_topic(data: Any) -> None:
     data.authorizer = authorizer(allow(ResourceType.TOPIC, TOPIC, AclOperation.WRITE))
     answer = await produce(ctx(9), produce_request(), data)
     assert answer.responses[0].partition_responses[0].error_code == ErrorCode.none
+
+
+async def test_a_denied_produce_with_acks_0_closes_the_connection(data: Any) -> None:
+    # Kafka's handleProduceRequest: no answer is expected, so the connection closes for
+    # the producer to notice; the response it would have had goes to the metrics.
+    with pytest.raises(CloseConnection, match=f"{TOPIC}-0: TOPIC_AUTHORIZATION_FAILED") as exc:
+        await produce(ctx(9), produce_request(acks=0), data)
+    assert exc.value.response.responses[0].partition_responses[0].error_code == TAF
+    assert data.logs.get(TOPIC, 0).high_watermark == 0
+    data.authorizer = authorizer(allow(ResourceType.TOPIC, TOPIC, AclOperation.WRITE))
+    assert await produce(ctx(9), produce_request(acks=0), data) is None
+    assert data.logs.get(TOPIC, 0).log_end_offset == 1
 
 
 async def test_transactional_produce_needs_write_on_the_transactional_id(data: Any) -> None:
