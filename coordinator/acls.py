@@ -9,9 +9,11 @@ stored ACL: a resource pattern (type, name, LITERAL or PREFIXED) and an entry (p
 - the ACLs that match the resource are its LITERAL ACLs of that exact name, the LITERAL
   ACLs named `*` and the PREFIXED ACLs whose name starts the resource's name;
 - of those, an entry applies to the request if its principal is the request's or
-  `User:*` and its host is `*` or exactly the client's address (Kafka 4.2 compares
-  hosts as strings; CIDR ranges are KIP-1276, after 4.2, so `validate_new_acl` refuses
-  them rather than store a rule that would never match);
+  `User:*` and its host is `*` or the client's address (Kafka 4.2 compares hosts as
+  strings, the client's as Java's InetAddress.getHostAddress spells it; spool compares
+  IP literals by value, `same_host`, so that `::1`, Java's `0:0:0:0:0:0:0:1` and
+  `::ffff:127.0.0.1` for 127.0.0.1 all match; CIDR ranges are KIP-1276, after 4.2, so
+  `validate_new_acl` refuses them rather than store a rule that would never match);
 - any applying DENY for the operation (or ALL) denies; else any applying ALLOW for the
   operation (or ALL, or an operation that implies it: READ, WRITE, DELETE and ALTER
   imply DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS) allows; an implied operation
@@ -29,6 +31,8 @@ constructors map a wire code Kafka does not know to UNKNOWN, as Kafka's `fromCod
 from __future__ import annotations
 
 import enum
+import functools
+import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -38,6 +42,26 @@ from protocol.errors import ErrorCode, KafkaError
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
 CLUSTER_NAME = "kafka-cluster"  # the one CLUSTER resource's name in Kafka
+
+
+@functools.lru_cache(maxsize=4096)
+def _host_value(host: str) -> str:
+    """One spelling of an IP literal (compressed IPv6, IPv4-mapped as IPv4, the zone
+    kept); anything else (a name) as given."""
+    address, _, zone = host.partition("%")
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return f"{ip}%{zone}" if zone else str(ip)
+
+
+def same_host(acl_host: str, client_host: str) -> bool:
+    """Whether an ACL's host (not `*`) names the client's address: equal strings, or
+    the same IP address however spelled."""
+    return acl_host == client_host or _host_value(acl_host) == _host_value(client_host)
 
 
 class _Coded(enum.IntEnum):
@@ -172,7 +196,7 @@ class AclBinding:
         (StandardAuthorizerData.findResult)."""
         if self.principal not in principals:
             return None
-        if self.host != WILDCARD and self.host != host:
+        if self.host != WILDCARD and not same_host(self.host, host):
             return None
         if self.operation is not AclOperation.ALL:
             if self.permission is AclPermissionType.ALLOW:
@@ -313,7 +337,9 @@ class AclSet:
         allow: list[AclBinding] = []
         wildcard_allow = False
         for acl in self._by_type.get(resource_type, ()):
-            if acl.host not in (host, WILDCARD) or acl.principal not in principals:
+            if acl.principal not in principals:
+                continue
+            if acl.host != WILDCARD and not same_host(acl.host, host):
                 continue
             if acl.operation is not operation and acl.operation is not AclOperation.ALL:
                 continue

@@ -130,6 +130,27 @@ def test_hosts_match_exactly_as_in_kafka_4_2() -> None:
     assert decide(s, Op.WRITE, host="10.0.0.5") is Decision.DENIED
 
 
+@pytest.mark.parametrize(
+    ("acl_host", "client_host"),
+    [
+        ("0:0:0:0:0:0:0:1", "::1"),  # Java's spelling in the ACL, Python's from the socket
+        ("::1", "0:0:0:0:0:0:0:1"),
+        ("::ffff:10.0.0.5", "10.0.0.5"),
+        ("2001:DB8::5", "2001:db8:0:0:0:0:0:5"),
+    ],
+)
+def test_an_ip_address_matches_however_it_is_spelled(acl_host: str, client_host: str) -> None:
+    for permission, decision in ((ALLOW, Decision.ALLOWED), (DENY, Decision.DENIED)):
+        s = acls(acl(op=Op.WRITE, permission=permission, host=acl_host))
+        assert decide(s, Op.WRITE, host=client_host) is decision
+        # Another address is another host.
+        assert decide(s, Op.WRITE, host="::2") is Decision.DENIED
+    assert any_allowed(acls(acl(op=Op.WRITE, host=acl_host)), host=client_host)
+    assert not any_allowed(
+        acls(acl(op=Op.WRITE), acl("*", Op.WRITE, DENY, host=acl_host)), host=client_host
+    )
+
+
 def test_prefixed_acls_cover_names_that_start_with_them_and_no_others() -> None:
     s = acls(acl("team-a.", Op.WRITE, pattern=PREFIXED))
     assert decide(s, Op.WRITE, "team-a.orders") is Decision.ALLOWED
@@ -154,8 +175,10 @@ def test_cluster_acls() -> None:
 # -- authorizeByResourceType --------------------------------------------------------------
 
 
-def any_allowed(s: AclSet, op: AclOperation = Op.WRITE, rtype: ResourceType = TOPIC) -> bool:
-    return s.any_allowed("User:alice", HOST, op, rtype)
+def any_allowed(
+    s: AclSet, op: AclOperation = Op.WRITE, rtype: ResourceType = TOPIC, *, host: str = HOST
+) -> bool:
+    return s.any_allowed("User:alice", host, op, rtype)
 
 
 def test_by_resource_type() -> None:
