@@ -192,17 +192,13 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
 
 
 def _check_new_topic(
-    broker: TopicsBroker, t: Any, seen: set[str], creatable: Callable[[str], bool]
+    broker: TopicsBroker, t: Any, duplicated: set[str], creatable: Callable[[str], bool]
 ) -> tuple[int, dict[str, str]]:
     """The checks of a CreateTopics entry, in Kafka's order (duplicates, authorization,
     the name, whether it exists, then the rest): (partitions, configs). Inside the
     operation: the existence check is made in the turn that writes the topic."""
-    if t.name in seen:
-        raise KafkaError(
-            ErrorCode.invalid_request,
-            f"Topic {t.name} appears more than once in the request",
-        )
-    seen.add(t.name)
+    if t.name in duplicated:
+        raise KafkaError(ErrorCode.invalid_request, "Duplicate topic name.")
     if not creatable(t.name):
         raise KafkaError(ErrorCode.topic_authorization_failed, "Authorization failed.")
     validate_topic_name(t.name)
@@ -233,7 +229,17 @@ async def create_topics(
     event, ReplicationControlManager.createTopics): each topic is checked against the
     state every earlier operation left, so of concurrent requests creating one name
     exactly one succeeds and the others get TOPIC_ALREADY_EXISTS; validate_only runs
-    the same checks in the same turn and writes nothing."""
+    the same checks in the same turn and writes nothing.
+
+    A name given more than once is created under none of its entries and answered once,
+    INVALID_REQUEST, with no authorization check (Kafka's ControllerApis.createTopics);
+    the other answers are one per name in the order of the request."""
+    first: dict[str, Any] = {}
+    for t in req.topics:
+        first.setdefault(t.name, t)
+    entries = list(first.values())
+    counts = Counter(t.name for t in req.topics)
+    duplicated = {name for name, n in counts.items() if n > 1}
     created: set[int] = set()
     failed: list[Topic] = []
     outcomes: list[Outcome] = []
@@ -245,11 +251,10 @@ async def create_topics(
 
     def op() -> tuple[list[Record], list[Outcome]]:
         records: list[Record] = []
-        seen: set[str] = set()
         pending = 0
-        for t in req.topics:
+        for t in entries:
             try:
-                partitions, configs = _check_new_topic(broker, t, seen, creatable)
+                partitions, configs = _check_new_topic(broker, t, duplicated, creatable)
                 topic, record = _new_topic(broker, t.name, partitions, configs, pending)
             except KafkaError as exc:
                 outcomes.append(exc)
@@ -267,14 +272,14 @@ async def create_topics(
         )
     except KafkaError as exc:
         # The write failed or was refused (KAFKA_STORAGE_ERROR): no topic was created.
-        if len(outcomes) != len(req.topics):
-            outcomes[:] = [exc for _ in req.topics]
+        if len(outcomes) != len(entries):
+            outcomes[:] = [exc for _ in entries]
         for i in created:
             outcomes[i] = exc
     await _undo_creations(broker, failed)
     m = resp.create_topics_v7
     results = []
-    for t, outcome in zip([t.name for t in req.topics], outcomes, strict=True):
+    for t, outcome in zip([t.name for t in entries], outcomes, strict=True):
         if isinstance(outcome, KafkaError):
             results.append(
                 m.CreatableTopicResult(

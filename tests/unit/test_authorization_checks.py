@@ -516,6 +516,27 @@ async def test_create_topics_needs_create_and_describe_configs_for_configs(meta:
     assert t.error_code == ErrorCode.none
 
 
+async def test_a_duplicated_create_topics_name_is_refused_whole_and_answered_once(
+    meta: Any,
+) -> None:
+    # Kafka's ControllerApis.createTopics: a name given twice creates nothing and is
+    # answered once, INVALID_REQUEST "Duplicate topic name.", authorized or not.
+    meta.authorizer = authorizer(allow(ResourceType.TOPIC, "mine", AclOperation.CREATE))
+    answer = await topics.create_topics(ctx(7), create("mine", "other", "mine", "fine"), meta)
+    got = [(t.name, t.error_code, t.error_message) for t in answer.topics]
+    assert got[:3] == [
+        ("mine", ErrorCode.invalid_request, "Duplicate topic name."),
+        ("other", TAF, "Authorization failed."),
+        ("fine", TAF, "Authorization failed."),
+    ]
+    assert len(got) == 3
+    meta.authorizer = authorizer()
+    answer = await topics.create_topics(ctx(7), create("other", "other"), meta)
+    assert [(t.name, t.error_code) for t in answer.topics] == [("other", ErrorCode.invalid_request)]
+    assert "mine" not in meta.metadata.state.topics
+    assert "other" not in meta.metadata.state.topics
+
+
 async def test_delete_topics_discloses_nothing_without_describe(meta: Any) -> None:
     await topics.create_topics(ctx(7), create("seen", "hidden"), meta)
     meta.authorizer = authorizer(allow(ResourceType.TOPIC, "seen", AclOperation.DESCRIBE))
