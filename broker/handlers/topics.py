@@ -239,7 +239,7 @@ async def create_topics(
         first.setdefault(t.name, t)
     entries = list(first.values())
     counts = Counter(t.name for t in req.topics)
-    duplicated = {name for name, n in counts.items() if n > 1}
+    duplicated: set[str] = {name for name, n in counts.items() if n > 1}
     created: set[int] = set()
     failed: list[Topic] = []
     outcomes: list[Outcome] = []
