@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import shutil
 import struct
 import threading
 import time
@@ -31,6 +32,7 @@ from persister.file_log import LogConfig, PartitionLog
 from persister.share_compaction import read_share_records
 from protocol.records import iter_batches
 from tests.integration.conftest import CLIENT_LOGGER, Broker, create_topic
+from tests.integration.pg_helpers import pg_server, storage_settings
 from tests.integration.share_helpers import (
     close_quietly,
     earliest,
@@ -45,6 +47,8 @@ from tests.integration.test_share_state_rpcs import (
     summary,
     topic_ids,
 )
+
+__all__ = ["pg_server", "storage_settings"]  # the fixtures, from pg_helpers
 
 SHORT_LOCK = {
     "group.share.min.record.lock.duration.ms": "1000",
@@ -275,14 +279,18 @@ def drain(
 
 @pytest.mark.timeout(200)
 def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
-    broker_factory: Callable[..., Broker],
+    broker_factory: Callable[..., Broker], storage_settings: dict[str, str]
 ) -> None:
     # A consumer whose join the kill cut off rejoins under a new member id; the old id
     # keeps its share of the assignment until its session times out, as in Kafka. A short
     # session timeout lets such a zombie go within a cycle, so one live consumer gets
     # every partition again.
+    # On PostgreSQL every other kill also loses the data dir (the machine is gone): the
+    # new broker starts on an empty one and restores everything from the database.
+    machine_loss = "storage" in storage_settings
     broker = broker_factory(
         {
+            **storage_settings,
             **SHORT_LOCK,
             "group.share.delivery.count.limit": str(COUNT_LIMIT),
             "group.share.min.session.timeout.ms": "3000",
@@ -329,6 +337,9 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
                 ledger.restarting = True
             broker.kill9()
             kills.append(f"cycle {cycle}: kill -9 {delay:.2f}s into traffic")
+            if machine_loss and cycle % 2:
+                shutil.rmtree(broker.data_dir)
+                kills[-1] += ", data dir deleted"
             # Until the new broker is seen serving, a delivery may come from either one
             # (librdkafka hands out what it had fetched before the kill).
             broker.start()
