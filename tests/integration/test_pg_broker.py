@@ -3,8 +3,8 @@ acknowledged is in the database, so it survives kill -9 and the loss of the data
 
 The machine-loss case: the broker is killed, its data directory deleted, and a new
 broker with an empty data directory on the same database serves the same topics,
-records, share state and groups: no acknowledged record lost, and a record whose
-ACCEPT was confirmed is never delivered again.
+records, share state and groups (with their configs): no acknowledged record lost,
+and a record whose ACCEPT was confirmed is never delivered again.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import asyncpg
 from confluent_kafka import AcknowledgeType, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.integration.conftest import (
     Broker,
@@ -87,6 +87,12 @@ def test_acknowledged_records_and_accepts_survive_kill9_and_the_loss_of_the_data
     assert [r.value for r in got0] == first + second
     assert [r.value for r in got1] == first
     assert [r.offset for r in got0] == list(range(300))
+
+    # The group's config came back with the groups log.
+    admin = AdminClient(admin_config(broker))
+    resource = ConfigResource("GROUP", GROUP)
+    described = admin.describe_configs([resource], request_timeout=30)[resource].result(30)
+    assert described["share.auto.offset.reset"].value == "earliest"
 
     # The share group's state came back: only the records never accepted are delivered.
     consumer = share_consumer(broker, GROUP, ["orders"])
