@@ -1,0 +1,45 @@
+"""A coordinator whose log another broker claimed: the write the storage refused
+(`persister.storage.Fenced`) is answered NOT_COORDINATOR, not KAFKA_STORAGE_ERROR, and
+nothing of it is applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.runtime import CoordinatorRuntime
+from persister.clock import ManualClock
+from persister.coordinator_log import KeyValue, MemoryRecordLog
+from persister.storage import Fenced
+from protocol.errors import ErrorCode, KafkaError
+
+
+class ClaimedLog(MemoryRecordLog):
+    """Records in memory; once `claimed`, every sync is refused as a fenced commit is."""
+
+    claimed = False
+
+    async def sync(self) -> None:
+        if self.claimed:
+            raise Fenced("groups", 3)
+
+
+async def test_a_refused_write_answers_not_coordinator_and_applies_nothing() -> None:
+    applied: list[KeyValue] = []
+    record_log = ClaimedLog()
+    runtime: CoordinatorRuntime[KeyValue] = CoordinatorRuntime(
+        "groups",
+        record_log,
+        encode=lambda kv: [kv],
+        decode=lambda k, v: (k, v),
+        replay=applied.append,
+        clock=ManualClock(),
+    )
+    runtime.load()
+    await runtime.run("k", lambda: ([(b"k", b"1")], None))
+    record_log.claimed = True
+    with pytest.raises(KafkaError) as refused:
+        await runtime.run("k", lambda: ([(b"k", b"2")], None))
+    assert refused.value.code == ErrorCode.not_coordinator
+    assert applied == [(b"k", b"1")]
+    assert record_log.records == [(b"k", b"1")]  # the refused write was undone
+    runtime.close()
