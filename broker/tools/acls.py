@@ -14,8 +14,9 @@ its checks and messages, its output).
   only that principal's; `--resource-pattern-type any` matches a name under every
   pattern type, `match` every ACL that applies to the resource.
 - `--remove` deletes the ACLs the flags name; with no principal, every ACL of the
-  resource filter. It asks first, as kafka-acls.sh does, unless `--force` is given or
-  stdin is not a terminal (a script or CI has nobody to answer).
+  resource filter. It asks first, as kafka-acls.sh does, unless `--force` is given;
+  with no terminal to ask on (a script, CI) it removes nothing and fails, as
+  kafka-acls.sh does, rather than remove unasked.
 """
 
 from __future__ import annotations
@@ -489,8 +490,8 @@ async def add(admin: AdminClient, args: argparse.Namespace) -> int:
 
 
 def _confirm(args: argparse.Namespace, message: str) -> bool:
-    """kafka-acls.sh's question, unless --force or nobody can answer (stdin not a tty)."""
-    if args.force or not sys.stdin.isatty():
+    """kafka-acls.sh's question, unless --force (`remove` has checked for a terminal)."""
+    if args.force:
         return True
     print(message)
     try:
@@ -502,6 +503,14 @@ def _confirm(args: argparse.Namespace, message: str) -> bool:
 async def remove(admin: AdminClient, args: argparse.Namespace) -> int:
     from protocol.admin import AdminError
 
+    if not args.force and not sys.stdin.isatty():
+        # kafka-acls.sh reads the answer from the console and fails without one.
+        print(
+            "Error while executing ACL command: --remove asks before removing and there "
+            "is no terminal to ask on: nothing removed; give --force to remove unasked",
+            file=sys.stderr,
+        )
+        return 1
     removed: list[AclBinding] = []
     for pattern, entries in plan(args).items():
         if not entries:

@@ -211,7 +211,8 @@ def test_add_list_remove_round_trip(acl_broker: AclBroker) -> None:
         "orders",
     )
     assert listed(b, "--topic", "orders") == {("TOPIC", "orders", "LITERAL", "User:alice", "READ")}
-    # Without --force and with no terminal to ask on, --remove does not wait for one.
+    # Without --force and with no terminal to ask on, --remove neither waits for an
+    # answer nor removes unasked: it fails, as kafka-acls.sh does.
     proc = subprocess.run(
         [
             sys.executable,
@@ -233,7 +234,19 @@ def test_add_list_remove_round_trip(acl_broker: AclBroker) -> None:
         timeout=CLI_TIMEOUT_S,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "give --force" in proc.stderr
+    assert ("TOPIC", "team-a.", "PREFIXED", "User:bob", "ALL") in listed(b)
+    ok(
+        b,
+        "acls",
+        "--remove",
+        "--force",
+        "--topic",
+        "team-a.",
+        "--resource-pattern-type",
+        "prefixed",
+    )
     assert listed(b) == {("TOPIC", "orders", "LITERAL", "User:alice", "READ")}
 
 
