@@ -336,7 +336,14 @@ class AdminClient:
             raise AdminError("SSL_HANDSHAKE_FAILED", str(exc)) from None
         except SecurityConfigError as exc:
             raise AdminError("INVALID_CONFIG", str(exc)) from None
-        except (OSError, TimeoutError, ClientError) as exc:
+        except TimeoutError:
+            # Connected (or not) but no answer: str(TimeoutError()) says nothing.
+            raise AdminError(
+                "NETWORK_EXCEPTION",
+                f"cannot connect to {where}: no answer within {self.timeout_s:g} s "
+                f"(default.api.timeout.ms){self._hint()}",
+            ) from None
+        except (OSError, ClientError) as exc:
             hint = self._hint() if isinstance(exc, ClientError) else ""
             raise AdminError(
                 "NETWORK_EXCEPTION", f"cannot connect to {where}: {exc}{hint}"

@@ -9,6 +9,7 @@ person can act on, and no password is ever printed.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -231,6 +232,26 @@ def test_plaintext_client_on_a_sasl_listener_is_told_what_to_set(
     assert proc.returncode == 1, proc
     assert "Error: SSL_HANDSHAKE_FAILED: " in proc.stderr
     assert "security.protocol must match the listener" in proc.stderr
+
+
+def test_a_port_that_never_answers_is_reported_as_such(tmp_path: Path) -> None:
+    # A port that accepts and stays silent (not a Kafka listener, or one stuck): the
+    # tool gives up after default.api.timeout.ms and says so, not a blank reason.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        config = properties(
+            tmp_path,
+            "silent",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_username="alice",
+            sasl_password="alice-secret",
+            default_api_timeout_ms="1000",
+        )
+        proc = spool(silent.getsockname()[1], config, "topics", "--list")
+    assert proc.returncode == 1, proc
+    assert "Error: NETWORK_EXCEPTION: " in proc.stderr
+    assert "no answer within 1 s (default.api.timeout.ms)" in proc.stderr
+    assert "security.protocol=SASL_PLAINTEXT" in proc.stderr
 
 
 def test_bad_command_config_is_a_usage_error(broker: SecureBroker, tmp_path: Path) -> None:
