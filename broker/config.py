@@ -421,6 +421,17 @@ SASL_KEYS: list[ConfigDef] = [
         _at_least(0),
         read_only=True,
     ),
+    ConfigDef(
+        "sasl.server.max.receive.size",
+        INT,
+        524288,
+        "The largest frame a SASL listener reads from a client before it has "
+        "authenticated (and while it re-authenticates); a larger one closes the "
+        "connection, so no one who has not logged in makes the broker buffer up to "
+        "socket.request.max.bytes.",
+        _at_least(1),
+        read_only=True,
+    ),
 ]
 # Authorization (KIP-11; Kafka's StandardAuthorizer), read at start.
 AUTHORIZER_KEYS: list[ConfigDef] = [

@@ -147,6 +147,8 @@ class ServerLimits:
     max_connections: int = INT_MAX
     max_connections_per_ip: int = INT_MAX
     max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
+    # sasl.server.max.receive.size: the largest frame read before SASL authentication.
+    sasl_max_receive_bytes: int = 524288
 
     def __post_init__(self) -> None:
         if 0 < self.queued_max_request_bytes < self.max_request_bytes:
@@ -175,6 +177,7 @@ class ServerLimits:
             max_connections_per_ip_overrides=parse_ip_overrides(
                 config.get("max.connections.per.ip.overrides") or ""
             ),
+            sasl_max_receive_bytes=config.get("sasl.server.max.receive.size"),
         )
 
     def max_connections_for(self, host: str) -> int:
@@ -920,15 +923,28 @@ class Connection:
         (size,) = struct.unpack(">i", size_bytes)
         # After a SaslHandshake v0 the next frame is a bare SASL token, not a request.
         raw_token = self.sasl is not None and self.sasl.expects_raw_token
-        if size < (0 if raw_token else 8) or size > server.max_request_bytes:
+        # Before authentication (Kafka's SaslServerAuthenticator): frames up to
+        # sasl.server.max.receive.size only.
+        authenticating = self.sasl is not None and not self.sasl.complete
+        max_bytes = (
+            min(server.max_request_bytes, server.limits.sasl_max_receive_bytes)
+            if authenticating
+            else server.max_request_bytes
+        )
+        if size < (0 if raw_token else 8) or size > max_bytes:
             # The stream cannot be resynchronised after a bad size, as in Kafka's
             # InvalidReceiveException: log and close before reading any of the body.
             server.stats.oversized_closed += 1
             self.log.warning(
                 "invalid_frame_size",
                 size=size,
-                max_bytes=server.max_request_bytes,
-                hint="size prefix is below a request header or above socket.request.max.bytes",
+                max_bytes=max_bytes,
+                hint="size prefix is below a request header or above "
+                + (
+                    "sasl.server.max.receive.size (the client has not authenticated)"
+                    if authenticating
+                    else "socket.request.max.bytes"
+                ),
             )
             self.close()
             return False

@@ -146,3 +146,27 @@ async def test_without_a_session_lifetime_a_second_handshake_is_out_of_place() -
     assert struct.unpack(">i", client.writer.frames()[-1])[0] == client.correlation
     assert not client.writer.closed
     await client.finish()
+
+
+async def test_before_authentication_frames_are_bounded_by_sasl_server_max_receive_size() -> None:
+    # Kafka's sasl.server.max.receive.size (512 KiB): whoever has not logged in cannot
+    # make the broker buffer a frame up to socket.request.max.bytes (100 MB).
+    client = Client()
+    limit = client.server.limits.sasl_max_receive_bytes
+    assert limit == 524288
+    client.reader.feed_data(struct.pack(">i", limit + 1) + b"\x00" * 64)
+    await asyncio.wait_for(client.task, 5)
+    assert client.writer.closed and client.writer.frames() == []
+    assert client.server.stats.oversized_closed == 1
+    # Once authenticated, socket.request.max.bytes is the bound again.
+    client = Client()
+    await client.login()
+    frames = len(client.writer.frames())
+    big = frame(METADATA, 4, 99, {"topics": None, "allow_auto_topic_creation": False})
+    padding = limit + 1 - (len(big) - 4)
+    client.reader.feed_data(struct.pack(">i", len(big) - 4 + padding) + big[4:] + b"\x00" * padding)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not client.writer.closed
+    assert len(client.writer.frames()) == frames + 1
+    await client.finish()
