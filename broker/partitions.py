@@ -35,7 +35,13 @@ from persister.clock import SYSTEM_CLOCK, Clock, ms_of
 from persister.commit import GroupCommit
 from persister.file_log import AppendResult, LogConfig
 from persister.producer_state import CompletedTxn, ProducerStateManager
-from persister.storage import FILE_STORAGE, Fenced, StorageEngine, TopicLog
+from persister.storage import (
+    FILE_STORAGE,
+    Fenced,
+    StorageEngine,
+    StorageUnavailable,
+    TopicLog,
+)
 from persister.txn_index import AbortedTxn
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
@@ -360,6 +366,9 @@ class Partition:
             self._hw_error = error
             self._notify()
             return
+        if isinstance(self._hw_error, StorageUnavailable):
+            # The storage is back and this flush covered what the failed one did.
+            self._hw_error = None
         self._advance_hw(offset)
 
     async def wait_durable(

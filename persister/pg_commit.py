@@ -8,7 +8,8 @@ among the writers of a log; here one transaction serves every log. The transacti
 a single call of `spool_commit` (persister.pg_schema), sent outside an explicit
 transaction block, so it costs one round trip and one WAL flush on the server.
 
-Failures surface as a failed fsync does: OSError(EIO, "... postgresql: <reason>"),
+Failures surface as a failed fsync does: StorageUnavailable (an OSError, EIO,
+"... postgresql: <reason>"),
 for every write of the failed transaction (none of it is committed, unless the
 connection broke during the commit itself, when it may be: the next commit of that log
 removes the rows from the uncommitted offset on first, so a retry never collides). A
@@ -31,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from persister.storage import Fenced
+from persister.storage import Fenced, StorageUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -41,10 +42,11 @@ COMMIT_TIMEOUT_S = 30.0
 _COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
 
-def storage_error(exc: BaseException) -> OSError:
-    """What a failed PostgreSQL call becomes: an I/O error, as a failed fsync is."""
+def storage_error(exc: BaseException) -> StorageUnavailable:
+    """What a failed PostgreSQL call becomes: an I/O error, as a failed fsync is, but one
+    the next commit retries (the batches stay pending)."""
     reason = str(exc) or type(exc).__name__
-    return OSError(errno.EIO, f"commit to postgresql failed: {reason}")
+    return StorageUnavailable(errno.EIO, f"commit to postgresql failed: {reason}")
 
 
 @dataclass(slots=True)

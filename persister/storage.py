@@ -47,6 +47,13 @@ from persister.producer_state import ProducerStateManager
 from persister.txn_index import AbortedTxn
 
 
+class StorageUnavailable(OSError):
+    """A flush that failed while the log stays intact: what it covered is still pending
+    and the next flush makes it durable (a database that did not answer). Unlike a
+    failed fsync, after which the file's pages may be gone, a later successful flush
+    covers everything written before it again."""
+
+
 class Fenced(OSError):
     """A flush refused because the log belongs to a newer epoch: another writer claimed
     it, and this one must stop writing it. An OSError, so a caller that only knows
