@@ -34,7 +34,7 @@ import re
 import ssl
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker import sasl
 from broker.config import BrokerConfig
@@ -116,8 +116,9 @@ class TlsSettings:
     listener: str
     keystore_location: str | None = None
     keystore_chain: str | None = None
-    keystore_key: str | None = None
-    key_password: str | None = None
+    # A private key and its password: never in a repr (a listener may be logged).
+    keystore_key: str | None = field(default=None, repr=False)
+    key_password: str | None = field(default=None, repr=False)
     truststore_location: str | None = None
     truststore_certificates: str | None = None
     client_auth: str = "none"

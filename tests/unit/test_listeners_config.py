@@ -258,6 +258,22 @@ def test_passwords_are_sensitive_in_describe_configs() -> None:
     assert not BROKER_KEYS["ssl.keystore.location"].sensitive
 
 
+def test_a_listeners_repr_holds_no_private_key_nor_its_password() -> None:
+    (listener,) = listeners(
+        {
+            "listeners": "SSL://127.0.0.1:9093",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": "-----BEGIN CERTIFICATE-----chain",
+            "ssl.keystore.key": "-----BEGIN ENCRYPTED PRIVATE KEY-----k3y",
+            "ssl.key.password": "s3cret",
+        }
+    )
+    assert listener.tls is not None and listener.tls.key_password == "s3cret"
+    text = repr(listener)
+    assert "k3y" not in text and "s3cret" not in text
+    assert "chain" in text  # the certificate is no secret
+
+
 def test_principal_is_the_subject_dn_in_rfc2253_order() -> None:
     subject = (
         (("countryName", "US"),),
