@@ -587,6 +587,16 @@ class PartitionLog:
         self._txn_index_rebuild.clear()
         producers.on_high_watermark(self.log_end_offset)
 
+    def rebuild_txn_index_from(self, offset: int) -> None:
+        """Forget the transaction index of the segments from the one holding `offset` on,
+        for the next `load_producer_state` to rebuild from their batches: what
+        `append_raw` added (a log restored from another copy) indexed no aborts."""
+        self._check_open()
+        first = max(bisect.bisect_right(self._base_offsets, offset) - 1, 0)
+        for segment in self._segments[first:]:
+            segment.txn_index.reset()
+            self._txn_index_rebuild.add(segment.base_offset)
+
     def _load_producer_snapshot(self, producers: ProducerStateManager) -> int:
         """Load the newest snapshot usable for this log into `producers`; return where
         the scan starts. A snapshot must lie within [log start, log end] and not above a

@@ -64,6 +64,7 @@ from persister.file_log import (
 )
 from persister.pg_commit import Batch, LogWrite, PgCommitter, storage_error
 from persister.pg_schema import migrate
+from persister.producer_state import ProducerStateManager
 from persister.segment import LOG_SUFFIX
 from persister.storage import CoordinatorLog, Fenced, TopicLog
 
@@ -435,6 +436,7 @@ class PgStorage:
                 changed = True
             if plog.log_end_offset == end and plog.log_start_offset >= start:
                 return changed
+            first_restored: int | None = None
             fetched = self._rows(log_id, plog.log_end_offset)
             async for base, last, data in fetched:
                 local_end = plog.log_end_offset
@@ -450,6 +452,8 @@ class PgStorage:
                     # A gap (the database dropped rows the data dir never had).
                     plog = self._rebuild(plog, directory, config, base)
                 plog.append_raw(bytearray(data), now)
+                if first_restored is None:
+                    first_restored = base
                 changed = True
             if plog.log_end_offset < end:
                 raise OSError(
@@ -459,6 +463,11 @@ class PgStorage:
             if start > plog.log_start_offset:
                 plog.delete_records_before(min(start, plog.log_end_offset))
                 changed = True
+            if first_restored is not None:
+                # Index the aborted transactions of what came back, and snapshot the
+                # producer state at the clean close below.
+                plog.rebuild_txn_index_from(first_restored)
+                plog.load_producer_state(ProducerStateManager())
         finally:
             plog.close(clean=True)
         if changed:

@@ -17,7 +17,8 @@ from persister.file_log import LogConfig, PartitionLog
 from persister.pg_schema import SCHEMA_VERSION, migrate
 from persister.pg_storage import PgPartitionLog, PgStorage, mask_password
 from persister.storage import Fenced
-from protocol.records import NewRecord, build_batch, iter_batches
+from persister.txn_index import AbortedTxn
+from protocol.records import NewRecord, build_batch, build_end_txn_marker_batch, iter_batches
 from tests.integration.pg_helpers import pg_dsn, pg_server
 from tests.postgres import PostgresServer
 
@@ -289,5 +290,41 @@ async def test_a_data_dir_of_another_database_is_replaced_by_this_ones_log(
     await engine.start(data)
     plog = await open_topic(engine, data, "t-0")
     assert values(plog) == [b"ours", b"ours"]
+    plog.close()
+    await engine.stop()
+
+
+async def test_a_restored_log_indexes_its_aborted_transactions(pg_dsn: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    plog.append(batch(b"plain"), NOW)
+    txn = build_batch(
+        [NewRecord(key=None, value=b"aborted")],
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
+        is_transactional=True,
+    )
+    plog.append(bytearray(txn), NOW)
+    marker = build_end_txn_marker_batch(
+        producer_id=7, producer_epoch=0, commit=False, coordinator_epoch=0, timestamp=NOW
+    )
+    plog.append(bytearray(marker), NOW)
+    plog.append_aborted_txn(AbortedTxn(7, 1, 2, 1))
+    assert plog.aborted_transactions(0, 3) == [AbortedTxn(7, 1, 2, 1)]
+    await plog.flush_async()
+    plog.close(clean=False)
+    await engine.stop()
+
+    shutil.rmtree(data)
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    assert plog.log_end_offset == 3
+    assert [
+        (a.producer_id, a.first_offset, a.last_offset) for a in plog.aborted_transactions(0, 3)
+    ] == [(7, 1, 2)]
     plog.close()
     await engine.stop()
