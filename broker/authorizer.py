@@ -33,6 +33,7 @@ from coordinator.acls import (
     Decision,
     ResourceType,
 )
+from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.authorizer")
 
@@ -53,8 +54,32 @@ class Requester(Protocol):
 
 
 def parse_super_users(text: str) -> frozenset[str]:
-    """`super.users`: principals separated by `;` (Kafka's format), blanks ignored."""
-    return frozenset(p.strip() for p in text.split(";") if p.strip())
+    """`super.users`: principals separated by `;` (Kafka's format), blanks ignored; one
+    not of the form `Type:name` is INVALID_CONFIG, as Kafka's StandardAuthorizer refuses
+    it at startup (a bare `admin` would never match anyone)."""
+    users = frozenset(p.strip() for p in text.split(";") if p.strip())
+    for user in sorted(users):
+        kind, sep, name = user.partition(":")
+        if not sep or not kind or not name:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                "super.users: expected a string in format principalType:principalName "
+                f"but got {user} (e.g. User:{user})",
+            )
+    return users
+
+
+def check_authorizer_class(name: str) -> None:
+    """`authorizer.class.name` is empty (no authorizer) or Kafka's ACL authorizer: any
+    other class (a plugin spool cannot load) is INVALID_CONFIG at startup, as Kafka
+    fails on a class it cannot find, rather than run with other rules than configured."""
+    if name and name not in AUTHORIZER_CLASSES:
+        raise KafkaError(
+            ErrorCode.invalid_config,
+            f"authorizer.class.name: spool cannot load {name}; it has Kafka's "
+            f"{STANDARD_AUTHORIZER} (ACLs on; {ACL_AUTHORIZER} is taken as the same), "
+            "or leave the key empty for no authorizer",
+        )
 
 
 class Authorizer:
@@ -77,7 +102,10 @@ class Authorizer:
 
     @classmethod
     def from_config(cls, config: BrokerConfig, acls: Callable[[], AclSet]) -> Authorizer:
+        """The configured authorizer; KafkaError(INVALID_CONFIG) for a class name or a
+        super user Kafka would refuse."""
         name = str(config.get("authorizer.class.name") or "").strip()
+        check_authorizer_class(name)
         return cls(
             enabled=bool(name),
             acls=acls,

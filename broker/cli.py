@@ -145,9 +145,11 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from broker.authorizer import Authorizer
     from broker.broker import Broker
     from broker.listeners import listeners_from_config
     from broker.server import ServerLimits, raise_open_file_limit
+    from coordinator.acls import AclSet
 
     try:
         static = load_static(args.config, args.set)
@@ -157,6 +159,7 @@ def serve(args: argparse.Namespace) -> int:
         config = BrokerConfig(static)
         storage = storage_engine(config)
         ServerLimits.from_config(config)  # settings that must agree, checked up front
+        Authorizer.from_config(config, AclSet)  # the class name and super.users
         listeners = listeners_from_config(config)
         for listener in listeners:
             if listener.tls is not None:

@@ -6,10 +6,13 @@ counts) in broker.authorizer. Sans-IO."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from broker import cli
 from broker.authorizer import Authorizer, parse_super_users
+from broker.config import BrokerConfig
 from broker.security import KafkaPrincipal, SecurityContext
 from coordinator.acls import (
     CLUSTER_NAME,
@@ -350,6 +353,47 @@ def test_super_users_pass_every_check_even_a_deny() -> None:
     assert a.allows(ctx("admin"), Op.READ, TOPIC, "orders")
     assert a.allows(ctx("ops"), Op.ALTER, CLUSTER)
     assert not a.allows(ctx("alice"), Op.READ, TOPIC, "orders")
+
+
+@pytest.mark.parametrize("value", ["admin", "User:admin;ops", ":admin", "User:"])
+def test_a_super_user_without_its_type_is_refused_at_startup(value: str) -> None:
+    # Kafka's StandardAuthorizer parses each one (SecurityUtils.parseKafkaPrincipal): a
+    # bare name would match no principal, and the operator would think it a super user.
+    with pytest.raises(KafkaError) as info:
+        parse_super_users(value)
+    assert info.value.code == ErrorCode.invalid_config
+    assert "principalType:principalName" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "enabled"),
+    [
+        ("", False),
+        ("org.apache.kafka.metadata.authorizer.StandardAuthorizer", True),
+        ("kafka.security.authorizer.AclAuthorizer", True),
+    ],
+)
+def test_authorizer_class_names_kafka_has(name: str, enabled: bool) -> None:
+    config = BrokerConfig({"authorizer.class.name": name, "super.users": "User:admin"})
+    assert Authorizer.from_config(config, AclSet).enabled is enabled
+
+
+def test_an_authorizer_class_spool_cannot_load_is_refused_at_startup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Not silently StandardAuthorizer rules under another class's name: Kafka fails to
+    # start on a class it cannot load, and so does spool.
+    config = BrokerConfig({"authorizer.class.name": "org.openpolicyagent.kafka.OpaAuthorizer"})
+    with pytest.raises(KafkaError) as info:
+        Authorizer.from_config(config, AclSet)
+    assert info.value.code == ErrorCode.invalid_config
+    assert "OpaAuthorizer" in info.value.message
+    args = cli.build_parser().parse_args(
+        ["serve", "--data-dir", str(tmp_path / "d"), "--set", "super.users=admin"]
+    )
+    assert cli.serve(args) == 2
+    assert "super.users" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 def test_no_acl_default_is_deny_unless_allow_everyone() -> None:
