@@ -244,6 +244,7 @@ class PgStorage:
         try:
             async with self._pool.acquire() as conn:
                 await migrate(conn)
+                await _refuse_unfinished_migration(conn, self.url)
             await self._restore(self._data_dir)
         except asyncpg.PostgresError as exc:
             await self.stop()
@@ -434,6 +435,11 @@ class PgStorage:
                 log.warning("log_cache_discarded", log=name, reason="differs from storage")
                 plog = self._rebuild(plog, directory, config, start)
                 changed = True
+            if plog.log_end_offset < start:
+                # Everything the data dir holds is below the log start (or it holds
+                # nothing): start at the log start, which may be the end (no rows).
+                plog = self._rebuild(plog, directory, config, start)
+                changed = True
             if plog.log_end_offset == end and plog.log_start_offset >= start:
                 return changed
             first_restored: int | None = None
@@ -448,8 +454,10 @@ class PgStorage:
                         plog.truncate_to(base)
                     else:
                         plog = self._rebuild(plog, directory, config, base)
-                elif base > local_end:
-                    # A gap (the database dropped rows the data dir never had).
+                elif base > local_end and local_end < start:
+                    # A gap below the log start (the database dropped rows the data dir
+                    # never had). Above it a gap is the log's own (a compacted log copied
+                    # by `spool migrate`): append_raw keeps it.
                     plog = self._rebuild(plog, directory, config, base)
                 plog.append_raw(bytearray(data), now)
                 if first_restored is None:
@@ -551,6 +559,22 @@ class PgStorage:
 
 
 _TOPIC_ID_MARKER = "partition.metadata"
+
+
+async def _refuse_unfinished_migration(conn: Any, url: str) -> None:
+    """Raise OSError if `spool migrate` (persister.pg_migrate) is copying into the
+    database, or was interrupted: its `spool_migration` row is unfinished until every log
+    is in, and a broker must not serve (nor write) a partial copy."""
+    if not await conn.fetchval("SELECT to_regclass('spool_migration') IS NOT NULL"):
+        return
+    source = await conn.fetchval(
+        "SELECT source FROM spool_migration WHERE id = 1 AND finished_at IS NULL"
+    )
+    if source is not None:
+        raise OSError(
+            f"the storage database {mask_password(url)} holds an unfinished `spool migrate` "
+            f"of {source}: run that migrate again to finish it (it resumes)"
+        )
 
 
 def _topic_id(directory: Path) -> str | None:
