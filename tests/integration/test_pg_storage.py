@@ -328,3 +328,28 @@ async def test_a_restored_log_indexes_its_aborted_transactions(pg_dsn: str, tmp_
     ] == [(7, 1, 2)]
     plog.close()
     await engine.stop()
+
+
+async def test_rows_with_a_gap_of_offsets_are_restored_around_it(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    for value in (b"a", b"b", b"c"):
+        plog.append(batch(value), NOW)
+    await plog.flush_async()
+    plog.close()
+    async with engine._pool.acquire() as conn:  # as a compaction of the rows would
+        await conn.execute("DELETE FROM spool_batches WHERE base_offset = 1")
+    await engine.stop()
+
+    shutil.rmtree(data)
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = await open_topic(engine, data, "t-0")
+    assert (plog.log_start_offset, plog.log_end_offset) == (0, 3)
+    assert values(plog) == [b"a", b"c"]
+    plog.close()
+    await engine.stop()
