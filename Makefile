@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install java postgres run test unit integration bench lint format clean fuzz \
+.PHONY: install java postgres jdbc run test unit integration bench lint format clean fuzz \
 	docker-build compose-up compose-down pipeline pipeline-report
 
 $(BIN)/python:
@@ -62,10 +62,32 @@ postgres:
 	then ls -d /usr/lib/postgresql/*/bin; \
 	else echo "make: apt-get could not install $(PG_PKG)." >&2; exit 1; fi
 
+# `spool audit` / `spool compact --storage postgresql://...` read the database through
+# Spark's JDBC source with Debian's PostgreSQL JDBC driver (persister/spark/pg.py); when
+# its jar is missing, install the package without asking, as for Java. SPOOL_JDBC_JAR
+# names another jar instead.
+JDBC_JAR := /usr/share/java/postgresql.jar
+JDBC_PKG := libpostgresql-jdbc-java
+jdbc:
+	@if [ -f "$(JDBC_JAR)" ] || [ -n "$$SPOOL_JDBC_JAR" ]; then exit 0; fi; \
+	echo "make: no PostgreSQL JDBC driver ($(JDBC_JAR)); the Spark jobs on PostgreSQL" \
+	     "need it. Installing $(JDBC_PKG)."; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: no apt-get here: set SPOOL_JDBC_JAR to a PostgreSQL JDBC driver jar." >&2; \
+	  exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; \
+	elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "make: installing $(JDBC_PKG) needs root: run" \
+	          "'sudo apt-get install -y $(JDBC_PKG)' and rerun." >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	if $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends $(JDBC_PKG) </dev/null; \
+	then ls -l $(JDBC_JAR); \
+	else echo "make: apt-get could not install $(JDBC_PKG)." >&2; exit 1; fi
+
 run: install
 	$(BIN)/spool serve --listen 127.0.0.1:9092 --data-dir ./data $(ARGS)
 
-test: install java postgres
+test: install java postgres jdbc
 	$(BIN)/python -m pytest -q $(ARGS)
 
 unit: install java

@@ -58,6 +58,19 @@ from persister.share_records import (
 )
 from persister.spark import report
 from persister.spark.findings import AuditResult, LogRecord, ShareKeyTuple, Violation
+from persister.spark.pg import (
+    SHARE_STATE_LOG,
+    TABLE,
+    LogRow,
+    PgTarget,
+    StorageUnavailable,
+    add_source_arguments,
+    batch_frame,
+    count_rows,
+    log_batches,
+    source_target,
+)
+from persister.spark.pg import logs as pg_logs
 from persister.spark.segments import (
     SNAPSHOT,
     TOMBSTONE,
@@ -723,9 +736,41 @@ class DataDirContext:
 
 def load_context(data_dir: Path) -> DataDirContext:
     """Read (never write) the metadata log, the groups log and the topic logs."""
+    return build_context(
+        _read_key_values(data_dir / "meta"),
+        _read_key_values(data_dir / "groups"),
+        lambda name, p: log_bounds(data_dir / "topics" / f"{name}-{p}"),
+    )
+
+
+def load_context_pg(db: PgTarget, logs: dict[str, LogRow]) -> DataDirContext:
+    """`load_context` from the database: the `meta` and `groups` logs' rows, and the
+    topic partitions' log start and end offsets from `spool_logs`."""
+
+    def key_values(name: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        if name not in logs:
+            return
+        for data in log_batches(db, name):
+            for _, batch in scan_batches_lenient(data):
+                yield from batch
+
+    def bounds(name: str, partition: int) -> tuple[int, int]:
+        row = logs.get(f"topics/{name}-{partition}")
+        return (0, 0) if row is None else (row.log_start_offset, row.next_offset)
+
+    return build_context(key_values("meta"), key_values("groups"), bounds)
+
+
+def build_context(
+    meta: Iterable[tuple[bytes | None, bytes | None]],
+    groups: Iterable[tuple[bytes | None, bytes | None]],
+    bounds: Callable[[str, int], tuple[int, int]],
+) -> DataDirContext:
+    """The context from the metadata log's and the groups log's records, and the
+    (log start, log end) of each topic partition."""
     ctx = DataDirContext()
     by_name: dict[str, tuple[str, int]] = {}
-    for _key, value in _read_key_values(data_dir / "meta"):
+    for _key, value in meta:
         try:
             record = json.loads(value) if value is not None else None
         except ValueError:
@@ -741,11 +786,11 @@ def load_context(data_dir: Path) -> DataDirContext:
         elif kind == "broker_config":
             ctx.broker_configs = {str(k): str(v) for k, v in record["configs"].items()}
     ctx.topics = {tid: (name, parts) for name, (tid, parts) in by_name.items()}
-    for key, value in _read_key_values(data_dir / "groups"):
+    for key, value in groups:
         _group_limit(ctx.group_limits, key, value)
     for name, (_tid, parts) in by_name.items():
         for p in range(parts):
-            ctx.bounds[(name, p)] = log_bounds(data_dir / "topics" / f"{name}-{p}")
+            ctx.bounds[(name, p)] = bounds(name, p)
     return ctx
 
 
@@ -836,7 +881,7 @@ class ScanTask(NamedTuple):
 # (task, byte position, offset or -1, 0 if the scan found it or 1 if the decode did, n).
 _Order = tuple[int, int, int, int, int]
 # One record as shuffled: offset, batch position, key bytes, value bytes (undecoded).
-_RawRecord = tuple[int, int, bytes, bytes | None]
+_RawRecord = tuple[int, Any, bytes, bytes | None]
 
 
 def _order(index: int, v: Violation, side: int, n: int) -> _Order:
@@ -861,20 +906,47 @@ def scan_keys(index: int, task: ScanTask) -> Iterator[tuple[Any, Any]]:
         v = _framing(task.segment, 0, None, f"segment unreadable: {exc}")
         yield None, (_order(index, v, 0, 0), v)
         return
+
+    def items() -> Iterator[_Scanned]:
+        for n, item in enumerate(scan_batches(data, task.segment, writing=task.writing)):
+            if isinstance(item, Violation):
+                yield item, _order(index, item, 0, n), task.segment
+            else:
+                yield item[1], item[0], task.segment
+
+    yield from _grouped(index, items())
+
+
+# What `_grouped` takes: (violation, its order, _) or (record, its position, its segment);
+# a position is the batch's byte position in a file, or (row base offset, byte position
+# in the row) for a row of the database.
+_Scanned = tuple[Any, Any, str]
+
+
+def _position_order(index: int, position: Any, offset: int, side: int, n: int) -> _Order:
+    if isinstance(position, tuple):
+        return (index, position[0], offset, side, n)
+    return (index, position, offset, side, n)
+
+
+def _grouped(index: int, items: Iterable[_Scanned]) -> Iterator[tuple[Any, Any]]:
+    """`scan_keys`'s grouping of scanned records by share key, undecoded; violations
+    are passed on with their order."""
     # Each distinct key's bytes: the first seen (so equal keys pickle once) and its key.
     keys: dict[bytes, tuple[bytes, ShareKeyTuple]] = {}
     groups: dict[ShareKeyTuple, list[_RawRecord]] = {}
-    for n, item in enumerate(scan_batches(data, task.segment, writing=task.writing)):
+    for n, (item, where, segment) in enumerate(items):
         if isinstance(item, Violation):
-            yield None, (_order(index, item, 0, n), item)
+            yield None, (where, item)
             continue
-        batch_pos, record = item
+        record: Record = item
         known = None if record.key is None else keys.get(record.key)
         if known is None:
             # decode_share checks the key before the value, so this is its verdict on it.
-            share = decode_share(task.segment, batch_pos, record.offset, record.key, None)
+            batch_pos = where[1] if isinstance(where, tuple) else where
+            share = decode_share(segment, batch_pos, record.offset, record.key, None)
             if isinstance(share, Violation):
-                yield None, (_order(index, share, 0, n), share)
+                yield None, (_position_order(index, where, record.offset, 0, n), share)
                 continue
             assert record.key is not None
             k = share.key
@@ -883,9 +955,58 @@ def scan_keys(index: int, task: ScanTask) -> Iterator[tuple[Any, Any]]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = []
-        group.append((record.offset, batch_pos, raw, record.value))
+        group.append((record.offset, where, raw, record.value))
     for key, group in groups.items():
         yield key, (index, group)
+
+
+def _row_segment(table: str, base_offset: int) -> str:
+    """How a row of the database is named where a file would be: `spool_batches[<base>]`."""
+    return f"{table}[{base_offset}]"
+
+
+def scan_rows(index: int, rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """Executor side: `scan_keys` for rows of the database's share-state log (a JDBC
+    partition's, in base offset order: base_offset, last_offset, data, ...). A row is
+    one append: its batches must start at its base offset and end by its last offset,
+    and rows must not overlap. A violation names the row `spool_batches[<base offset>]`
+    and the byte position in its data."""
+
+    def items() -> Iterator[_Scanned]:
+        previous_last: int | None = None
+        for row in rows:
+            base, last, data = int(row[0]), int(row[1]), bytes(row[2])
+            segment = _row_segment(TABLE, base)
+            problems = []
+            if previous_last is not None and base <= previous_last:
+                problems.append(f"row at base offset {base} overlaps the row before it")
+            if len(data) >= HEADER_SIZE:
+                try:
+                    first_base = parse_header(data, 0).base_offset
+                except CorruptRecordError:
+                    first_base = base  # scan_batches says why
+                if first_base != base:
+                    problems.append(
+                        f"row at base offset {base} holds a batch at base offset {first_base}"
+                    )
+            previous_last = last if previous_last is None else max(last, previous_last)
+            for n, problem in enumerate(problems):
+                v = _framing(segment, 0, base, problem)
+                yield v, (index, base, -1, 0, n), segment
+            end = base
+            for item in scan_batches(data, segment):
+                if isinstance(item, Violation):
+                    where = -1 if item.byte_position is None else item.byte_position
+                    yield item, (index, base, where, 0, 0), segment
+                    continue
+                pos, record = item
+                end = max(end, record.offset + 1)
+                yield record, (base, pos), segment
+            if end > last + 1:
+                problem = f"row at base offset {base} ends at offset {last} but holds {end - 1}"
+                yield _framing(segment, 0, base, problem), (index, base, last, 0, 9), segment
+
+    yield from _grouped(index, items())
 
 
 def check_group(
@@ -907,12 +1028,17 @@ def check_group(
     records: list[LogRecord] = []
     for index, group in parts:
         task = tasks[index]
-        for offset, batch_pos, raw_key, value in group:
-            share = decode_share(task.segment, batch_pos, offset, raw_key, value)
+        for offset, position, raw_key, value in group:
+            segment, batch_pos, order = task.segment, position, None
+            if isinstance(position, tuple):  # a row of the database
+                segment = _row_segment(task.segment, position[0])
+                batch_pos = position[1]
+                order = _position_order(index, position, offset, 1, 0)
+            share = decode_share(segment, batch_pos, offset, raw_key, value)
             if isinstance(share, Violation):
-                out.append(("framing", (_order(index, share, 1, 0), share)))
+                out.append(("framing", (order or _order(index, share, 1, 0), share)))
             else:
-                records.append(log_record(task.source, task.segment, batch_pos, offset, share))
+                records.append(log_record(task.source, segment, batch_pos, offset, share))
     out += _audit_key((key, records), ctx, replaced)
     if table_rows:
         out += [("row", report.record_row(r)) for r in records]
@@ -953,8 +1079,6 @@ def run_audit(
 ) -> AuditResult:
     """Audit `data_dir/share-state` and write `out/` (report.json, report.html, and with
     `tables` the Parquet tables, the slowest part of a small audit)."""
-    from pyspark import StorageLevel
-
     say = progress or (lambda _m: None)
     share_dir = data_dir / "share-state"
     say(f"[1/5] reading topics, log bounds and group configs of {data_dir}")
@@ -977,21 +1101,94 @@ def run_audit(
         + ("" if staging is None else f" (with compaction output {staging.directory.name})")
     )
     sc = spark.sparkContext
-    ctx_b = sc.broadcast(ctx)
-    replaced = None if staging is None else staging.inputs
-    say("[3/5] checking every share key (grouped by group, topic, partition)")
-    # One pass over the files: scanned and grouped by key on the map side, then each
-    # key decoded and checked; the records table's rows come out of the same pass.
+    log_bytes = sum(_file_size(t.path) for t in tasks)
     # Keys spread over a few groups per core (as many groups as files would leave a
     # core idle while another checks two of them), none so big that its Python worker
     # spills it to disk (past spark.python.worker.memory, 512m by default).
-    log_bytes = sum(_file_size(t.path) for t in tasks)
     groups = max(len(tasks), 4 * sc.defaultParallelism, -(-log_bytes // _GROUP_BYTES))
-    checked = (
-        sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1))
-        .flatMap(lambda it: scan_keys(*it))
-        .groupByKey(groups)
-        .flatMap(lambda item: check_group(item, tasks, ctx_b.value, replaced, tables))
+    scanned = sc.parallelize(list(enumerate(tasks)), max(len(tasks), 1)).flatMap(
+        lambda it: scan_keys(*it)
+    )
+    summary = {
+        "data_dir": str(data_dir),
+        "broker_running": live,
+        "segments": sum(1 for t in tasks if t.source == SOURCE_LOG),
+        "compaction_staging": None if staging is None else staging.directory.name,
+        "replay_comparison": (
+            "full replay vs. newest snapshot + later updates per key"
+            if staging is None
+            else f"originals vs. {staging.directory.name} output + segments it did not cover"
+        ),
+    }
+    replaced = None if staging is None else staging.inputs
+    return _check(spark, scanned, groups, tasks, ctx, replaced, summary, out, say, tables)
+
+
+def run_audit_pg(
+    spark: SparkSession,
+    db: PgTarget,
+    out: Path,
+    progress: Callable[[str], None] | None = None,
+    *,
+    tables: bool = True,
+) -> AuditResult:
+    """`run_audit` of a database's share-state log (`spool serve --storage`): its rows
+    below the log end offset read when the audit starts (what a running broker appends
+    later is left for the next audit), through Spark's JDBC source."""
+    say = progress or (lambda _m: None)
+    say(f"[1/5] reading topics, log bounds and group configs of {db.masked}")
+    logs = pg_logs(db)
+    ctx = load_context_pg(db, logs)
+    share = logs.get(SHARE_STATE_LOG)
+    sc = spark.sparkContext
+    if share is None:
+        scanned: Any = sc.parallelize([], 1)
+        rows, parts, tasks = 0, 1, []
+    else:
+        rows, first = count_rows(db, share.log_id, share.next_offset)
+        frame = batch_frame(spark, db, share.log_id, first or 0, share.next_offset, rows).select(
+            "base_offset", "last_offset", "data"
+        )
+        parts = frame.rdd.getNumPartitions()
+        tasks = [ScanTask("", TABLE, SOURCE_LOG, False)] * parts
+        scanned = frame.rdd.mapPartitionsWithIndex(scan_rows)
+    say(f"[2/5] scanning {rows} rows of {SHARE_STATE_LOG} in {parts} JDBC partitions")
+    groups = max(parts, 4 * sc.defaultParallelism)
+    summary = {
+        "data_dir": None,
+        "storage": db.masked,
+        "broker_running": None,
+        "segments": 0,
+        "rows": rows,
+        "log_end_offset": None if share is None else share.next_offset,
+        "compaction_staging": None,
+        "replay_comparison": "full replay vs. newest snapshot + later updates per key",
+    }
+    return _check(spark, scanned, groups, tasks, ctx, None, summary, out, say, tables)
+
+
+def _check(
+    spark: SparkSession,
+    scanned: Any,
+    groups: int,
+    tasks: Sequence[ScanTask],
+    ctx: DataDirContext,
+    replaced: frozenset[str] | None,
+    summary: dict[str, Any],
+    out: Path,
+    say: Callable[[str], None],
+    tables: bool,
+) -> AuditResult:
+    """Check every key of `scanned` (`scan_keys` / `scan_rows` items) and write `out/`."""
+    from pyspark import StorageLevel
+
+    sc = spark.sparkContext
+    ctx_b = sc.broadcast(ctx)
+    say("[3/5] checking every share key (grouped by group, topic, partition)")
+    # One pass: scanned and grouped by key on the map side, then each key decoded and
+    # checked; the records table's rows come out of the same pass.
+    checked = scanned.groupByKey(groups).flatMap(
+        lambda item: check_group(item, tasks, ctx_b.value, replaced, tables)
     )
     if tables:
         checked = checked.persist(StorageLevel.MEMORY_AND_DISK)
@@ -1021,15 +1218,7 @@ def run_audit(
         for rule, text in RULES.items()
     ]
     summary = {
-        "data_dir": str(data_dir),
-        "broker_running": live,
-        "segments": sum(1 for t in tasks if t.source == SOURCE_LOG),
-        "compaction_staging": None if staging is None else staging.directory.name,
-        "replay_comparison": (
-            "full replay vs. newest snapshot + later updates per key"
-            if staging is None
-            else f"originals vs. {staging.directory.name} output + segments it did not cover"
-        ),
+        **summary,
         "keys": len(partitions),
         "delivery_count_limits": _limit_sources(ctx, partitions),
     }
@@ -1072,15 +1261,16 @@ def _limit_sources(ctx: DataDirContext, partitions: list[dict[str, Any]]) -> dic
 
 
 def register(subparsers: Any) -> None:
-    """`spool audit --data-dir DIR --out OUT [--master URL]`."""
+    """`spool audit --data-dir DIR | --storage URL --out OUT [--master URL]`."""
     parser = subparsers.add_parser(
         "audit",
         help="check the share-state log with Spark and write a report",
         description=(
-            "Check a data dir's share-state log (CRCs, replay, epochs, start offsets, state "
-            "batches, delivery states and counts, topic offsets); write OUT/report.json, "
-            "OUT/report.html and Parquet tables. Exit 0: every check passed; 1: violations; "
-            "2: usage error. Run it on a copy or a stopped broker's data dir."
+            "Check a data dir's share-state log, or a database's (--storage) (CRCs, replay, "
+            "epochs, start offsets, state batches, delivery states and counts, topic "
+            "offsets); write OUT/report.json, OUT/report.html and Parquet tables. Exit 0: "
+            "every check passed; 1: violations; 2: usage error. Run it on a copy or a "
+            "stopped broker's data dir; a database may be audited while its broker runs."
         ),
     )
     add_arguments(parser, "local[*]")
@@ -1088,7 +1278,7 @@ def register(subparsers: Any) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -> None:
-    parser.add_argument("--data-dir", type=Path, required=True, help="the broker's data dir")
+    add_source_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="directory for the report")
     parser.add_argument(
         "--master",
@@ -1098,10 +1288,14 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    data_dir: Path = args.data_dir
+    data_dir: Path | None = args.data_dir
+    db: PgTarget | None = None
     try:
-        share_state_dir(data_dir)
-    except NotASpoolDataDir as exc:
+        if data_dir is not None:
+            share_state_dir(data_dir)
+        else:
+            db = source_target(args)
+    except (NotASpoolDataDir, StorageUnavailable) as exc:
         print(f"spool audit: {exc}", file=sys.stderr)
         return 2
     if args.out.exists() and not args.out.is_dir():
@@ -1113,7 +1307,15 @@ def audit_command(args: argparse.Namespace) -> int:
 
     say(f"starting Spark ({args.master or 'master from spark-submit'})")
     with job_session(args.master, "spool-audit") as spark:
-        result = run_audit(spark, data_dir, args.out, say)
+        if db is None:
+            assert data_dir is not None
+            result = run_audit(spark, data_dir, args.out, say)
+        else:
+            try:
+                result = run_audit_pg(spark, db, args.out, say)
+            except StorageUnavailable as exc:
+                print(f"spool audit: {db.masked}: {exc}", file=sys.stderr)
+                return 2
     failed = [c["rule"] for c in result.checks if not c["passed"]]
     say(
         "every check passed"

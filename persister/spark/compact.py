@@ -19,6 +19,9 @@ still exactly those the manifest names (size, mtime, inode, CRC32); if the broke
 compacted or truncated any of them since, the output is stale and discarded. A running
 broker adopts it on its next compaction round; a stopped one at start.
 
+With `--storage postgresql://...` the log is the database's rows instead: superseded
+rows are deleted in place while the broker runs (persister.spark.pg_compact).
+
 Also runnable as `spark-submit persister/spark/compact.py --data-dir DIR`.
 """
 
@@ -41,6 +44,8 @@ from persister.files import write_synced
 from persister.segment import LOG_SUFFIX
 from persister.share_records import ShareKey, ShareSnapshot, ShareUpdate, decode, encode
 from persister.share_replay import apply, fold
+from persister.spark.pg import StorageUnavailable, add_source_arguments, source_target
+from persister.spark.pg_compact import CompactionConflict, compact_pg
 from persister.spark.segments import (
     DEFAULT_SPLIT_BYTES,
     SNAPSHOT,
@@ -384,7 +389,7 @@ def compact(
 
 
 def _add_arguments(parser: argparse.ArgumentParser, default_master: str | None) -> None:
-    parser.add_argument("--data-dir", type=Path, required=True, help="the broker's data dir")
+    add_source_arguments(parser)
     parser.add_argument(
         "--master",
         default=default_master,
@@ -404,13 +409,17 @@ def register(subparsers: Any) -> None:
         help="compact the share-state log's closed segments on Spark",
         description="Fold the closed segments of DATA/share-state/ into one snapshot per "
         "share partition, on Spark. A running broker adopts the output on its next "
-        "compaction round (log.cleaner.backoff.ms), a stopped one when it starts.",
+        "compaction round (log.cleaner.backoff.ms), a stopped one when it starts. With "
+        "--storage, remove the database's share-state rows whose every record is "
+        "superseded, while the broker runs.",
     )
     _add_arguments(parser, "local[*]")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data_dir is None:
+        return _run_storage(args)
     try:
         share_state_dir(args.data_dir)
     except NotASpoolDataDir as exc:
@@ -420,6 +429,25 @@ def run(args: argparse.Namespace) -> int:
         try:
             compact(spark, args.data_dir, segment_bytes=args.segment_bytes)
         except (ValueError, OSError) as exc:
+            print(f"spool compact: failed: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _run_storage(args: argparse.Namespace) -> int:
+    """`spool compact --storage URL` (persister.spark.pg_compact)."""
+    try:
+        db = source_target(args)
+    except StorageUnavailable as exc:
+        print(f"spool compact: {exc}", file=sys.stderr)
+        return 2
+    with job_session(args.master, "spool-compact") as spark:
+        try:
+            compact_pg(spark, db)
+        except StorageUnavailable as exc:
+            print(f"spool compact: {db.masked}: {exc}", file=sys.stderr)
+            return 2
+        except (ValueError, OSError, CompactionConflict) as exc:
             print(f"spool compact: failed: {exc}", file=sys.stderr)
             return 1
     return 0

@@ -43,6 +43,7 @@ from persister.share_records import (
     StateBatch,
     decode,
 )
+from persister.spark.pg import jdbc_jar
 from protocol.records import Record, decode_records, iter_batches
 
 if TYPE_CHECKING:
@@ -340,6 +341,10 @@ def spark_session(master: str | None = "local[*]", app_name: str = "spool") -> S
         # choice (or SPARK_LOCAL_IP / spark.driver.host from the caller) stands.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+    jar = jdbc_jar()
+    if jar is not None:
+        # The PostgreSQL JDBC driver, for `--storage postgresql://...` (persister.spark.pg).
+        builder = builder.config("spark.jars", jar)
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true")
