@@ -40,6 +40,7 @@ databases and never deletes a broker's data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -105,6 +106,7 @@ class Row:
     last_offset: int
     max_timestamp: int
     data: bytes
+    batches: int = 1
 
 
 @dataclass(slots=True)
@@ -170,7 +172,7 @@ def rows_of(
     are (the next batch keeps its own base offset)."""
     offset = start
     parts: list[bytes] = []
-    size = 0
+    size = count = 0
     first = last = 0
     max_ts = NO_TIMESTAMP
     while offset < end:
@@ -192,19 +194,20 @@ def rows_of(
                 first = header.base_offset
                 max_ts = NO_TIMESTAMP
             parts.append(bytes(view[pos : pos + header.size]))
+            count += 1
             size += header.size
             last = header.last_offset
             max_ts = max(max_ts, header.max_timestamp)
             if size >= row_bytes:
-                yield Row(first, last, max_ts, b"".join(parts))
-                parts, size = [], 0
+                yield Row(first, last, max_ts, b"".join(parts), count)
+                parts, size, count = [], 0, 0
             pos += header.size
             offset = header.next_offset
         else:
             continue
         break
     if parts:
-        yield Row(first, last, max_ts, b"".join(parts))
+        yield Row(first, last, max_ts, b"".join(parts), count)
 
 
 def _human(n: float) -> str:
@@ -419,50 +422,65 @@ class Migration:
         pending_bytes = 0
         last_report = time.monotonic()
         started = last_report
-        done_bytes = 0
+        # One transaction in flight while the next one's rows are read (memory: two
+        # transactions' worth at most).
+        inflight: asyncio.Task[None] | None = None
 
         async def send() -> None:
-            nonlocal pending, pending_bytes
+            nonlocal pending, pending_bytes, inflight
+            if inflight is not None:
+                task, inflight = inflight, None
+                await task
             if pending:
-                await self._send(conn, pending)
-                pending, pending_bytes = [], 0
+                rows, pending, pending_bytes = pending, [], 0
+                inflight = asyncio.create_task(self._send(conn, rows))
 
-        for p in planned:
-            if p.resume_from >= p.log_end_offset:
-                done_bytes += p.size_bytes
-                continue
-            plog = await asyncio.to_thread(
-                PartitionLog.open, p.source.directory, p.source.config(), SYSTEM_CLOCK.now_ms()
-            )
-            try:
-                start = max(p.resume_from, plog.log_start_offset)
-                rows = rows_of(plog.read, start, p.log_end_offset, row_bytes=self.row_bytes)
-                while True:
-                    row = await asyncio.to_thread(next, rows, None)
-                    if row is None:
-                        break
-                    pending.append(
-                        (p.log_id, row.base_offset, row.last_offset, row.max_timestamp, row.data)
-                    )
-                    pending_bytes += len(row.data)
-                    self.totals.rows += 1
-                    self.totals.batches += _count_batches(row.data)
-                    self.totals.bytes += len(row.data)
-                    if pending_bytes >= self.txn_bytes:
-                        await send()
-                    now = time.monotonic()
-                    if self.progress and now - last_report >= PROGRESS_INTERVAL_S:
-                        last_report = now
-                        rate = self.totals.bytes / (1 << 20) / (now - started)
-                        self.say(
-                            f"  {_human(self.totals.bytes)} of about "
-                            f"{_human(max(total - done_bytes, 0) + self.totals.bytes)} "
-                            f"({rate:.1f} MB/s), at {p.source.name} offset {row.last_offset}"
+        try:
+            for p in planned:
+                if p.resume_from >= p.log_end_offset:
+                    continue
+                plog = await asyncio.to_thread(
+                    PartitionLog.open, p.source.directory, p.source.config(), SYSTEM_CLOCK.now_ms()
+                )
+                try:
+                    start = max(p.resume_from, plog.log_start_offset)
+                    rows = rows_of(plog.read, start, p.log_end_offset, row_bytes=self.row_bytes)
+                    while True:
+                        row = await asyncio.to_thread(next, rows, None)
+                        if row is None:
+                            break
+                        pending.append(
+                            (
+                                p.log_id,
+                                row.base_offset,
+                                row.last_offset,
+                                row.max_timestamp,
+                                row.data,
+                            )
                         )
-            finally:
-                plog.close(clean=True)
-            done_bytes += p.size_bytes
-        await send()
+                        pending_bytes += len(row.data)
+                        self.totals.rows += 1
+                        self.totals.batches += row.batches
+                        self.totals.bytes += len(row.data)
+                        if pending_bytes >= self.txn_bytes:
+                            await send()
+                        now = time.monotonic()
+                        if self.progress and now - last_report >= PROGRESS_INTERVAL_S:
+                            last_report = now
+                            rate = self.totals.bytes / (1 << 20) / (now - started)
+                            self.say(
+                                f"  {_human(self.totals.bytes)} of {_human(total)} copied "
+                                f"({rate:.1f} MB/s), at {p.source.name} offset {row.last_offset}"
+                            )
+                finally:
+                    plog.close(clean=True)
+            await send()
+            await send()  # the last one's outcome
+        finally:
+            if inflight is not None:
+                inflight.cancel()
+                with contextlib.suppress(BaseException):
+                    await inflight
 
 
 async def _send_rows(conn: Any, rows: list[tuple[int, int, int, int, bytes]]) -> None:
@@ -472,14 +490,6 @@ async def _send_rows(conn: Any, rows: list[tuple[int, int, int, int, bytes]]) ->
             records=rows,
             columns=["log_id", "base_offset", "last_offset", "max_timestamp", "data"],
         )
-
-
-def _count_batches(data: bytes) -> int:
-    n = pos = 0
-    while pos < len(data):
-        pos += parse_header(data, pos).size
-        n += 1
-    return n
 
 
 def _measure(source: SourceLog) -> _Planned:

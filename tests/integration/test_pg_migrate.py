@@ -286,9 +286,14 @@ def test_a_database_holding_spool_logs_is_refused(
     # A broker's own database (never migrated into) is refused too.
     other = broker_factory({"storage": pg_dsn.rsplit("/", 1)[0] + "/spool"})
     other.stop()
-    into_brokers = migrate("--from", str(source.data_dir), "--to", other.settings["storage"])
+    # (A password in the URL, which the server's trust authentication ignores: never
+    # printed.)
+    with_password = other.settings["storage"].replace("spool@", "spool:s3cret-pw@")
+    into_brokers = migrate("--from", str(source.data_dir), "--to", with_password)
     assert into_brokers.returncode == 1
     assert "already holds" in into_brokers.stderr and "spool logs" in into_brokers.stderr
+    assert "s3cret-pw" not in into_brokers.stderr + into_brokers.stdout
+    assert "spool:***@" in into_brokers.stderr
 
 
 def test_an_interrupted_migrate_is_refused_by_the_broker_and_resumed_by_a_rerun(
@@ -453,3 +458,51 @@ def test_a_copy_that_failed_midway_resumes_after_its_last_row(pg_dsn: str, tmp_p
     assert resumed.transactions >= 1 and resumed.rows >= 1
     assert db_rows(pg_dsn, "SELECT count(*) AS n FROM spool_batches")[0]["n"] == 2 + resumed.rows
     assert _restored(tmp_path / "target", pg_dsn) == source
+
+
+def test_a_transaction_open_at_the_stop_is_aborted_at_its_timeout_after_migrate(
+    broker_factory: Callable[..., Broker], pg_dsn: str
+) -> None:
+    """As after a restart of the file broker: the transaction is in the migrated
+    transactions log, Ongoing; the coordinator on PostgreSQL aborts it once its
+    transaction.timeout.ms has passed, and read_committed never sees its records."""
+    source = broker_factory()
+    create_topic(source, "open")
+    produce_values(source, "open", [b"plain"])
+    producer = Producer(
+        producer_config(
+            source,
+            **{
+                "transactional.id": "left-open",
+                "transaction.timeout.ms": 3000,
+                "message.timeout.ms": 3000,
+                "socket.timeout.ms": 3000,
+            },
+        )
+    )
+    producer.init_transactions(WAIT_S)
+    producer.begin_transaction()
+    producer.produce("open", value=b"in-flight", partition=0)
+    assert producer.flush(WAIT_S) == 0
+    source.stop()
+    proc = migrate("--from", str(source.data_dir), "--to", pg_dsn)
+    assert proc.returncode == 0, proc.stderr
+
+    target = broker_factory(
+        {
+            "storage": pg_dsn,
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",
+        }
+    )
+    deadline = time.monotonic() + WAIT_S
+    while watermarks(target, "open", 0)[1] < 3:  # plain, in-flight, the abort marker
+        assert time.monotonic() < deadline, "the open transaction was never aborted"
+        time.sleep(0.1)
+    committed = consume_assigned(
+        target, "open", [0], 1, timeout=WAIT_S, **{"isolation.level": "read_committed"}
+    )
+    assert [r.value for r in committed] == [b"plain"]
+    everything = consume_assigned(
+        target, "open", [0], 2, timeout=WAIT_S, **{"isolation.level": "read_uncommitted"}
+    )
+    assert [r.value for r in everything] == [b"plain", b"in-flight"]
