@@ -45,6 +45,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--password-file",
+        "--storage-password-file",
+        dest="password_file",
         type=Path,
         default=None,
         metavar="FILE",

@@ -117,9 +117,9 @@ def acls(broker: Broker) -> list[AclBinding]:
     return sorted(admin.describe_acls(any_filter).result(timeout=WAIT_S), key=str)
 
 
-def topic_config(broker: Broker, topic: str, key: str) -> str:
+def config_value(broker: Broker, kind: str, name: str, key: str) -> str:
     admin = AdminClient(admin_config(broker))
-    resource = ConfigResource("TOPIC", topic)
+    resource = ConfigResource(kind, name)
     configs = admin.describe_configs([resource], request_timeout=WAIT_S)[resource].result(
         timeout=WAIT_S
     )
@@ -231,7 +231,8 @@ def test_a_file_brokers_state_is_served_from_postgresql_after_migrate(
         target, "tx", [0], len(committed), timeout=WAIT_S, **{"isolation.level": "read_committed"}
     )
     assert [r.value for r in read_committed] == committed
-    assert topic_config(target, "orders", "retention.ms") == "987654321"
+    assert config_value(target, "TOPIC", "orders", "retention.ms") == "987654321"
+    assert config_value(target, "GROUP", GROUP, "share.auto.offset.reset") == "earliest"
     assert acls(target) == source_acls and len(source_acls) == 1
     assert scram_users(target) == {"alice": [("SCRAM_SHA_256", 4096)]}
     described = ok(target, "topics", "--describe", "--topic", "orders")
@@ -506,3 +507,37 @@ def test_a_transaction_open_at_the_stop_is_aborted_at_its_timeout_after_migrate(
         target, "open", [0], 2, timeout=WAIT_S, **{"isolation.level": "read_uncommitted"}
     )
     assert [r.value for r in everything] == [b"plain", b"in-flight"]
+
+
+def test_a_data_dir_changed_after_an_interrupted_migrate_needs_restart(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    from persister.file_log import LogConfig, PartitionLog
+    from persister.pg_migrate import MigrateError, Migration
+    from protocol.records import NewRecord, build_batch
+
+    _build_source(tmp_path / "source")
+
+    class Failing(Migration):
+        async def _send(self, conn: Any, rows: list[tuple[int, int, int, int, bytes]]) -> None:
+            if self.totals.transactions == 2:
+                raise ConnectionResetError("the connection broke")
+            await super()._send(conn, rows)
+
+    small = {"txn_bytes": 1, "row_bytes": 1}
+    with pytest.raises(MigrateError):
+        asyncio.run(Failing(tmp_path / "source", pg_dsn, **small).run())  # type: ignore[arg-type]
+
+    # A broker ran on the data dir meanwhile: a log grew.
+    plog = PartitionLog.open(tmp_path / "source" / "meta", LogConfig(), 0)
+    plog.append(bytearray(build_batch([NewRecord(b"k", b"new")])), 0)
+    plog.close()
+    with pytest.raises(MigrateError, match="--restart") as refused:
+        asyncio.run(Migration(tmp_path / "source", pg_dsn, **small).run())  # type: ignore[arg-type]
+    assert "meta was offsets [0, 4), now [0, 5)" in str(refused.value)
+
+    restarted = Migration(tmp_path / "source", pg_dsn, restart=True, **small)  # type: ignore[arg-type]
+    totals = asyncio.run(restarted.run())
+    assert totals.batches == 10
+    restored = _restored(tmp_path / "target", pg_dsn)
+    assert restored["meta"][:2] == (0, 5)

@@ -113,3 +113,28 @@ def test_a_directory_without_a_metadata_log_is_not_a_data_dir(tmp_path: Path) ->
     (tmp_path / "topics").mkdir()
     with pytest.raises(MigrateError, match="not the data dir of a spool broker"):
         source_logs(tmp_path)
+
+
+def test_the_cli_takes_a_password_file_and_refuses_a_url_that_is_not_postgresql(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["migrate", "--from", "d", "--to", "postgresql://u@h/db", "--storage-password-file", "f"]
+    )
+    assert (args.source, args.url, args.password_file) == (
+        Path("d"),
+        "postgresql://u@h/db",
+        Path("f"),
+    )
+    args = parser.parse_args(["migrate", "--from", "d", "--to", "mysql://u:pw@h/db"])
+    assert args.run(args) == 2
+    assert "postgresql://" in capsys.readouterr().err
+    missing = str(tmp_path / "missing")
+    args = parser.parse_args(
+        ["migrate", "--from", "d", "--to", "postgresql://u@h/db", "--password-file", missing]
+    )
+    assert args.run(args) == 2
+    assert "--password-file" in capsys.readouterr().err
