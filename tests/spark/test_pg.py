@@ -120,7 +120,7 @@ def traffic_db(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """A database a broker wrote under share traffic (accepts, releases, rejects), the
     broker stopped; each test that damages it works on a copy (`copy_db`)."""
-    dsn = create_database(pg_server, "spool_spark_traffic")
+    dsn = create_database(pg_server, f"spool_spark_traffic_{uuid.uuid4().hex[:8]}")
     broker = _broker(tmp_path_factory.mktemp("pg-traffic"), dsn)
     broker.start()
     try:
@@ -251,7 +251,7 @@ def test_a_database_without_spool_tables_is_a_usage_error(
 def test_compaction_under_share_traffic_keeps_the_replay_and_a_restore_serves_it(
     spark: SparkSession, pg_server: PostgresServer, tmp_path: Path
 ) -> None:
-    dsn = create_database(pg_server, "spool_spark_compact")
+    dsn = create_database(pg_server, f"spool_spark_compact_{uuid.uuid4().hex[:8]}")
     # A snapshot every other write: most rows end up superseded.
     broker = _broker(tmp_path, dsn, per_snapshot="1")
     broker.start()
