@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -541,3 +542,69 @@ def test_a_data_dir_changed_after_an_interrupted_migrate_needs_restart(
     assert totals.batches == 10
     restored = _restored(tmp_path / "target", pg_dsn)
     assert restored["meta"][:2] == (0, 5)
+
+
+def test_a_compacted_share_state_log_is_copied_as_it_is(
+    broker_factory: Callable[..., Broker], pg_dsn: str
+) -> None:
+    """Small share-state segments, compacted as they close: batches with offsets
+    missing, copied as they are; the share group on PostgreSQL gets only what was
+    never accepted."""
+    source = broker_factory(
+        {
+            "share.coordinator.state.topic.segment.bytes": "1024",
+            "share.coordinator.snapshot.update.records.per.snapshot": "2",
+            "log.cleaner.backoff.ms": "100",
+        }
+    )
+    create_topic(source, "work")
+    earliest(source, GROUP)
+    produce_values(source, "work", [b"w%d" % i for i in range(300)], batch=10)
+    consumer = share_consumer(source, GROUP, ["work"], **{"max.poll.records": 10})
+    try:
+        log = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= 250,
+            timeout=60,
+            decide=lambda _m: AcknowledgeType.ACCEPT,
+        )
+    finally:
+        close_quietly(consumer)
+    accepted = {d.key for d in log.deliveries}
+    deadline = time.monotonic() + WAIT_S
+    while not re.search(r"share_state_compacted +rewritten=[1-9]", source.log_tail(2000)):
+        assert time.monotonic() < deadline, "the share-state log was never compacted"
+        time.sleep(0.2)
+    source.stop()
+
+    proc = migrate("--from", str(source.data_dir), "--to", pg_dsn)
+    assert proc.returncode == 0, proc.stderr
+    rows = db_rows(
+        pg_dsn,
+        "SELECT b.base_offset, b.last_offset, b.data FROM spool_batches b "
+        "JOIN spool_logs l USING (log_id) WHERE l.name = 'share-state' ORDER BY b.base_offset",
+    )
+    from protocol.records import iter_batches
+
+    (log,) = db_rows(
+        pg_dsn, "SELECT log_start_offset, next_offset FROM spool_logs WHERE name = 'share-state'"
+    )
+    # Compaction keeps the offsets of the records it keeps: the ones it dropped are
+    # missing from the copy too.
+    records = sum(h.records_count for r in rows for _, h in iter_batches(r["data"]))
+    assert records < log["next_offset"] - log["log_start_offset"], "nothing was compacted"
+
+    target = broker_factory({"storage": pg_dsn})
+    consumer = share_consumer(target, GROUP, ["work"])
+    try:
+        log = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= 300 - len(accepted),
+            timeout=60,
+            decide=lambda _m: AcknowledgeType.ACCEPT,
+        )
+        more = consume(consumer, until=lambda _log: False, timeout=3)
+    finally:
+        close_quietly(consumer)
+    again = {d.key for d in log.deliveries + more.deliveries}
+    assert again == {(0, o) for o in range(300)} - accepted
