@@ -25,9 +25,13 @@ How (`Migration`):
    the data dir. Progress is printed every few seconds.
 4. Finish: one transaction marks the `spool_migration` row finished.
 
-A broker started on the database before the copy finished refuses to start: its
-restore finds a log whose rows end below its recorded end (and the engine reports an
-unfinished migration). A migrate that was interrupted (killed, connection lost) is
+A broker started on the database before the copy finished refuses to start: the
+engine finds the `spool_migration` row unfinished (and its restore would find a log
+whose rows end below its recorded end). The plan takes the schema migrations' advisory
+lock, so a broker starting during the plan waits for it and then refuses; one that got
+past its check just before the plan began could still claim the copied logs (its claim
+waits for the plan), and the copy then fails on its rows: do not start a broker on the
+database until migrate has finished. A migrate that was interrupted (killed, connection lost) is
 resumed by running it again with the same arguments: each log goes on after its last
 copied row, once the data dir is checked unchanged (same logs, same offsets, and its
 bytes of that last row equal the database's). If the data dir changed meanwhile (a
@@ -53,6 +57,7 @@ from persister.clock import SYSTEM_CLOCK
 from persister.coordinator_log import internal_log_config
 from persister.dirlock import DataDirLock
 from persister.file_log import LogConfig, PartitionLog
+from persister.pg_schema import MIGRATION_LOCK
 from persister.pg_schema import migrate as migrate_schema
 from persister.pg_storage import COORDINATOR_LOGS, mask_password
 from protocol.records import NO_TIMESTAMP, parse_header
@@ -313,6 +318,9 @@ class Migration:
     async def _plan(self, conn: Any, planned: list[_Planned]) -> bool:
         """Create the log rows, or check an unfinished migrate's; whether it resumes."""
         async with conn.transaction():
+            # The schema migrations' lock: a broker starting now waits for the plan in
+            # its own schema check, then finds the migrate unfinished and refuses.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
             await conn.execute(MIGRATION_TABLE)
             await conn.execute("LOCK TABLE spool_logs IN EXCLUSIVE MODE")
             migration = await conn.fetchrow(
