@@ -220,6 +220,16 @@ class Broker:
             )
         )
         self.metrics.state = SERVING
+        for lc in self.listeners:
+            if lc.advertises_loopback_for_every_interface:
+                log.warning(
+                    "advertising_loopback",
+                    listener=lc.name,
+                    hint="the listener takes connections on every interface but tells "
+                    "clients to connect to 127.0.0.1, which only works on this host: set "
+                    f"advertised.listeners={lc.name}://<address clients reach>:<port> "
+                    "(or --advertise)",
+                )
         log.info(
             "broker_started",
             node_id=self.node_id,

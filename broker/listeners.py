@@ -271,6 +271,12 @@ class ListenerConfig:
     def is_tls(self) -> bool:
         return self.security_protocol in (SSL, SASL_SSL)
 
+    @property
+    def advertises_loopback_for_every_interface(self) -> bool:
+        """Bound to every interface with no advertised address given: spool advertises
+        127.0.0.1 (where Kafka refuses 0.0.0.0), which only this host can use."""
+        return self.host in _WILDCARDS and self.advertised_host == _default_advertised("", 0)[0]
+
     @classmethod
     def plaintext(cls, host: str, port: int) -> ListenerConfig:
         """A single PLAINTEXT listener (what `--listen` without other keys means)."""

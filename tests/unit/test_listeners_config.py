@@ -258,6 +258,22 @@ def test_passwords_are_sensitive_in_describe_configs() -> None:
     assert not BROKER_KEYS["ssl.keystore.location"].sensitive
 
 
+def test_a_wildcard_listener_advertising_loopback_is_flagged_for_a_warning() -> None:
+    # Kafka refuses to advertise 0.0.0.0; spool advertises 127.0.0.1 and warns at start.
+    flagged = {
+        lc.name: lc.advertises_loopback_for_every_interface
+        for lc in listeners(
+            {
+                "listeners": "A://0.0.0.0:9092,B://:9093,C://127.0.0.1:9094,D://0.0.0.0:9095",
+                "listener.security.protocol.map": "A:PLAINTEXT,B:PLAINTEXT,C:PLAINTEXT,D:PLAINTEXT",
+                "advertised.listeners": "D://broker.example.com:9095",
+            }
+        )
+    }
+    assert flagged == {"A": True, "B": True, "C": False, "D": False}
+    assert ListenerConfig.plaintext("0.0.0.0", 9092).advertises_loopback_for_every_interface
+
+
 def test_a_listeners_repr_holds_no_private_key_nor_its_password() -> None:
     (listener,) = listeners(
         {
