@@ -100,17 +100,83 @@ def add_connection_flags(parser: argparse.ArgumentParser, timeout: bool = False)
 
 
 def read_properties(path: Path) -> dict[str, str]:
-    """A Java properties file: `key=value` or `key: value` lines, # and ! comments."""
+    """A Java properties file, read as java.util.Properties.load reads it: `#` and `!`
+    comment lines; a line ending in an odd number of backslashes goes on on the next
+    (the multi-line sasl.jaas.config of Kafka's documentation), whose leading blanks are
+    dropped; the key ends at the first unescaped `=`, `:` or blank (`key value` is a
+    pair too) and the value is the rest, blanks around the separator dropped; escapes
+    `\\t`, `\\n`, `\\r`, `\\f`, `\\uXXXX`, and `\\` before any other character for that
+    character. A line with no value gives the key an empty one, as in Java; unlike
+    Java, blanks at the end of a value are dropped (unless escaped)."""
     props: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].lstrip(" \t\f")
+        i += 1
         if not line or line[0] in "#!":
             continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if sep < 0:
-            raise UsageError(f"{path}: line {raw!r} is not key=value")
-        props[line[:sep].strip()] = line[sep + 1 :].strip()
+        while _continues(line) and i < len(lines):
+            line = line[:-1] + lines[i].lstrip(" \t\f")
+            i += 1
+        if _continues(line):  # a backslash at the end of the file
+            line = line[:-1]
+        key, value = _split_property(line)
+        props[_unescape(key)] = _unescape(value)
     return props
+
+
+def _continues(line: str) -> bool:
+    """An odd number of trailing backslashes: the logical line goes on."""
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+
+
+def _split_property(line: str) -> tuple[str, str]:
+    """(key, value) of a logical line, both still escaped."""
+    end, escaped = len(line), False
+    for pos, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch in "=: \t\f":
+            end = pos
+            break
+    rest = line[end:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    # Java keeps trailing blanks; a stray one after a password would only fail the login.
+    stripped = rest.rstrip(" \t\f")
+    if stripped.endswith("\\") and _continues(stripped):
+        stripped += rest[len(stripped)]  # an escaped blank is part of the value
+    return line[:end], stripped
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    pos = 0
+    while pos < len(text):
+        ch = text[pos]
+        pos += 1
+        if ch != "\\" or pos == len(text):
+            out.append(ch)
+            continue
+        nxt = text[pos]
+        pos += 1
+        if nxt == "u" and len(text) - pos >= 4:
+            try:
+                out.append(chr(int(text[pos : pos + 4], 16)))
+                pos += 4
+                continue
+            except ValueError:
+                pass
+        out.append(_ESCAPES.get(nxt, nxt))
+    return "".join(out)
 
 
 @dataclass(frozen=True, slots=True)

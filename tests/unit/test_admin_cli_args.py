@@ -11,7 +11,7 @@ import pytest
 
 from broker.cli import build_parser, main
 from broker.tools import configs, share_groups, topics
-from broker.tools.common import UsageError, read_properties, table
+from broker.tools.common import UsageError, read_properties, security_settings, table
 from protocol import admin as admin_module
 from protocol.admin import AdminClient, AdminError, Node, parse_bootstrap
 from protocol.errors import ErrorCode
@@ -300,6 +300,36 @@ def test_command_config_reads_java_properties(tmp_path: Path) -> None:
     path = tmp_path / "admin.properties"
     path.write_text("# comment\n! also a comment\nclient.id = ops\ndefault.api.timeout.ms:5000\n")
     assert read_properties(path) == {"client.id": "ops", "default.api.timeout.ms": "5000"}
+
+
+def test_command_config_reads_properties_as_java_does(tmp_path: Path) -> None:
+    # Kafka's documentation writes sasl.jaas.config over several lines; Java also
+    # takes a blank as the separator, and escapes.
+    path = tmp_path / "client.properties"
+    path.write_text(
+        "security.protocol SASL_SSL\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+        '    username="alice" \\\n'
+        '    password="alice-secret";\n'
+        "# a comment ending in a backslash does not go on \\\n"
+        "sasl.mechanism:PLAIN   \n"
+        "ssl.ca.location=C\\:\\\\certs\\\\ca.pem\n"
+        "client.id=caf\\u00e9\\ \n"
+        "key\\=with\\:seps = v\n"
+        "empty\n"
+    )
+    assert read_properties(path) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="alice" password="alice-secret";',
+        "sasl.mechanism": "PLAIN",
+        "ssl.ca.location": "C:\\certs\\ca.pem",
+        "client.id": "caf\u00e9 ",
+        "key=with:seps": "v",
+        "empty": "",
+    }
+    security = security_settings(read_properties(path))
+    assert (security.username, security.password) == ("alice", "alice-secret")
 
 
 # --- the admin client's coordinator retry (no sockets: the lookup and call are stubbed) --
