@@ -129,7 +129,8 @@ def _modules(tokens: list[Token], i: int, end: str | None) -> tuple[list[JaasEnt
         module, flag = tokens[i][1], tokens[i + 1][1].lower()
         if flag not in _JAAS_FLAGS:
             raise JaasError(
-                f"invalid control flag {tokens[i + 1][1]!r}: expected one of {_JAAS_FLAGS}"
+                # The word is not quoted: a misplaced password could stand there.
+                f"invalid control flag after {module}: expected one of {_JAAS_FLAGS}"
             )
         i += 2
         options: dict[str, str] = {}

@@ -58,7 +58,7 @@ def test_jaas_values_may_be_bare_words_or_quoted_with_escapes() -> None:
     [
         ("", "0 login modules"),
         ('Mod required user_a="x"', "must end with ';'"),
-        ('Mod mandatory user_a="x";', "invalid control flag"),
+        ('Mod mandatory user_a="x";', "invalid control flag after Mod"),
         ('Mod required user_a "x";', "key=value"),
         ('Mod required user_a="x', "unterminated quote"),
         ("A required; B required;", "2 login modules"),
@@ -70,6 +70,13 @@ def test_malformed_jaas_is_refused_without_quoting_it(text: str, words: str) -> 
         sasl.parse_jaas(text)
     assert words in str(info.value)
     assert '"x"' not in str(info.value)
+
+
+def test_a_word_in_the_control_flag_place_is_not_quoted() -> None:
+    # A password typed where the flag goes must not end up in the startup error.
+    with pytest.raises(sasl.JaasError) as info:
+        sasl.parse_jaas("Mod s3cret-pw;")
+    assert "s3cret" not in str(info.value)
 
 
 # -- PLAIN -------------------------------------------------------------------------------
