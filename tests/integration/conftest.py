@@ -3,6 +3,14 @@
 Each test gets its own broker on a free port with a data dir under `tmp_path`. The
 process's stdout/stderr go to `broker.log` in that dir; when a test fails, the tail
 of the log is attached to the report. Every wait in here is bounded.
+
+Storage engines: the brokers of `broker`, `broker_factory` and of module fixtures that
+pass `storage_settings_for(request, storage)` to `module_broker` keep their state in files (the
+default) or on PostgreSQL, as the `storage` fixture says. A module or test runs on both
+with `@BOTH_STORAGES` (or `pytestmark = BOTH_STORAGES`): each test runs once per engine,
+ids `[file]` and `[postgresql]`; on PostgreSQL every broker gets a fresh database of its
+own on the session's throwaway server (tests/integration/pg_helpers.py), started only
+when a test needs it. A broker given an explicit `storage` setting keeps it.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.integration.pg_helpers import new_database, pg_server
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -39,6 +49,12 @@ TEST_DEFAULTS: dict[str, str | None] = {
     "group.share.min.heartbeat.interval.ms": "500",
     "group.share.heartbeat.interval.ms": "1000",
 }
+
+# The engines a test parametrised with BOTH_STORAGES runs on (the `storage` fixture).
+STORAGES = ("file", "postgresql")
+BOTH_STORAGES = pytest.mark.parametrize("storage", STORAGES, indirect=True)
+
+__all__ = ["pg_server"]  # a fixture, from pg_helpers, for the brokers on PostgreSQL
 
 # Log files of the brokers a test started, for the failure report (paths only, so the
 # brokers and their clients are freed after the test).
@@ -200,17 +216,38 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.fixture(scope="module")
+def storage(request: pytest.FixtureRequest) -> str:
+    """The storage engine of this test's brokers: "file" unless the test is parametrised
+    with BOTH_STORAGES (module scope, so module-scoped brokers can follow it too)."""
+    engine: str = getattr(request, "param", "file")
+    assert engine in STORAGES, engine
+    return engine
+
+
+def storage_settings_for(request: pytest.FixtureRequest, storage: str) -> dict[str, str]:
+    """Broker settings for the engine `storage` (the fixture's value, which a fixture
+    must name among its arguments for BOTH_STORAGES to reach it): none for files, a new
+    empty database (the `storage` URL) for PostgreSQL."""
+    if storage == "file":
+        return {}
+    return {"storage": new_database(request.getfixturevalue("pg_server"))}
+
+
 @pytest.fixture
 def broker_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, storage: str
 ) -> Iterator[Callable[..., Broker]]:
     """Start brokers with extra `--set` settings (and optionally a lower open-file
-    limit); all are stopped (exit 0) at teardown."""
+    limit), on the test's storage engine (each its own database on PostgreSQL, unless
+    the settings name a `storage`); all are stopped (exit 0) at teardown."""
     brokers: list[Broker] = []
     request.node.stash[_LOGS_KEY] = []
 
     def make(settings: dict[str, str] | None = None, open_file_limit: int | None = None) -> Broker:
         n = len(brokers)
+        if not settings or "storage" not in settings:
+            settings = {**storage_settings_for(request, storage), **(settings or {})}
         broker = Broker(
             tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings, open_file_limit
         )
@@ -236,7 +273,9 @@ def module_broker(
     tmp_path_factory: pytest.TempPathFactory, name: str, settings: dict[str, str] | None = None
 ) -> Iterator[Broker]:
     """A started broker for a module-scoped fixture (tests that need no broker of their
-    own share one), stopped (exit 0 required) when the module is done."""
+    own share one), stopped (exit 0 required) when the module is done. On files unless
+    `settings` say otherwise: pass `{**settings, **storage_settings_for(request, storage)}`
+    to follow the `storage` fixture."""
     root = tmp_path_factory.mktemp(name)
     broker = Broker(root / "data", root / "broker.log", settings)
     broker.start()

@@ -44,17 +44,12 @@ def create_database(server: PostgresServer, name: str) -> str:
     return server.dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
+def new_database(server: PostgresServer) -> str:
+    """The URL of a new empty database on `server`, named for no one else."""
+    return create_database(server, f"spool_test_{next(_databases)}")
+
+
 @pytest.fixture
 def pg_dsn(pg_server: PostgresServer) -> str:
     """The URL of a database of its own for this test."""
-    return create_database(pg_server, f"spool_test_{next(_databases)}")
-
-
-@pytest.fixture(params=["file", "postgresql"])
-def storage_settings(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Broker settings for each storage engine: the data dir's files, or a database of
-    this test's own (the PostgreSQL server is started only for that case)."""
-    if request.param == "file":
-        return {}
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return {"storage": create_database(server, f"spool_test_{next(_databases)}")}
+    return new_database(pg_server)

@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
 
 from tests.integration.conftest import (
     ADMIN_TIMEOUT_S,
+    BOTH_STORAGES,
     Broker,
     admin_config,
     consume_assigned,
@@ -86,6 +87,7 @@ def fill(broker: Broker, topic: str, partitions: int, per_partition: int) -> Non
     assert outcome.errors == [] and outcome.unflushed == 0
 
 
+@BOTH_STORAGES
 def test_create_topic_and_create_errors(broker: Broker) -> None:
     client = admin(broker)
     new = client.create_topics([NewTopic("orders", 3, 1)], request_timeout=ADMIN_TIMEOUT_S)
@@ -123,6 +125,7 @@ def test_default_partitions_come_from_num_partitions(
     wait_for_partitions(broker, "defaulted", 4)
 
 
+@BOTH_STORAGES
 def test_delete_topic_removes_it_and_recreated_topic_is_empty_with_new_id(
     broker: Broker,
 ) -> None:
@@ -142,6 +145,7 @@ def test_delete_topic_removes_it_and_recreated_topic_is_empty_with_new_id(
     assert topic_id(broker, "doomed") != old_id
 
 
+@BOTH_STORAGES
 def test_create_partitions_grows_topic_and_rejects_shrinking(broker: Broker) -> None:
     create_topic(broker, "growing", partitions=2)
     client = admin(broker)
@@ -159,6 +163,7 @@ def test_create_partitions_grows_topic_and_rejects_shrinking(broker: Broker) -> 
     wait_for_partitions(broker, "growing", 5)
 
 
+@BOTH_STORAGES
 def test_topic_configs_set_at_create_altered_and_deleted(broker: Broker) -> None:
     create_topic(broker, "configured", config={"retention.ms": "3600000"})
     configs = topic_configs(broker, "configured")
@@ -234,6 +239,7 @@ def test_describe_cluster_reports_the_single_node(broker: Broker) -> None:
     assert cluster.controller is not None and cluster.controller.id == 1
 
 
+@BOTH_STORAGES
 def test_delete_records_moves_low_watermark(broker: Broker) -> None:
     create_topic(broker, "trimmed", partitions=2)
     fill(broker, "trimmed", 2, 100)
@@ -258,6 +264,7 @@ def test_delete_records_moves_low_watermark(broker: Broker) -> None:
     assert watermarks(broker, "trimmed", 0) == (40, 100)
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(180)
 def test_topics_configs_and_log_start_survive_restart(broker: Broker) -> None:
     create_topic(broker, "kept", partitions=2, config={"retention.ms": "3600000"})

@@ -17,11 +17,13 @@ from confluent_kafka import AcknowledgeType, Message, Producer
 
 from tests.integration import cli_helpers
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     Broker,
     create_topic,
     module_broker,
     produce,
     producer_config,
+    storage_settings_for,
 )
 from tests.integration.share_helpers import (
     PollLog,
@@ -35,10 +37,17 @@ from tests.integration.share_helpers import (
     wait_for_members,
 )
 
+# The durable paths: each test runs on the file engine and on PostgreSQL.
+pytestmark = BOTH_STORAGES
+
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with module_broker(tmp_path_factory, "cli-share-groups") as broker:
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, storage: str
+) -> Iterator[Broker]:
+    with module_broker(
+        tmp_path_factory, "cli-share-groups", storage_settings_for(request, storage)
+    ) as broker:
         yield broker
 
 

@@ -12,12 +12,22 @@ from typing import Any
 import pytest
 
 from tests.integration.cli_helpers import ok, spool
-from tests.integration.conftest import Broker, module_broker, wait_for_partitions
+from tests.integration.conftest import (
+    BOTH_STORAGES,
+    Broker,
+    module_broker,
+    storage_settings_for,
+    wait_for_partitions,
+)
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with module_broker(tmp_path_factory, "cli-topics") as broker:
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, storage: str
+) -> Iterator[Broker]:
+    with module_broker(
+        tmp_path_factory, "cli-topics", storage_settings_for(request, storage)
+    ) as broker:
         yield broker
 
 
@@ -26,6 +36,7 @@ def topic_list(broker: Broker) -> list[str]:
     return listed
 
 
+@BOTH_STORAGES
 def test_topic_lifecycle_create_describe_alter_delete(broker: Broker) -> None:
     out = ok(
         broker,
@@ -93,6 +104,7 @@ def described(broker: Broker, kind: str, name: str) -> dict[str, Any]:
     return dict(doc)
 
 
+@BOTH_STORAGES
 def test_topic_config_set_shown_and_deleted(broker: Broker) -> None:
     ok(broker, "topics", "--create", "--topic", "cli-cfg")
     out = configs_ok(
@@ -127,6 +139,7 @@ def test_topic_config_set_shown_and_deleted(broker: Broker) -> None:
     assert "  retention.ms=604800000 sensitive=false synonyms={DEFAULT_CONFIG:" in everything
 
 
+@BOTH_STORAGES
 def test_group_config_set_before_the_group_exists_and_a_bad_value_refused(broker: Broker) -> None:
     group = "cli-future-group"
     configs_ok(
@@ -147,6 +160,7 @@ def test_group_config_set_before_the_group_exists_and_a_bad_value_refused(broker
     assert described(broker, "groups", group) == doc
 
 
+@BOTH_STORAGES
 def test_describe_of_a_missing_topic_and_the_broker_defaults(broker: Broker) -> None:
     out = ok(broker, "configs", "--describe", "--entity-type", "topics", "--entity-name", "nope")
     assert out.strip() == "The topic 'nope' doesn't exist and doesn't have dynamic config."

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     Broker,
     Sent,
     consume_assigned,
@@ -19,6 +20,10 @@ from tests.integration.conftest import (
 )
 
 PARTITIONS = 3
+
+
+# The durable paths: each test runs on the file engine and on PostgreSQL.
+pytestmark = BOTH_STORAGES
 
 
 def assert_acked_present(broker: Broker, topic: str, acked: list[Sent]) -> None:

@@ -31,8 +31,7 @@ from coordinator.share_state import ShareStateKey
 from persister.file_log import LogConfig, PartitionLog
 from persister.share_compaction import read_share_records
 from protocol.records import iter_batches
-from tests.integration.conftest import CLIENT_LOGGER, Broker, create_topic
-from tests.integration.pg_helpers import pg_server, storage_settings
+from tests.integration.conftest import BOTH_STORAGES, CLIENT_LOGGER, Broker, create_topic
 from tests.integration.share_helpers import (
     close_quietly,
     earliest,
@@ -47,8 +46,6 @@ from tests.integration.test_share_state_rpcs import (
     summary,
     topic_ids,
 )
-
-__all__ = ["pg_server", "storage_settings"]  # the fixtures, from pg_helpers
 
 SHORT_LOCK = {
     "group.share.min.record.lock.duration.ms": "1000",
@@ -277,9 +274,10 @@ def drain(
 # --- kill -9 under traffic ------------------------------------------------------------
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(200)
 def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
-    broker_factory: Callable[..., Broker], storage_settings: dict[str, str]
+    broker_factory: Callable[..., Broker], storage: str
 ) -> None:
     # A consumer whose join the kill cut off rejoins under a new member id; the old id
     # keeps its share of the assignment until its session times out, as in Kafka. A short
@@ -287,10 +285,9 @@ def test_confirmed_acceptances_and_delivery_counts_survive_kill9_under_traffic(
     # every partition again.
     # On PostgreSQL every other kill also loses the data dir (the machine is gone): the
     # new broker starts on an empty one and restores everything from the database.
-    machine_loss = "storage" in storage_settings
+    machine_loss = storage == "postgresql"
     broker = broker_factory(
         {
-            **storage_settings,
             **SHORT_LOCK,
             "group.share.delivery.count.limit": str(COUNT_LIMIT),
             "group.share.min.session.timeout.ms": "3000",

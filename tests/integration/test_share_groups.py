@@ -19,7 +19,13 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import AcknowledgeType, Message, Producer
 
-from tests.integration.conftest import REPO_ROOT, Broker, create_topic, producer_config
+from tests.integration.conftest import (
+    BOTH_STORAGES,
+    REPO_ROOT,
+    Broker,
+    create_topic,
+    producer_config,
+)
 from tests.integration.share_helpers import (
     Delivery,
     PollLog,
@@ -147,6 +153,7 @@ def shared_consumption(
     return logs
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(180)
 def test_consumers_sharing_one_partition_each_record_is_accepted_exactly_once(
     broker: Broker,
@@ -168,6 +175,7 @@ def test_consumers_sharing_one_partition_each_record_is_accepted_exactly_once(
     assert sum(1 for n in busy if n > 0) > 1, f"only one consumer got work: {busy}"
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(120)
 def test_released_record_returns_with_count_two_and_rejected_record_never_returns(
     broker_factory: Callable[..., Broker],
@@ -245,6 +253,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(120)
 def test_records_held_by_a_killed_consumer_are_redelivered_to_another(
     broker_factory: Callable[..., Broker],
@@ -287,6 +296,7 @@ def test_records_held_by_a_killed_consumer_are_redelivered_to_another(
     assert {d.key for d in log.deliveries} == {(0, s.offset) for s in sent}
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(120)
 def test_record_released_every_time_is_delivered_limit_times_then_archived(
     broker_factory: Callable[..., Broker],
@@ -408,6 +418,7 @@ def test_more_consumers_than_partitions_all_get_work(broker: Broker) -> None:
     )
 
 
+@BOTH_STORAGES
 @pytest.mark.timeout(120)
 def test_member_leaving_releases_its_records_at_once(
     broker_factory: Callable[..., Broker],

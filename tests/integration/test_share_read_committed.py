@@ -17,11 +17,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     Broker,
     consumer_config,
     create_topic,
     module_broker,
     producer_config,
+    storage_settings_for,
 )
 from tests.integration.share_helpers import (
     POLL_S,
@@ -41,9 +43,17 @@ LONG_POLL_MS = 30_000
 WOKEN_WITHIN_S = 10.0
 
 
+# The durable paths: each test runs on the file engine and on PostgreSQL.
+pytestmark = BOTH_STORAGES
+
+
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with module_broker(tmp_path_factory, "share-read-committed") as broker:
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, storage: str
+) -> Iterator[Broker]:
+    with module_broker(
+        tmp_path_factory, "share-read-committed", storage_settings_for(request, storage)
+    ) as broker:
         yield broker
 
 

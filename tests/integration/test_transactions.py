@@ -16,12 +16,14 @@ from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     Broker,
     consume_assigned,
     consumer_config,
     create_topic,
     module_broker,
     producer_config,
+    storage_settings_for,
     watermarks,
 )
 from tests.integration.share_helpers import run_wire
@@ -31,10 +33,15 @@ WAIT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """One broker for the tests that need no restart; timed-out transactions are looked
-    for every 200 ms."""
-    settings = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"}
+def txn_broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, storage: str
+) -> Iterator[Broker]:
+    """One broker for the tests that need no restart, on the module's storage engine;
+    timed-out transactions are looked for every 200 ms."""
+    settings = {
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",
+        **storage_settings_for(request, storage),
+    }
     with module_broker(tmp_path_factory, "transactions", settings) as broker:
         yield broker
 
@@ -77,6 +84,7 @@ def batch(name: str, n: int = 9) -> list[bytes]:
     return [f"{name}-{i}".encode() for i in range(n)]
 
 
+@BOTH_STORAGES
 def test_interleaved_commits_and_aborts_read_committed_sees_exactly_the_committed(
     txn_broker: Broker,
 ) -> None:
@@ -106,6 +114,7 @@ def test_interleaved_commits_and_aborts_read_committed_sees_exactly_the_committe
     assert sorted(uncommitted) == sorted(everything)
 
 
+@BOTH_STORAGES
 def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     txn_broker: Broker,
 ) -> None:
@@ -126,6 +135,7 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     assert sorted(read(txn_broker, topic, 9, "read_committed")) == sorted(batch("fresh"))
 
 
+@BOTH_STORAGES
 def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(
     txn_broker: Broker,
 ) -> None:
@@ -161,6 +171,7 @@ def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(
     assert read(txn_broker, topic, 1, "read_committed", partitions=1) == [b"committed"]
 
 
+@BOTH_STORAGES
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
 def test_kill9_mid_transaction_keeps_it_and_the_producer_can_finish_it(
     broker_factory: Any, commit: bool
