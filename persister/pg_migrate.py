@@ -299,7 +299,9 @@ class Migration:
                     f"({_human(total)}) from {self.data_dir} to {mask_password(self.url)}"
                 )
             await self._copy(conn, planned, total)
-            await conn.execute("UPDATE spool_migration SET finished_at = now() WHERE id = 1")
+            async with conn.transaction():
+                await self._check_copied(conn)
+                await conn.execute("UPDATE spool_migration SET finished_at = now() WHERE id = 1")
         finally:
             await conn.close()
         seconds = time.monotonic() - started
@@ -417,6 +419,25 @@ class Migration:
             if not same:
                 raise changed(f"{p.source.name}'s batches at offset {base} differ")
             p.resume_from = int(tail["last_offset"]) + 1
+
+    async def _check_copied(self, conn: Any) -> None:
+        """Before the copy is marked finished: every log's last row ends where the log
+        does (a log without rows is empty: its start is its end), as the broker's restore
+        requires (persister.pg_storage)."""
+        wrong = await conn.fetch(
+            "SELECT l.name, l.log_start_offset, l.next_offset, t.last_offset "
+            "FROM spool_logs l LEFT JOIN LATERAL (SELECT b.last_offset FROM spool_batches b "
+            "WHERE b.log_id = l.log_id ORDER BY b.base_offset DESC LIMIT 1) t ON true "
+            "WHERE coalesce(t.last_offset + 1, l.log_start_offset) <> l.next_offset"
+        )
+        if wrong:
+            row = wrong[0]
+            ends = row["log_start_offset"] if row["last_offset"] is None else row["last_offset"] + 1
+            raise MigrateError(
+                f"the copy of {row['name']} ends at offset {ends}, its log at "
+                f"{row['next_offset']}, and a broker could not restore it: did the data dir "
+                "change during the copy? Run again with --restart"
+            )
 
     # -- copy -------------------------------------------------------------------------
 

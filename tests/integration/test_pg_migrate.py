@@ -608,3 +608,25 @@ def test_a_compacted_share_state_log_is_copied_as_it_is(
         close_quietly(consumer)
     again = {d.key for d in log.deliveries + more.deliveries}
     assert again == {(0, o) for o in range(300)} - accepted
+
+
+def test_a_copy_whose_rows_fall_short_of_a_log_end_is_not_marked_finished(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    from persister.pg_migrate import MigrateError, Migration
+
+    _build_source(tmp_path / "source")
+
+    class Losing(Migration):
+        async def _copy(self, conn: Any, planned: Any, total: int) -> None:
+            await super()._copy(conn, planned, total)
+            await conn.execute(
+                "DELETE FROM spool_batches WHERE (log_id, base_offset) = (SELECT log_id, "
+                "max(base_offset) FROM spool_batches JOIN spool_logs USING (log_id) "
+                "WHERE name = 'share-state' GROUP BY log_id)"
+            )
+
+    with pytest.raises(MigrateError, match="copy of share-state ends at offset 35, its log at 92"):
+        asyncio.run(Losing(tmp_path / "source", pg_dsn, row_bytes=1).run())
+    (row,) = db_rows(pg_dsn, "SELECT finished_at FROM spool_migration")
+    assert row["finished_at"] is None
