@@ -93,6 +93,13 @@ def run(args: argparse.Namespace) -> int:
     except (MigrateError, OSError) as exc:
         print(f"spool migrate: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            "spool migrate: interrupted; what was committed stays, and running the same "
+            "migrate again resumes",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         structlog.configure(wrapper_class=previous)
     del totals  # Migration printed the summary

@@ -298,8 +298,9 @@ def test_a_database_holding_spool_logs_is_refused(
     assert "spool:***@" in into_brokers.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill9", "ctrl-c"])
 def test_an_interrupted_migrate_is_refused_by_the_broker_and_resumed_by_a_rerun(
-    broker_factory: Callable[..., Broker], pg_dsn: str, tmp_path: Path
+    broker_factory: Callable[..., Broker], pg_dsn: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     source = broker_factory()
     create_topic(source, "big", partitions=2)
@@ -326,7 +327,7 @@ def test_an_interrupted_migrate_is_refused_by_the_broker_and_resumed_by_a_rerun(
                     [sys.executable, "-m", "broker", *argv],
                     cwd=REPO_ROOT,
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
                 )
                 deadline = time.monotonic() + WAIT_S
                 while time.monotonic() < deadline:
@@ -340,8 +341,13 @@ def test_an_interrupted_migrate_is_refused_by_the_broker_and_resumed_by_a_rerun(
                 else:
                     proc.kill()
                     raise AssertionError("the migrate never reached its copy")
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
+                proc.send_signal(sig)
+                _, err = proc.communicate(timeout=10)
+                if sig == signal.SIGINT:
+                    assert proc.returncode == 130
+                    assert b"running the same migrate again resumes" in err
+                else:
+                    assert proc.returncode == -signal.SIGKILL
         finally:
             await watch.close()
             await conn.close()
