@@ -284,6 +284,10 @@ def test_a_database_holding_spool_logs_is_refused(
     again = migrate("--from", str(source.data_dir), "--to", pg_dsn)
     assert again.returncode == 1
     assert "already holds a finished migrate" in again.stderr
+    # The data dir is left as a broker leaves it: the file broker starts on it again.
+    source.start()
+    assert watermarks(source, "t", 0) == (0, 1)
+    source.stop()
 
     # A broker's own database (never migrated into) is refused too.
     other = broker_factory({"storage": pg_dsn.rsplit("/", 1)[0] + "/spool"})
