@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import urllib.parse
@@ -74,6 +75,8 @@ log = structlog.get_logger(__name__)
 COORDINATOR_LOGS = ("meta", "groups", "share-state", "transactions")
 # Rows fetched per query while restoring a log.
 _RESTORE_ROWS = 256
+# max.message.bytes while restoring: Kafka's limit is an int.
+_NO_BATCH_LIMIT = 2**31 - 1
 POOL_MAX_SIZE = 8
 CONNECT_TIMEOUT_S = 10.0
 # How long a stop waits for pending claims and drops, then for the pool to close.
@@ -414,6 +417,9 @@ class PgStorage:
     ) -> bool:
         """Bring `directory`'s log in line with the database's copy; whether it changed."""
         config = internal_log_config() if name in COORDINATOR_LOGS else LogConfig()
+        # What is restored was accepted under the topic's own max.message.bytes, which
+        # may be above the default: replaying it checks framing, never that limit.
+        config = dataclasses.replace(config, max_message_bytes=_NO_BATCH_LIMIT)
         now = SYSTEM_CLOCK.now_ms()
         local_id = _topic_id(directory)
         if topic_id is not None and local_id is not None and local_id != topic_id:

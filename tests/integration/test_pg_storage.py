@@ -353,3 +353,31 @@ async def test_rows_with_a_gap_of_offsets_are_restored_around_it(
     assert values(plog) == [b"a", b"c"]
     plog.close()
     await engine.stop()
+
+
+async def test_a_batch_larger_than_the_default_max_message_bytes_is_restored(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    # A topic whose max.message.bytes was raised took a 2 MB batch; the restore replays
+    # what was accepted then and must not judge it by the default limit (1 MB).
+    data = tmp_path / "data"
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    big = LogConfig(max_message_bytes=4 << 20)
+    plog = engine.open_topic_log(data / "topics" / "big-0", big, NOW)
+    assert isinstance(plog, PgPartitionLog)
+    await plog._claimed()
+    plog.append(batch(b"x" * (2 << 20)), NOW)
+    await plog.flush_async()
+    plog.close()
+    await engine.stop()
+
+    shutil.rmtree(data)
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    plog = engine.open_topic_log(data / "topics" / "big-0", big, NOW)
+    assert isinstance(plog, PgPartitionLog)
+    assert (plog.log_start_offset, plog.log_end_offset) == (0, 1)
+    assert values(plog) == [b"x" * (2 << 20)]
+    plog.close()
+    await engine.stop()
