@@ -22,7 +22,7 @@ from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import marker_writer
 from broker.listeners import ListenerConfig, listeners_from_config
-from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics
+from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
 from broker.partitions import LogManager, Partition
 from broker.server import (
     CloseConnection,
@@ -174,6 +174,8 @@ class Broker:
         except BaseException:
             self._dir_lock.release()
             raise
+        if isinstance(self.storage, StorageHealth):
+            self.metrics.storage = self.storage  # /health and /metrics say when it is down
         self.commit.start()
         self.metadata = MetadataStore(
             self.data_dir / "meta", self.commit, clock=self.clock, storage=self.storage

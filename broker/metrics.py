@@ -29,7 +29,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -235,6 +235,17 @@ class ShareMetrics:
         self.partitions.pop(key, None)
 
 
+@runtime_checkable
+class StorageHealth(Protocol):
+    """A storage engine that can be unavailable (PostgreSQL): why, and how many commits
+    failed so far. Read from the endpoint's thread (two attribute reads)."""
+
+    @property
+    def unavailable(self) -> str | None: ...
+    @property
+    def failed_commits(self) -> int: ...
+
+
 class BrokerMetrics:
     """The counters of one broker (one per `Broker`, so brokers in one process, as in
     tests, never share them). Bumped on the event-loop thread only."""
@@ -259,6 +270,8 @@ class BrokerMetrics:
         self.compaction_runs = 0
         self.compaction_failures = 0
         self.compaction_segments_rewritten = 0
+        # The storage engine, when it can be unavailable (`Broker.start` sets it).
+        self.storage: StorageHealth | None = None
 
     # -- requests ----------------------------------------------------------------
 
@@ -533,6 +546,17 @@ def collect(broker: Observed) -> list[Metric]:
     )
     flush.add_metric((), m.flush_time_ms.cumulative(), m.flush_time_ms.sum)
     counter("spool_log_flush_failures", "Flush (fsync) rounds that failed.", m.flush_failures)
+    if m.storage is not None:
+        gauge(
+            "spool_storage_available",
+            "1 while commits to the storage database go through, 0 during an outage.",
+            0 if m.storage.unavailable else 1,
+        )
+        counter(
+            "spool_storage_commit_failures",
+            "Commits to the storage database that failed (or were failed fast in an outage).",
+            m.storage.failed_commits,
+        )
     counter(
         "spool_share_state_compaction_runs",
         "Share-state log compaction runs.",
@@ -763,8 +787,9 @@ class MetricsServer:
     """`/metrics` and `/health` on their own thread (`spool serve --metrics HOST:PORT`).
 
     `/health` is 200 with {"status": "serving"} once the broker has started and its event
-    loop answers; 503 while starting, stopping, or when the loop does not answer within
-    LOOP_TIMEOUT_S (a blocked broker is not healthy), the reason in the JSON body.
+    loop answers; 503 while starting, stopping, when the loop does not answer within
+    LOOP_TIMEOUT_S (a blocked broker is not healthy), or while the storage database is
+    unavailable (status "storage_unavailable"), the reason in the JSON body.
     """
 
     def __init__(self, host: str, port: int, broker: Observed) -> None:
@@ -883,6 +908,13 @@ class MetricsServer:
                 body["reason"] = f"the broker's event loop is not answering: {exc}"
             else:
                 body["cluster_id"] = broker.cluster_id
+                storage = broker.metrics.storage
+                unavailable = None if storage is None else storage.unavailable
+                if unavailable is not None:
+                    # Commits fail: nothing can be acknowledged until the database is back.
+                    status = 503
+                    body["status"] = "storage_unavailable"
+                    body["reason"] = unavailable
         return status, "application/json", json.dumps(body).encode() + b"\n"
 
 

@@ -360,6 +360,17 @@ class Partition:
         else:
             self._advance_hw(self.log.log_end_offset)
 
+    def _retry_flush(self) -> None:
+        self._hw_error = None
+        self._unflushed = 0
+        offset = self.log.log_end_offset
+        try:
+            self._commit.request(
+                self.log, functools.partial(self._synced, offset), started=self.appends.notify
+            )
+        except RuntimeError as exc:  # stopping: refused, as in `_appended`
+            asyncio.get_running_loop().call_soon(self._synced, offset, exc)
+
     def _synced(self, offset: int, error: BaseException | None) -> None:
         if error is not None:  # an fsync failure: nothing past HW is durable
             log.error("flush_failed", topic=self.topic, partition=self.index, error=repr(error))
@@ -383,6 +394,12 @@ class Partition:
         and written. Others resume in the order they began waiting."""
         if self.high_watermark > last_offset:
             return
+        if isinstance(self._hw_error, StorageUnavailable):
+            # What lies past the HW is still pending in the log (the storage did not
+            # answer): a writer waiting for it (a retried produce found a duplicate, a
+            # share fetch acquired it) asks for another round rather than failing on the
+            # old error, or waiting for a round nobody asks for.
+            self._retry_flush()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 

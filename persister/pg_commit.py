@@ -21,12 +21,28 @@ failed is closed (`terminate`), so the pool opens a new one on the next acquire,
 commit that failed because its connection was dead (the database restarted since) is
 sent once more on a new one: a database restart heals without restarting the broker,
 and one that is over before the next commit is not seen at all.
+
+Outages: the first failed commit starts one (`unavailable` holds its reason; logged
+once, as `storage_unavailable`, and `storage_available` with its length and the commits
+it failed once it ends; `on_status` is told both). During it, commits fail at once with
+that reason (no connection attempt: the clients get their retriable error promptly and
+the database is not hammered), except one attempt per backoff interval, which goes
+through for real (a half-open circuit); the interval starts at BACKOFF_INITIAL_S and
+doubles up to BACKOFF_MAX_S, as Kafka's reconnect.backoff.ms / reconnect.backoff.max.ms.
+A probe task (`SELECT 1` on the same schedule) ends an outage of a lost or refused
+connection without waiting for a client, so `/health` turns back to serving on its own;
+an outage of refused writes (disk full, read-only) ends with the first commit that
+goes through. The batches of failed commits stay pending in their logs (see
+pg_storage), so nothing is lost by failing fast.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +54,12 @@ log = structlog.get_logger(__name__)
 
 # How long one commit may take (acquire included) before it counts as failed.
 COMMIT_TIMEOUT_S = 30.0
+# Between attempts during an outage (Kafka's reconnect.backoff.ms and
+# reconnect.backoff.max.ms defaults are 50 ms and 1 s).
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 1.0
+# How long a probe of the database may take.
+PROBE_TIMEOUT_S = 5.0
 
 _COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
@@ -79,16 +101,43 @@ class _Pending:
     future: asyncio.Future[None]
 
 
+# Told of each change of the storage's state: the outage's reason, or None once it ended.
+StatusListener = Callable[[str | None], None]
+
+
 class PgCommitter:
     """One commit in flight, the next collecting; see the module docstring."""
 
-    def __init__(self, pool: Any, *, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        timeout_s: float = COMMIT_TIMEOUT_S,
+        backoff_initial_s: float = BACKOFF_INITIAL_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
         self._queue: list[_Pending] = []
         self._running: asyncio.Task[None] | None = None
         # Transactions run so far (tests check many writes share one).
         self.transactions = 0
+        # Commits (transactions, or rounds failed fast) that failed, ever.
+        self.failed_commits = 0
+        # The current outage's reason, None while commits go through.
+        self.unavailable: str | None = None
+        self.on_status: StatusListener | None = None
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._monotonic = monotonic
+        self._backoff_s = backoff_initial_s
+        self._retry_at = 0.0
+        self._outage_since = 0.0
+        self._outage_failures = 0
+        # Whether the outage is of the connection (a probe can end it) or of writes.
+        self._connection_outage = False
+        self._probe: asyncio.Task[None] | None = None
 
     async def commit(self, write: LogWrite) -> None:
         """Return once `write` is committed; raise OSError (or `Fenced`) if it was not."""
@@ -137,15 +186,18 @@ class PgCommitter:
                 m.log_start_offset = max(m.log_start_offset or 0, w.log_start_offset)
             m.epoch = w.epoch
         writes = list(merged.values())
+        if self.unavailable is not None and self._monotonic() < self._retry_at:
+            # Failing fast: the next real attempt is due at `_retry_at`.
+            self._fail(pending, StorageUnavailable(errno.EIO, self.unavailable))
+            return
         try:
             fenced = await asyncio.wait_for(self._execute_retrying(writes), self._timeout_s)
         except Exception as exc:
             error = storage_error(exc)
-            log.error("postgresql_commit_failed", logs=len(writes), error=str(error))
-            for item in pending:
-                if not item.future.done():
-                    item.future.set_exception(error)
+            self._outage(error, connection=_connection_lost(exc) or isinstance(exc, TimeoutError))
+            self._fail(pending, error)
             return
+        self._available()
         self.transactions += 1
         refused = set(fenced)
         for item in pending:
@@ -157,6 +209,98 @@ class PgCommitter:
             else:
                 item.future.set_result(None)
 
+    def _fail(self, pending: list[_Pending], error: StorageUnavailable) -> None:
+        self.failed_commits += 1
+        self._outage_failures += 1
+        for item in pending:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    # -- outages ---------------------------------------------------------------------
+
+    def _outage(self, error: StorageUnavailable, *, connection: bool) -> None:
+        """A real attempt failed: start an outage, or back off further in this one."""
+        reason = f"storage unavailable: {error.strerror or error}"
+        now = self._monotonic()
+        if self.unavailable is None:
+            log.error("storage_unavailable", reason=reason)
+            self._outage_since = now
+            self._outage_failures = 0
+            self._backoff_s = self._backoff_initial_s
+            self._expire_connections()
+        else:
+            self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+        changed = reason != self.unavailable
+        self.unavailable = reason
+        self._connection_outage = connection
+        self._retry_at = now + self._backoff_s
+        if changed and self.on_status is not None:
+            self.on_status(reason)
+        if self._probe is None:
+            self._probe = asyncio.get_running_loop().create_task(self._probing())
+
+    def _available(self) -> None:
+        if self.unavailable is None:
+            return
+        log.warning(
+            "storage_available",
+            outage_s=round(self._monotonic() - self._outage_since, 3),
+            failed_commits=self._outage_failures,
+        )
+        self.unavailable = None
+        self._backoff_s = self._backoff_initial_s
+        if self.on_status is not None:
+            self.on_status(None)
+
+    def _expire_connections(self) -> None:
+        # The pool's idle connections are likely as dead as the one that failed.
+        expire = getattr(self._pool, "expire_connections", None)
+        if expire is not None:
+            task = asyncio.get_running_loop().create_task(expire())
+            task.add_done_callback(_quiet)
+
+    async def _probing(self) -> None:
+        """Try the database on the backoff schedule until the outage ends."""
+        try:
+            while self.unavailable is not None:
+                await asyncio.sleep(max(0.0, self._retry_at - self._monotonic()))
+                if self.unavailable is None:
+                    return
+                if self._monotonic() < self._retry_at:
+                    continue  # a failed commit meanwhile moved the next attempt
+                try:
+                    await asyncio.wait_for(self._ping(), PROBE_TIMEOUT_S)
+                except Exception as exc:
+                    self._outage(storage_error(exc), connection=True)
+                    continue
+                if self._connection_outage:
+                    self._available()
+                else:
+                    # Connected, but writes were refused: the next commit tries.
+                    self._retry_at = self._monotonic()
+                    return
+        finally:
+            self._probe = None
+
+    async def _ping(self) -> None:
+        conn = await self._pool.acquire()
+        try:
+            await conn.fetchval("SELECT 1")
+        except BaseException:
+            _terminate(conn)
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
+            raise
+        await self._pool.release(conn)
+
+    async def close(self) -> None:
+        """Stop probing (the broker is stopping)."""
+        probe = self._probe
+        if probe is not None:
+            probe.cancel()
+            with contextlib.suppress(BaseException):
+                await probe
+
     async def _execute_retrying(self, writes: list[LogWrite]) -> list[int]:
         """`_execute`, once more on a new connection if the first one was dead (the
         database restarted since it was opened). A commit can be sent twice: it
@@ -166,7 +310,8 @@ class PgCommitter:
         except Exception as exc:
             if not _connection_lost(exc):
                 raise
-            log.warning("postgresql_connection_lost", error=str(exc) or type(exc).__name__)
+            if self.unavailable is None:  # during an outage, its start was logged
+                log.warning("postgresql_connection_lost", error=str(exc) or type(exc).__name__)
         return await self._execute(writes)
 
     async def _execute(self, writes: list[LogWrite]) -> list[int]:
@@ -206,11 +351,24 @@ class PgCommitter:
         except BaseException:
             # The connection's state is unknown (broken, or a statement left running):
             # drop it so the pool opens a fresh one.
-            conn.terminate()
-            await self._pool.release(conn)
+            _terminate(conn)
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
             raise
         await self._pool.release(conn)
         return list(fenced or [])
+
+
+def _terminate(conn: Any) -> None:
+    """Close `conn` at once; asyncpg refuses when the pool took it back already (it
+    noticed the connection was lost): it is then closed anyway."""
+    with contextlib.suppress(Exception):
+        conn.terminate()
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("postgresql_expire_failed", error=str(task.exception()))
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -221,6 +221,19 @@ class PgStorage:
     def __repr__(self) -> str:
         return f"PgStorage({mask_password(self.url)})"
 
+    # -- health --------------------------------------------------------------------
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why commits fail now (persister.pg_commit's outage), or None: `/health`."""
+        committer = getattr(self, "committer", None)
+        return None if committer is None else committer.unavailable
+
+    @property
+    def failed_commits(self) -> int:
+        committer = getattr(self, "committer", None)
+        return 0 if committer is None else committer.failed_commits
+
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self, data_dir: Path) -> None:
@@ -270,6 +283,9 @@ class PgStorage:
             for task in late:
                 with contextlib.suppress(BaseException):
                     await task
+        committer = getattr(self, "committer", None)
+        if committer is not None:
+            await committer.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:

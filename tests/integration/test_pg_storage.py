@@ -228,8 +228,16 @@ async def test_a_database_restart_fails_commits_then_heals_without_reopening(
             await commit.sync(plog)
         assert failed.value.errno == errno.EIO
         assert "postgresql" in str(failed.value)
+        assert engine.unavailable is not None  # an outage began (/health says so)
         plog.truncate_to(1)  # as the broker undoes a write whose flush failed
         await asyncio.to_thread(pg_server.start)
+        # Commits fail fast during the outage; the committer's probe ends it once the
+        # database answers (on its backoff, at most BACKOFF_MAX_S apart).
+        for _ in range(300):
+            if engine.unavailable is None:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.unavailable is None
         plog.append(batch(b"after"), NOW)
         await commit.sync(plog)
         async with engine._pool.acquire() as conn:

@@ -42,3 +42,24 @@ async def test_writers_after_the_storage_came_back_wait_for_their_own_flush(
     flush.gate.set()
     assert await waits == [None, None]
     assert partition.high_watermark == second + 1
+
+
+async def test_a_writer_waiting_for_pending_records_asks_for_another_round(
+    partition: Partition,
+) -> None:
+    """No new append after the failure (a retried produce found its batch a duplicate,
+    a share fetch acquired records past the HW): waiting for those records starts a round,
+    which commits them once the storage is back, instead of failing on the old error or
+    waiting for a round nobody asks for."""
+    flush = gate(partition)
+    flush.error = StorageUnavailable(errno.EIO, "commit to postgresql failed: gone")
+    pending = append_one(partition)
+    flush.gate.set()
+    with pytest.raises(KafkaError):
+        await partition.wait_durable(pending, timeout_s=10)
+    assert partition.high_watermark <= pending
+
+    flush.error = None
+    # The partition's timeout runs on its ManualClock: bound the wait on the loop's.
+    await asyncio.wait_for(partition.wait_durable(pending, timeout_s=10), 5)
+    assert partition.high_watermark == pending + 1

@@ -1,6 +1,8 @@
 """PgCommitter without a database (a fake asyncpg pool): writes that arrive while a
 commit is in flight share the next one, a dead connection is dropped and the commit
-sent again on a new one, a refusal by the database fails only the fenced log's writers."""
+sent again on a new one, a refusal by the database fails only the fenced log's writers;
+an outage fails commits fast between attempts on a growing backoff, is logged once, and
+ends by itself (a probe) once the database answers again."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 
 from persister.pg_commit import Batch, LogWrite, PgCommitter
-from persister.storage import Fenced
+from persister.storage import Fenced, StorageUnavailable
 
 
 class FakeConnection:
@@ -99,3 +102,98 @@ async def test_only_the_fenced_logs_writers_are_refused() -> None:
     )
     assert results[0] is None
     assert isinstance(results[1], Fenced)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_an_outage_fails_commits_fast_and_retries_after_a_growing_backoff() -> None:
+    pool = FakePool()
+    clock = Clock()
+    committer = PgCommitter(pool, backoff_initial_s=1.0, backoff_max_s=4.0, monotonic=clock)
+    committer._probing = _no_probe  # type: ignore[method-assign]
+    statuses: list[str | None] = []
+    committer.on_status = statuses.append
+    pool.failures = [asyncpg.DiskFullError("could not extend file")]
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(StorageUnavailable):
+            await committer.commit(write(1, 0))
+        assert committer.unavailable is not None and "could not extend" in committer.unavailable
+        # Within the backoff: failed at once, the database not asked.
+        for _ in range(3):
+            with pytest.raises(StorageUnavailable) as fast:
+                await committer.commit(write(1, 0))
+            assert "could not extend" in str(fast.value)
+        assert len(pool.calls) == 1
+        # Due: one real attempt; it fails and the next is twice as far.
+        clock.now += 1.0
+        pool.failures = [asyncpg.DiskFullError("could not extend file")]
+        with pytest.raises(StorageUnavailable):
+            await committer.commit(write(1, 0))
+        assert len(pool.calls) == 2
+        clock.now += 1.5
+        with pytest.raises(StorageUnavailable):
+            await committer.commit(write(1, 0))
+        assert len(pool.calls) == 2
+        clock.now += 0.5
+        await committer.commit(write(1, 0))
+        assert len(pool.calls) == 3
+    assert committer.unavailable is None
+    assert committer.failed_commits == 6
+    assert statuses == [committer_reason(statuses), None]
+    events = [entry["event"] for entry in logs]
+    assert events.count("storage_unavailable") == 1
+    assert events.count("storage_available") == 1
+    assert next(e for e in logs if e["event"] == "storage_available")["failed_commits"] == 6
+
+
+def committer_reason(statuses: list[str | None]) -> str | None:
+    assert statuses and statuses[0] is not None
+    assert statuses[0].startswith("storage unavailable: ")
+    return statuses[0]
+
+
+async def _no_probe() -> None:
+    return None
+
+
+async def test_the_probe_ends_a_connection_outage_without_a_commit() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool, backoff_initial_s=0.001, backoff_max_s=0.004)
+    statuses: list[str | None] = []
+    committer.on_status = statuses.append
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+    # The commit and its resend on a new connection, then two failed probes.
+    pool.failures = [refused, refused, refused, refused]
+    with pytest.raises(StorageUnavailable):
+        await committer.commit(write(1, 0))
+    assert committer.unavailable is not None
+    for _ in range(200):
+        if committer.unavailable is None:
+            break
+        await asyncio.sleep(0.002)
+    assert committer.unavailable is None
+    assert statuses[-1] is None
+    assert [call for call in pool.calls[2:]] == [(), (), ()]  # SELECT 1, three times
+    await committer.commit(write(1, 0))
+    await committer.close()
+
+
+async def test_refused_writes_are_not_ended_by_a_probe_that_connects() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool, backoff_initial_s=0.001, backoff_max_s=0.004)
+    pool.failures = [asyncpg.DiskFullError("could not extend file")]
+    with pytest.raises(StorageUnavailable):
+        await committer.commit(write(1, 0))
+    for _ in range(20):
+        await asyncio.sleep(0.002)
+    # The probe connected (SELECT 1 answered) but writes may still be refused.
+    assert committer.unavailable is not None
+    assert committer._probe is None
+    await committer.commit(write(1, 0))
+    assert committer.unavailable is None

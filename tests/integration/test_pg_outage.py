@@ -1,0 +1,302 @@
+"""PostgreSQL going away under share traffic, with the broker left running.
+
+A producer thread and two ShareConsumers in explicit mode (ACCEPT, commit_sync after
+each poll) run while the storage database is stopped and started again. A record is
+"acknowledged" when the producer's delivery report said so, and its ACCEPT is
+"confirmed" when commit_sync answered no error for its partition. Whatever the outage:
+
+- every acknowledged record is consumed at some point;
+- a record is never handed out again after its ACCEPT was confirmed;
+- while the database is down, `/health` is 503 and says why, Metadata is answered, and
+  the metric of failed commits counts;
+- once it is back, traffic resumes (records produced after it are acknowledged and
+  consumed) and `/health` is 200 again, without restarting the broker.
+
+(a) stops it with `immediate` (as a crash) for a few seconds: clients ride it out on
+their retries. (b) stops it for longer than the producer's message.timeout.ms: records
+produced meanwhile fail at the producer, and the broker still recovers by itself.
+Every wait is bounded; nothing here measures durations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.conftest import (
+    Broker,
+    admin_config,
+    create_topic,
+    free_port,
+    producer_config,
+)
+from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.share_helpers import (
+    close_quietly,
+    log_lines,
+    set_group_configs,
+    share_consumer,
+)
+from tests.postgres import PostgresServer
+
+__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+
+TOPIC = "outage"
+GROUP = "outage-share"
+PARTITIONS = 2
+WAIT_S = 60.0
+
+
+class HealthBroker(Broker):
+    """The harness's broker process with `--metrics 127.0.0.1:<free port>`."""
+
+    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str]) -> None:
+        super().__init__(data_dir, log_path, settings)
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        status, body = self.get("/health")
+        return status, json.loads(body)
+
+    def failed_commits(self) -> float:
+        _, body = self.get("/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith("spool_storage_commit_failures_total "):
+                return float(line.split()[1])
+        raise AssertionError("no spool_storage_commit_failures_total in /metrics")
+
+
+@pytest.fixture
+def broker(tmp_path: Path, pg_dsn: str) -> Iterator[HealthBroker]:
+    b = HealthBroker(
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        {
+            "storage": pg_dsn,
+            # Records whose ACCEPT failed come back after 5 s, not Kafka's 30 s.
+            "group.share.min.record.lock.duration.ms": "1000",
+            "group.share.record.lock.duration.ms": "5000",
+        },
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        if b.running:
+            b.stop()  # a clean exit (code 0) is part of the test
+
+
+@dataclass
+class Ledger:
+    """What the clients saw, in the order they saw it (one lock for all threads)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    acked: set[bytes] = field(default_factory=set)
+    acked_after_outage: set[bytes] = field(default_factory=set)
+    produce_errors: list[str] = field(default_factory=list)
+    consumed: set[bytes] = field(default_factory=set)
+    confirmed: set[tuple[int, int]] = field(default_factory=set)
+    # A record handed out again after its ACCEPT was confirmed.
+    redelivered: list[tuple[int, int]] = field(default_factory=list)
+    commit_errors: list[str] = field(default_factory=list)
+    outage_over = False
+
+
+def run_producer(
+    broker: Broker, ledger: Ledger, stop: threading.Event, **config: Any
+) -> Callable[[], None]:
+    producer = Producer(producer_config(broker, **config))
+    counter = itertools.count()
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        with ledger.lock:
+            if err is not None:
+                ledger.produce_errors.append(str(err))
+            else:
+                ledger.acked.add(msg.value())
+                if ledger.outage_over:
+                    ledger.acked_after_outage.add(msg.value())
+
+    def body() -> None:
+        deadline = time.monotonic() + 240
+        while not stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(BufferError):  # queue full: poll below makes room
+                producer.produce(TOPIC, value=b"r-%d" % next(counter), on_delivery=on_delivery)
+            producer.poll(0.02)
+        producer.flush(60)
+
+    return body
+
+
+def run_consumer(broker: Broker, ledger: Ledger, stop: threading.Event) -> Callable[[], None]:
+    def body() -> None:
+        consumer = share_consumer(
+            broker,
+            GROUP,
+            [TOPIC],
+            **{"max.poll.records": 20, "socket.timeout.ms": 5_000},
+        )
+        deadline = time.monotonic() + 240
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    msgs = [m for m in consumer.poll(0.3) if m.error() is None]
+                except KafkaException:
+                    time.sleep(0.1)
+                    continue
+                if not msgs:
+                    continue
+                with ledger.lock:
+                    for m in msgs:
+                        key = (m.partition(), m.offset())
+                        if key in ledger.confirmed:
+                            ledger.redelivered.append(key)
+                        ledger.consumed.add(m.value())
+                for m in msgs:
+                    consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+                try:
+                    result = consumer.commit_sync(10.0)
+                except KafkaException as exc:
+                    with ledger.lock:
+                        ledger.commit_errors.append(str(exc))
+                    continue
+                ok = {tp.partition for tp, err in result.items() if err is None}
+                with ledger.lock:
+                    ledger.commit_errors += [str(err) for err in result.values() if err]
+                    for m in msgs:
+                        if m.partition() in ok:
+                            ledger.confirmed.add((m.partition(), m.offset()))
+        finally:
+            close_quietly(consumer)
+
+    return body
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def metadata_answers(broker: Broker) -> bool:
+    admin = AdminClient(admin_config(broker))
+    topics = admin.list_topics(timeout=10).topics
+    return TOPIC in topics and len(topics[TOPIC].partitions) == PARTITIONS
+
+
+def outage_under_share_traffic(
+    broker: HealthBroker,
+    server: PostgresServer,
+    *,
+    down_s: float,
+    producer: dict[str, Any],
+    mode: str = "immediate",
+) -> Ledger:
+    create_topic(broker, TOPIC, partitions=PARTITIONS)
+    set_group_configs(broker, GROUP, {"share.auto.offset.reset": "earliest"})
+    ledger = Ledger()
+    stop_producing, stop_consuming = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=run_producer(broker, ledger, stop_producing, **producer))]
+    threads += [
+        threading.Thread(target=run_consumer(broker, ledger, stop_consuming)) for _ in range(2)
+    ]
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
+    try:
+        wait_for(lambda: len(ledger.confirmed) >= 50, "share traffic before the outage")
+        assert broker.health()[0] == 200
+        failed_before = broker.failed_commits()
+
+        server.stop(mode)
+        try:
+            # The broker notices at its next commit, answers Metadata all along and says
+            # on /health why it does not serve.
+            wait_for(lambda: broker.health()[0] == 503, "/health to report the outage")
+            _, doc = broker.health()
+            assert doc["status"] == "storage_unavailable", doc
+            assert doc["reason"].startswith("storage unavailable: "), doc
+            assert metadata_answers(broker)
+            deadline = time.monotonic() + down_s
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert broker.failed_commits() > failed_before
+            assert broker.health()[0] == 503
+        finally:
+            server.start()
+
+        wait_for(lambda: broker.health()[0] == 200, "/health to be serving again")
+        with ledger.lock:
+            ledger.outage_over = True
+        wait_for(lambda: len(ledger.acked_after_outage) >= 100, "produce after the outage")
+        stop_producing.set()
+        threads[0].join(90)
+        assert not threads[0].is_alive()
+
+        def all_consumed() -> bool:
+            with ledger.lock:
+                return ledger.acked <= ledger.consumed
+
+        wait_for(all_consumed, "every acknowledged record to be consumed", timeout=90)
+    finally:
+        stop_producing.set()
+        stop_consuming.set()
+        for thread in threads:
+            thread.join(60)
+    assert not any(t.is_alive() for t in threads), "a client thread did not finish"
+    assert ledger.redelivered == [], ledger.redelivered[:10]
+    assert ledger.acked_after_outage <= ledger.consumed
+    # Logged once when the outage began and once when it ended, not per attempt.
+    assert len(log_lines(broker, "storage_unavailable")) == 1, log_lines(broker, "storage_")
+    assert len(log_lines(broker, "storage_available")) == 1, log_lines(broker, "storage_")
+    return ledger
+
+
+def test_a_database_restart_under_share_traffic_loses_nothing_acknowledged(
+    broker: HealthBroker, pg_server: PostgresServer
+) -> None:
+    ledger = outage_under_share_traffic(
+        broker, pg_server, down_s=3.0, producer={"message.timeout.ms": 120_000}
+    )
+    # The producer rode it out on its retries.
+    assert ledger.produce_errors == []
+
+
+def test_a_database_down_longer_than_the_client_timeouts_recovers_without_a_restart(
+    broker: HealthBroker, pg_server: PostgresServer
+) -> None:
+    ledger = outage_under_share_traffic(
+        broker,
+        pg_server,
+        down_s=15.0,
+        mode="fast",
+        # Records produced while it is down time out at the producer (not idempotent:
+        # an idempotent producer may treat timed-out in-flight batches as fatal).
+        producer={"message.timeout.ms": 5_000, "enable.idempotence": False, "retries": 1_000},
+    )
+    assert ledger.produce_errors, "the producer should have timed out during the outage"
