@@ -240,6 +240,14 @@ TARGETS: tuple[Target, ...] = (
     Target("RSS growth, 1,000 idle connections", "memory.idle_growth_mb", 50.0, "MB"),
     Target("share rate, largest backlog / 10^5", "backlog.flatness", 0.8, "x", at_most=False),
     Target("share rate, SASL_SSL / PLAINTEXT", "security.share_ratio", 0.6, "x", at_most=False),
+    Target(
+        "share rate on PostgreSQL, per-record acks",
+        "storage.pg_share_rate",
+        50_000,
+        "rec/s",
+        at_most=False,
+    ),
+    Target("produce to delivery p99 on PostgreSQL", "storage.pg_p99_ms", 10.0, "ms"),
 )
 
 

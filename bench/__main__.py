@@ -11,6 +11,7 @@ The long variants, off by default to keep `make bench` near 15 minutes on 2 core
     SPOOL_BENCH_SPARK_RECORDS=100000,1000000,10000000 python -m bench --only spark_pipeline
 Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
 PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (500000).
+Files next to PostgreSQL (`--only storage`): SPOOL_BENCH_STORAGE_RECORDS (200000).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the
@@ -62,6 +63,7 @@ from bench.share_durability import (
     bench_share_state_recovery_checkpointed,
 )
 from bench.spark_pipeline import bench_spark_pipeline
+from bench.storage import bench_storage
 from bench.transactions import bench_transactions
 
 DEFAULT_RECORDS = 500_000
@@ -196,6 +198,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "transactions": bench_transactions,
     "spark_pipeline": bench_spark_pipeline,
     "security": bench_security,
+    "storage": bench_storage,
 }
 
 

@@ -6,8 +6,16 @@ import math
 
 import pytest
 
-from bench import TARGETS, Comparison, evaluate_targets, format_comparisons, format_targets
+from bench import (
+    TARGETS,
+    Comparison,
+    Result,
+    evaluate_targets,
+    format_comparisons,
+    format_targets,
+)
 from bench.__main__ import BENCHMARKS, LATENCY_FIGURES, parse_args
+from bench.storage import format_side_by_side
 
 
 def test_only_is_repeatable_and_limited_to_registered_benchmarks() -> None:
@@ -59,6 +67,7 @@ def _status(figures: dict[str, float], figure: str, not_run: dict[str, str] | No
         ("restart.share_fetch_s", 1.99, 2.01),
         ("memory.fragmented_rss_mb", 300.0, 300.1),
         ("memory.idle_growth_mb", 12.0, 50.5),
+        ("storage.pg_p99_ms", 10.0, 10.1),
     ],
 )
 def test_upper_bound_targets_are_met_at_or_below_the_limit(
@@ -76,6 +85,23 @@ def test_backlog_flatness_is_a_lower_bound() -> None:
     assert _status({"backlog.flatness": 0.95}, "backlog.flatness") == "met"
     assert _status({"backlog.flatness": 0.8}, "backlog.flatness") == "met"
     assert _status({"backlog.flatness": 0.5}, "backlog.flatness") == "not met"
+
+
+def test_share_rate_on_postgresql_is_a_lower_bound_of_50000_records_per_second() -> None:
+    assert _status({"storage.pg_share_rate": 50_000}, "storage.pg_share_rate") == "met"
+    assert _status({"storage.pg_share_rate": 49_000}, "storage.pg_share_rate") == "not met"
+
+
+def test_storage_side_by_side_puts_each_workload_on_both_engines() -> None:
+    rates = {
+        "file": {"produce": Result("produce 100 B acks=all", 200, 2.0, 0)},
+        "postgresql": {"produce": Result("produce 100 B acks=all", 100, 2.0, 0)},
+    }
+    table = format_side_by_side(rates, {"file": (2.0, 6.0), "postgresql": (8.0, 24.0)})
+    produce, p50, p99 = table.splitlines()[2:]
+    assert produce.split()[-5:] == ["100", "rec/s", "50", "rec/s", "0.50"]
+    assert p50.split()[-5:] == ["2.00", "ms", "8.00", "ms", "4.00"]
+    assert p99.split()[-5:] == ["6.00", "ms", "24.00", "ms", "4.00"]
 
 
 def test_missing_or_nan_figures_are_not_run_with_the_reason() -> None:
