@@ -135,6 +135,21 @@ class Partition:
         # their fsync runs and answers once the high watermark has passed them.
         self.appends = Listeners()
         self._hw_error: BaseException | None = None
+        # Set once a flush was refused because another broker claimed the log (a newer
+        # epoch, persister.storage.Fenced): this broker no longer leads the partition.
+        # Its copy is out of service from then on: appends, reads and DeleteRecords
+        # answer NOT_LEADER_OR_FOLLOWER, as Kafka's former leader does, and nothing
+        # flushes it again (the storage refuses every later flush of a fenced log).
+        self.fenced: Fenced | None = None
+
+    def check_leader(self) -> None:
+        """Raise NOT_LEADER_OR_FOLLOWER if the partition's log was claimed by another
+        broker (see `fenced`)."""
+        if self.fenced is not None:
+            raise KafkaError(
+                ErrorCode.not_leader_or_follower,
+                f"{self.topic}-{self.index} is led by another broker now: {self.fenced}",
+            )
 
     @property
     def log_start_offset(self) -> int:
@@ -184,6 +199,7 @@ class Partition:
         Offsets are assigned by the log; the result is durable only after
         `wait_durable(outcome.last_offset)`.
         """
+        self.check_leader()
         for _, header in batches:
             if header.is_control:
                 # As Kafka's LogValidator: only the transaction coordinator writes markers.
@@ -256,6 +272,7 @@ class Partition:
         returns; listeners are woken when it moves. A failed write raises
         KafkaError(KAFKA_STORAGE_ERROR) and leaves the transaction open.
         """
+        self.check_leader()
         self.producers.check_marker(
             producer_id,
             producer_epoch,
@@ -372,6 +389,15 @@ class Partition:
             asyncio.get_running_loop().call_soon(self._synced, offset, exc)
 
     def _synced(self, offset: int, error: BaseException | None) -> None:
+        if isinstance(error, Fenced):
+            if self.fenced is None:
+                log.warning(
+                    "partition_fenced", topic=self.topic, partition=self.index, error=str(error)
+                )
+            self.fenced = error
+            self._hw_error = error
+            self._notify()
+            return
         if error is not None:  # an fsync failure: nothing past HW is durable
             log.error("flush_failed", topic=self.topic, partition=self.index, error=repr(error))
             self._hw_error = error
@@ -447,6 +473,7 @@ class Partition:
         """Whole batches from `offset`: below the LSO (`committed_only`), the high
         watermark, or, `beyond_high_watermark`, the log end (appended but maybe not yet
         durable: the caller must not hand them out before `wait_durable`)."""
+        self.check_leader()
         upper = self.last_stable_offset if committed_only else self.high_watermark
         if beyond_high_watermark and not committed_only:
             upper = self.log.log_end_offset
@@ -476,6 +503,7 @@ class Partition:
         return None
 
     async def delete_records_before(self, offset: int) -> int:
+        self.check_leader()
         if offset == -1:
             offset = self.high_watermark
         if offset < 0 or offset > self.high_watermark:
@@ -500,6 +528,8 @@ class Partition:
         return self.log.log_start_offset
 
     async def flush(self) -> None:
+        if self.fenced is not None:
+            return  # refused by the storage: the new leader has what was committed
         await self._commit.sync(self.log)
         self._advance_hw(self.log.log_end_offset)
 
@@ -713,6 +743,8 @@ class LogManager:
         deleted = 0
         ts = self.clock.now_ms()
         for part in self:
+            if part.fenced is not None:
+                continue  # another broker leads it: its retention is that broker's
             removed = part.log.enforce_retention(ts)
             if removed:
                 # Make the new log start durable now, not at the partition's next

@@ -232,6 +232,12 @@ class CoordinatorRuntime(Generic[R]):
         self.truncations = 0
         # Why the log refuses writes (its truncation failed), until a restart.
         self.failed: str | None = None
+        # Set once the storage refused a write as fenced (another broker claimed the log):
+        # this broker is no longer the coordinator, and every later operation answers
+        # NOT_COORDINATOR without writing. `on_fenced` (the coordinator's) is told once,
+        # to unload what it serves from memory.
+        self.fenced: Fenced | None = None
+        self.on_fenced: Callable[[], None] | None = None
         self._closed = False
         self._compaction_lock = asyncio.Lock()
         self._compaction_task: asyncio.Task[int] | None = None
@@ -401,7 +407,23 @@ class CoordinatorRuntime(Generic[R]):
             for index in writers:
                 results[index] = exc
 
+    def _fence(self, exc: Fenced) -> None:
+        if self.fenced is not None:
+            return
+        self.fenced = exc
+        log.warning("coordinator_fenced", runtime=self.name, error=str(exc))
+        if self.on_fenced is not None:
+            self.on_fenced()
+
+    def _not_coordinator(self) -> KafkaError:
+        return KafkaError(
+            ErrorCode.not_coordinator,
+            f"the {self.name} log was claimed by another broker: {self.fenced}",
+        )
+
     def _refusal(self) -> KafkaError | None:
+        if self.fenced is not None:
+            return self._not_coordinator()
         if self._closed:
             # Shutting down: a late background operation is refused, not an alarm.
             return storage_error(f"the {self.name} log is closed")
@@ -430,9 +452,8 @@ class CoordinatorRuntime(Generic[R]):
                 assert write.error is not None
                 if isinstance(exc, Fenced):
                     # Another broker claimed this log: it is the coordinator now.
-                    raise KafkaError(
-                        ErrorCode.not_coordinator, f"the {self.name} log moved: {exc}"
-                    ) from exc
+                    self._fence(exc)
+                    raise self._not_coordinator() from exc
                 raise storage_error(write.error) from exc
             if write.error is not None:
                 # An earlier write failed and its undo cut these records too.

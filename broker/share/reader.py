@@ -123,6 +123,10 @@ class AcquisitionReader:
         if log_part is None:
             fetched[key] = FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
             return
+        if getattr(log_part, "fenced", None) is not None:
+            # Another broker leads the partition now (its log was claimed: Partition.fenced).
+            fetched[key] = FetchedPartition(error_code=ErrorCode.not_leader_or_follower)
+            return
         # Retention or DeleteRecords moved the log start: SPSO follows first.
         sp.stack_on(prepared.change)
         prepared.change = sp.update_log_start_offset(log_part.log_start_offset)

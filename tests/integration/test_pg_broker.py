@@ -13,13 +13,16 @@ import asyncio
 import logging
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
-from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka import AcknowledgeType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from protocol.client import KafkaClient
+from protocol.errors import ErrorCode
 from tests.integration.conftest import (
     Broker,
     admin_config,
@@ -35,7 +38,10 @@ from tests.integration.share_helpers import (
     close_quietly,
     consume,
     earliest,
+    heartbeat,
+    log_lines,
     produce_values,
+    run_wire,
     share_consumer,
 )
 from tests.postgres import PostgresServer
@@ -239,3 +245,72 @@ def test_produce_fails_while_the_database_is_down_and_works_again_without_a_rest
     shutil.rmtree(broker.data_dir)
     broker.start()
     assert [r.value for r in consume_assigned(broker, "down", [0], 2, timeout=30)] == values
+
+
+def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coordinator(
+    broker_factory: Callable[..., Broker], pg_dsn: str
+) -> None:
+    """Two brokers on one database: once the second has claimed every log, the first's
+    share acknowledgements (share-state log) and share group joins (groups log) are
+    refused by PostgreSQL and answered as a moved coordinator, never acknowledged; the
+    second serves the share state as it was committed: what the first confirmed
+    accepted is not delivered again, and everything else is."""
+    first = broker_factory({"storage": pg_dsn})
+    create_topic(first, "claimed")
+    earliest(first, GROUP)
+    produce_values(first, "claimed", [b"v-%d" % i for i in range(40)], batch=5)
+    consumer = share_consumer(first, GROUP, ["claimed"], **{"max.poll.records": 10})
+    try:
+        log = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= 10,
+            timeout=60,
+            decide=lambda _m: AcknowledgeType.ACCEPT,
+        )
+        confirmed = {d.offset for d in log.deliveries}
+        assert confirmed, log.errors
+
+        second = broker_factory({"storage": pg_dsn})
+        wait_for_partitions(second, "claimed", 1)
+
+        # The first broker's next share-state write is refused: acknowledgements fail.
+        failed_commits: list[str] = []
+        deadline = time.monotonic() + 60
+        while not failed_commits and time.monotonic() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
+            for m in msgs:
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            try:
+                result = consumer.commit_sync(10.0)
+            except KafkaException as exc:
+                failed_commits.append(str(exc))
+                continue
+            failed_commits += [str(err) for err in result.values() if err is not None]
+    finally:
+        close_quietly(consumer)
+    assert failed_commits
+    assert log_lines(first, "coordinator_fenced", "share-state")
+
+    # The groups log: a member joining the share group on the first broker.
+    async def join(client: KafkaClient) -> None:
+        for _ in range(2):  # the refused write, then the refusal without a write
+            response = await heartbeat(client, GROUP, str(uuid.uuid4()), 0, ["claimed"])
+            assert response.error_code == ErrorCode.not_coordinator, response
+
+    run_wire(first, join)
+    assert log_lines(first, "coordinator_fenced", "groups")
+
+    # The second broker has the committed share state.
+    consumer = share_consumer(second, GROUP, ["claimed"])
+    try:
+        later = consume(
+            consumer,
+            until=lambda log: {d.offset for d in log.deliveries} >= set(range(40)) - confirmed,
+            timeout=90,
+            decide=lambda _m: AcknowledgeType.ACCEPT,
+        )
+    finally:
+        close_quietly(consumer)
+    delivered = {d.offset for d in later.deliveries}
+    assert delivered == set(range(40)) - confirmed, (sorted(delivered), sorted(confirmed))
+    first.stop()  # fenced logs are not flushed at stop: the exit is still clean

@@ -43,3 +43,36 @@ async def test_a_refused_write_answers_not_coordinator_and_applies_nothing() -> 
     assert applied == [(b"k", b"1")]
     assert record_log.records == [(b"k", b"1")]  # the refused write was undone
     runtime.close()
+
+
+async def test_once_fenced_every_operation_answers_not_coordinator_without_writing() -> None:
+    record_log = ClaimedLog()
+    told: list[str] = []
+    runtime: CoordinatorRuntime[KeyValue] = CoordinatorRuntime(
+        "share-state",
+        record_log,
+        encode=lambda kv: [kv],
+        decode=lambda k, v: (k, v),
+        replay=lambda _kv: None,
+        clock=ManualClock(),
+    )
+    runtime.on_fenced = lambda: told.append("unload")
+    runtime.load()
+    record_log.claimed = True
+    with pytest.raises(KafkaError):
+        await runtime.run("k", lambda: ([(b"k", b"1")], None))
+    assert runtime.fenced is not None and told == ["unload"]
+    ran: list[str] = []
+
+    def op() -> tuple[list[KeyValue], None]:
+        ran.append("op")
+        return [(b"k", b"2")], None
+
+    with pytest.raises(KafkaError) as refused:
+        await runtime.run("k", op)
+    assert refused.value.code == ErrorCode.not_coordinator
+    results = await runtime.run_many([("a", op), ("b", op)])
+    assert all(isinstance(r, KafkaError) and r.code == ErrorCode.not_coordinator for r in results)
+    assert ran == [] and record_log.records == []
+    assert told == ["unload"]  # told once
+    runtime.close()
