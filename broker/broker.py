@@ -313,6 +313,8 @@ class Broker:
         self.groups.state_deleted_hooks.append(
             lambda group, topic_id: self.share.drop(group, topic_id)
         )
+        # Another broker claimed the share-state log: the share state is its now.
+        self.share_persister.runtime.on_fenced = self.share.drop_all
         self.topic_deleted_hooks.append(self._on_topic_deleted)
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
         self.groups.start()

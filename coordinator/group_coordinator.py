@@ -157,6 +157,7 @@ class GroupCoordinator:
         self._expiry_task: asyncio.Task[None] | None = None
         self._initializing: set[asyncio.Task[None]] = set()
         self._stopped = False
+        self.runtime.on_fenced = self._unload
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -218,6 +219,27 @@ class GroupCoordinator:
 
     def close(self) -> None:
         self.runtime.close()
+
+    def _unload(self) -> None:
+        """The groups log was claimed by another broker (a write refused as fenced): it
+        coordinates these groups now. Drop them from memory and stop the member expiry
+        timer; every later operation answers NOT_COORDINATOR (the runtime refuses it),
+        describing a group too, and none is listed."""
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        for task in list(self._initializing):
+            task.cancel()
+        unloaded = len(self.groups)
+        self.groups.clear()
+        log.warning("groups_unloaded", groups=unloaded)
+
+    def _check_coordinator(self) -> None:
+        if self.runtime.fenced is not None:
+            raise KafkaError(
+                ErrorCode.not_coordinator,
+                f"the groups log was claimed by another broker: {self.runtime.fenced}",
+            )
 
     # -- records ----------------------------------------------------------------
 
@@ -457,7 +479,7 @@ class GroupCoordinator:
     # -- timers and topic changes -------------------------------------------------
 
     def _schedule_expiry(self) -> None:
-        if self._stopped:
+        if self._stopped or self.runtime.fenced is not None:
             return
         self._expiry_timer = self.clock.call_at(
             self.clock.now_ms() + EXPIRY_SWEEP_MS, self._on_expiry_timer
@@ -533,6 +555,7 @@ class GroupCoordinator:
     # -- describe / list / configs ------------------------------------------------
 
     def describe(self, group_id: str) -> ShareGroupDescription:
+        self._check_coordinator()
         group = self.groups.get(group_id)
         if group is None or group.deleted:
             raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
@@ -600,6 +623,7 @@ class GroupCoordinator:
         group has initialized share state for (Kafka's describeShareGroupAllOffsets); a
         group that does not exist then has none. Named topics are read whatever the
         group: an unknown topic answers topic id zero and start offset -1 per partition."""
+        self._check_coordinator()
         result: list[TopicResult] = []
         if topics is None:
             group = self.groups.get(group_id)

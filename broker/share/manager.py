@@ -640,6 +640,17 @@ class SharePartitionManager:
                 behind = self.clock.now_ms() - at_ms
                 self._schedule_sweep(at_ms + interval * (max(behind, 0) // interval + 1))
 
+    def drop_all(self) -> None:
+        """Forget every loaded share partition: the share-state log was claimed by another
+        broker (a write refused as fenced), whose share state it is now. A later fetch
+        loads afresh, which the refusing persister answers as a moved coordinator."""
+        keys = list(self.partitions)
+        for key in keys:
+            del self.partitions[key]
+            self._last_used.pop(key, None)
+            self._notify(key)
+        log.warning("share_partitions_unloaded_fenced", count=len(keys))
+
     def drop(self, group_id: str | None, topic_id: uuid.UUID) -> None:
         """Forget share partitions of a deleted topic (or a group's deleted state)."""
         for key in [

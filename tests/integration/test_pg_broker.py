@@ -290,6 +290,7 @@ def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coor
         close_quietly(consumer)
     assert failed_commits
     assert log_lines(first, "coordinator_fenced", "share-state")
+    assert log_lines(first, "share_partitions_unloaded_fenced")  # its memory dropped
 
     # The groups log: a member joining the share group on the first broker.
     async def join(client: KafkaClient) -> None:
@@ -299,6 +300,7 @@ def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coor
 
     run_wire(first, join)
     assert log_lines(first, "coordinator_fenced", "groups")
+    assert log_lines(first, "groups_unloaded")
 
     # The second broker has the committed share state.
     consumer = share_consumer(second, GROUP, ["claimed"])

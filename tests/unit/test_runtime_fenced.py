@@ -4,9 +4,13 @@ nothing of it is applied."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from coordinator.runtime import CoordinatorRuntime
+from coordinator.share_persister import InMemoryPersister
+from coordinator.share_state import ShareStateKey
 from persister.clock import ManualClock
 from persister.coordinator_log import KeyValue, MemoryRecordLog
 from persister.storage import Fenced
@@ -76,3 +80,23 @@ async def test_once_fenced_every_operation_answers_not_coordinator_without_writi
     assert ran == [] and record_log.records == []
     assert told == ["unload"]  # told once
     runtime.close()
+
+
+async def test_a_fenced_share_persister_refuses_reads_as_a_moved_coordinator() -> None:
+    record_log = ClaimedLog()
+    persister = InMemoryPersister(record_log=record_log, clock=ManualClock())
+    persister.load()
+    key = ShareStateKey("g", uuid.UUID(int=1), 0)
+    await persister.initialize_state(key, 0, 0)
+    told: list[str] = []
+    persister.runtime.on_fenced = lambda: told.append("drop share partitions")
+    record_log.claimed = True
+    with pytest.raises(KafkaError) as refused:
+        await persister.write_state(key, 0, 0, 0, [])
+    assert refused.value.code == ErrorCode.not_coordinator
+    assert told == ["drop share partitions"]
+    for read in (persister.read_state(key, 0), persister.read_summary(key)):
+        with pytest.raises(KafkaError) as moved:
+            await read
+        assert moved.value.code == ErrorCode.not_coordinator
+    persister.close()
