@@ -399,7 +399,9 @@ class Partition:
             self._notify()
             return
         if error is not None:  # an fsync failure: nothing past HW is durable
-            log.error("flush_failed", topic=self.topic, partition=self.index, error=repr(error))
+            # A storage outage is logged once where it begins (persister.pg_commit).
+            report = log.debug if isinstance(error, StorageUnavailable) else log.error
+            report("flush_failed", topic=self.topic, partition=self.index, error=repr(error))
             self._hw_error = error
             self._notify()
             return

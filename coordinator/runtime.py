@@ -81,7 +81,7 @@ from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.coordinator_log import CompactionKeys, KeyValue, compact_by_key
 from persister.file_log import PartitionLog
-from persister.storage import CoordinatorLog, Fenced
+from persister.storage import CoordinatorLog, Fenced, StorageUnavailable
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.runtime")
@@ -483,7 +483,9 @@ class CoordinatorRuntime(Generic[R]):
                 write.error = error
                 failed += 1
         self.truncations += 1
-        log.error(
+        # A storage outage is logged once where it begins (persister.pg_commit).
+        report = log.debug if isinstance(exc, StorageUnavailable) else log.error
+        report(
             "coordinator_write_failed",
             runtime=self.name,
             stage=stage,

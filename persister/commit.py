@@ -227,7 +227,10 @@ class GroupCommit:
             times.finished_ns = time.perf_counter_ns()
         state.running = False
         if error is not None:
-            log.error("flush_failed", target=repr(state.target), error=repr(error))
+            # A storage outage (persister.storage.StorageUnavailable) is logged once
+            # where it begins (persister.pg_commit), not per flush it fails.
+            report = log.debug if getattr(error, "reported_once", False) else log.error
+            report("flush_failed", target=repr(state.target), error=repr(error))
         if self.on_flush is not None:
             self.on_flush(self._timer() - started, error is not None)
         hook = self.on_synced

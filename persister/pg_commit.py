@@ -312,6 +312,12 @@ class PgCommitter:
                 raise
             if self.unavailable is None:  # during an outage, its start was logged
                 log.warning("postgresql_connection_lost", error=str(exc) or type(exc).__name__)
+        # The pool's other connections were opened before the restart too: the resend
+        # gets a new one (and the error of a connection that failed mid-statement is not
+        # mistaken for the reason of an outage).
+        expire = getattr(self._pool, "expire_connections", None)
+        if expire is not None:
+            await expire()
         return await self._execute(writes)
 
     async def _execute(self, writes: list[LogWrite]) -> list[int]:

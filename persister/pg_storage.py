@@ -245,7 +245,10 @@ class PgStorage:
             self._pool = await asyncpg.create_pool(
                 self.url,
                 password=self._password,
-                min_size=1,
+                # No floor: asyncpg would keep reconnecting to one during an outage,
+                # with a traceback in the log per attempt; the committer's probe
+                # (persister.pg_commit) is what reconnects, on its backoff, logged once.
+                min_size=0,
                 max_size=POOL_MAX_SIZE,
                 timeout=CONNECT_TIMEOUT_S,
                 # One statement per commit: no need for asyncpg's prepared-statement

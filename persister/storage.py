@@ -53,6 +53,10 @@ class StorageUnavailable(OSError):
     failed fsync, after which the file's pages may be gone, a later successful flush
     covers everything written before it again."""
 
+    # The outage is logged where it begins and ends (persister.pg_commit), so the
+    # layers a flush failure passes through log it at debug level only.
+    reported_once = True
+
 
 class Fenced(OSError):
     """A flush refused because the log belongs to a newer epoch: another writer claimed
