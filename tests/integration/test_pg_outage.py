@@ -20,6 +20,7 @@ Every wait is bounded; nothing here measures durations.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from confluent_kafka import AcknowledgeType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -41,6 +43,7 @@ from tests.integration.conftest import (
     admin_config,
     create_topic,
     free_port,
+    produce,
     producer_config,
 )
 from tests.integration.pg_helpers import pg_dsn, pg_server
@@ -203,10 +206,10 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) 
         time.sleep(0.1)
 
 
-def metadata_answers(broker: Broker) -> bool:
+def metadata_answers(broker: Broker, partitions: int = PARTITIONS) -> bool:
     admin = AdminClient(admin_config(broker))
     topics = admin.list_topics(timeout=10).topics
-    return TOPIC in topics and len(topics[TOPIC].partitions) == PARTITIONS
+    return TOPIC in topics and len(topics[TOPIC].partitions) == partitions
 
 
 def outage_under_share_traffic(
@@ -302,3 +305,54 @@ def test_a_database_down_longer_than_the_client_timeouts_recovers_without_a_rest
         producer={"message.timeout.ms": 5_000, "enable.idempotence": False, "retries": 1_000},
     )
     assert ledger.produce_errors, "the producer should have timed out during the outage"
+
+
+def test_a_database_refusing_writes_is_an_outage_until_it_accepts_them_again(
+    broker: HealthBroker, pg_dsn: str
+) -> None:
+    """PostgreSQL up but refusing writes (here read-only, as a full disk or a standby
+    refuses them): produce fails with a retriable error, /health is 503 with the
+    database's reason, and once it accepts writes again the next produce is
+    acknowledged, without restarting the broker."""
+    create_topic(broker, TOPIC)
+    produce_one(broker, b"before")
+    database = pg_dsn.rsplit("/", 1)[1]
+    set_read_only(pg_dsn, database, True)
+    try:
+        producer = Producer(producer_config(broker, **{"message.timeout.ms": 3_000}))
+        outcome = produce(producer, TOPIC, [(0, None, b"refused", [])], flush_timeout=10)
+        assert outcome.acked == [] and outcome.errors
+        status, doc = broker.health()
+        assert status == 503 and doc["status"] == "storage_unavailable", doc
+        assert "read-only transaction" in doc["reason"], doc
+        assert metadata_answers(broker, partitions=1)
+    finally:
+        set_read_only(pg_dsn, database, False)
+    produce_one(broker, b"after")
+    wait_for(lambda: broker.health()[0] == 200, "/health to be serving again")
+
+
+def produce_one(broker: Broker, value: bytes) -> None:
+    producer = Producer(producer_config(broker, **{"message.timeout.ms": 60_000}))
+    outcome = produce(producer, TOPIC, [(0, None, value, [])], flush_timeout=70)
+    assert outcome.errors == [] and len(outcome.acked) == 1, outcome.errors
+
+
+def set_read_only(dsn: str, database: str, on: bool) -> None:
+    """Make `database` refuse (or accept) writes: the setting applies to new sessions,
+    so the broker's are ended (it reconnects)."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn.rsplit("/", 1)[0] + "/postgres")
+        try:
+            setting = "SET default_transaction_read_only = on" if on else "RESET ALL"
+            await conn.execute(f'ALTER DATABASE "{database}" {setting}')
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid()",
+                database,
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
