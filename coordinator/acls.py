@@ -119,6 +119,48 @@ class PatternType(_Coded):
     PREFIXED = 4
 
 
+# Kafka's AclEntry.supportedOperations: the operations an ACL on each resource type may
+# name (ALL is valid everywhere too) and what a KIP-430 authorized-operations field reports.
+SUPPORTED_OPERATIONS: dict[ResourceType, frozenset[AclOperation]] = {
+    ResourceType.TOPIC: frozenset(
+        {
+            AclOperation.READ,
+            AclOperation.WRITE,
+            AclOperation.CREATE,
+            AclOperation.DESCRIBE,
+            AclOperation.DELETE,
+            AclOperation.ALTER,
+            AclOperation.DESCRIBE_CONFIGS,
+            AclOperation.ALTER_CONFIGS,
+        }
+    ),
+    ResourceType.GROUP: frozenset(
+        {
+            AclOperation.READ,
+            AclOperation.DESCRIBE,
+            AclOperation.DELETE,
+            AclOperation.DESCRIBE_CONFIGS,
+            AclOperation.ALTER_CONFIGS,
+        }
+    ),
+    ResourceType.CLUSTER: frozenset(
+        {
+            AclOperation.CREATE,
+            AclOperation.CLUSTER_ACTION,
+            AclOperation.DESCRIBE_CONFIGS,
+            AclOperation.ALTER_CONFIGS,
+            AclOperation.IDEMPOTENT_WRITE,
+            AclOperation.ALTER,
+            AclOperation.DESCRIBE,
+        }
+    ),
+    ResourceType.TRANSACTIONAL_ID: frozenset(
+        {AclOperation.DESCRIBE, AclOperation.WRITE, AclOperation.TWO_PHASE_COMMIT}
+    ),
+    ResourceType.DELEGATION_TOKEN: frozenset({AclOperation.DESCRIBE}),
+    ResourceType.USER: frozenset({AclOperation.CREATE_TOKENS, AclOperation.DESCRIBE_TOKENS}),
+}
+
 _IMPLIES_DESCRIBE = frozenset(
     {
         AclOperation.DESCRIBE,

@@ -13,42 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from broker.authorizer import Authorizer, Requester
-from coordinator.acls import CLUSTER_NAME, AclOperation, ResourceType
-
-# Kafka's AclEntry.supportedOperations: what an authorized-operations field reports on.
-SUPPORTED_OPERATIONS: dict[ResourceType, tuple[AclOperation, ...]] = {
-    ResourceType.TOPIC: (
-        AclOperation.READ,
-        AclOperation.WRITE,
-        AclOperation.CREATE,
-        AclOperation.DESCRIBE,
-        AclOperation.DELETE,
-        AclOperation.ALTER,
-        AclOperation.DESCRIBE_CONFIGS,
-        AclOperation.ALTER_CONFIGS,
-    ),
-    ResourceType.GROUP: (
-        AclOperation.READ,
-        AclOperation.DESCRIBE,
-        AclOperation.DELETE,
-        AclOperation.DESCRIBE_CONFIGS,
-        AclOperation.ALTER_CONFIGS,
-    ),
-    ResourceType.CLUSTER: (
-        AclOperation.CREATE,
-        AclOperation.CLUSTER_ACTION,
-        AclOperation.DESCRIBE_CONFIGS,
-        AclOperation.ALTER_CONFIGS,
-        AclOperation.IDEMPOTENT_WRITE,
-        AclOperation.ALTER,
-        AclOperation.DESCRIBE,
-    ),
-    ResourceType.TRANSACTIONAL_ID: (
-        AclOperation.DESCRIBE,
-        AclOperation.WRITE,
-        AclOperation.TWO_PHASE_COMMIT,
-    ),
-}
+from coordinator.acls import CLUSTER_NAME, SUPPORTED_OPERATIONS, ResourceType
 
 
 class Guarded(Protocol):

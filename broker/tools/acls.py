@@ -35,6 +35,7 @@ from broker.tools.common import (
 )
 from coordinator.acls import (
     CLUSTER_NAME,
+    SUPPORTED_OPERATIONS,
     AclBinding,
     AclOperation,
     AclPermissionType,
@@ -52,46 +53,6 @@ Pattern = tuple[ResourceType, str | None, PatternType]
 # (principal, host, operation, permission): an access-control entry.
 Entry = tuple[str, str, AclOperation, AclPermissionType]
 
-# Kafka's AclEntry.supportedOperations (ALL is valid everywhere).
-SUPPORTED_OPERATIONS: dict[ResourceType, frozenset[AclOperation]] = {
-    ResourceType.TOPIC: frozenset(
-        {
-            AclOperation.READ,
-            AclOperation.WRITE,
-            AclOperation.CREATE,
-            AclOperation.DESCRIBE,
-            AclOperation.DELETE,
-            AclOperation.ALTER,
-            AclOperation.DESCRIBE_CONFIGS,
-            AclOperation.ALTER_CONFIGS,
-        }
-    ),
-    ResourceType.GROUP: frozenset(
-        {
-            AclOperation.READ,
-            AclOperation.DESCRIBE,
-            AclOperation.DELETE,
-            AclOperation.DESCRIBE_CONFIGS,
-            AclOperation.ALTER_CONFIGS,
-        }
-    ),
-    ResourceType.CLUSTER: frozenset(
-        {
-            AclOperation.CREATE,
-            AclOperation.CLUSTER_ACTION,
-            AclOperation.DESCRIBE_CONFIGS,
-            AclOperation.ALTER_CONFIGS,
-            AclOperation.IDEMPOTENT_WRITE,
-            AclOperation.ALTER,
-            AclOperation.DESCRIBE,
-        }
-    ),
-    ResourceType.TRANSACTIONAL_ID: frozenset(
-        {AclOperation.DESCRIBE, AclOperation.WRITE, AclOperation.TWO_PHASE_COMMIT}
-    ),
-    ResourceType.DELEGATION_TOKEN: frozenset({AclOperation.DESCRIBE}),
-    ResourceType.USER: frozenset({AclOperation.CREATE_TOKENS, AclOperation.DESCRIBE_TOKENS}),
-}
 # The operations kafka-acls.sh lists in its help, in its spelling.
 OPERATION_NAMES = (
     "Describe",
