@@ -148,6 +148,22 @@ async def share_group_describe(
     m = resp.share_group_describe_v1
     az = broker.authorizer
     names = {t.topic_id: t.name for t in broker.metadata.state.topics.values()}
+
+    def failed(
+        group_id: GroupId, code: ErrorCode, message: str | None, state: str
+    ) -> resp.share_group_describe_v1.DescribedGroup:
+        return m.DescribedGroup(
+            error_code=code,
+            error_message=message,
+            group_id=group_id,
+            group_state=state,
+            group_epoch=i32(0),
+            assignment_epoch=i32(0),
+            assignor_name="",
+            members=(),
+            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+
     groups = []
     for group_id in req.group_ids:
         try:
@@ -155,19 +171,7 @@ async def share_group_describe(
                 raise KafkaError(ErrorCode.group_authorization_failed)
             d = broker.groups.describe(group_id)
         except KafkaError as exc:
-            groups.append(
-                m.DescribedGroup(
-                    error_code=exc.code,
-                    error_message=exc.message,
-                    group_id=group_id,
-                    group_state="Dead",
-                    group_epoch=i32(0),
-                    assignment_epoch=i32(0),
-                    assignor_name="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
-                )
-            )
+            groups.append(failed(group_id, exc.code, exc.message, "Dead"))
             continue
         assigned = sorted({names.get(tid, "") for member in d.members for tid in member.assignment})
         if az.enabled and len(
@@ -175,17 +179,12 @@ async def share_group_describe(
         ) < len(assigned):
             # Kafka answers the whole group so: its members would show the topics.
             groups.append(
-                m.DescribedGroup(
-                    error_code=ErrorCode.topic_authorization_failed,
-                    error_message="The group has described topic(s) that the client is not "
+                failed(
+                    group_id,
+                    ErrorCode.topic_authorization_failed,
+                    "The group has described topic(s) that the client is not "
                     "authorized to describe.",
-                    group_id=group_id,
-                    group_state="",
-                    group_epoch=i32(0),
-                    assignment_epoch=i32(0),
-                    assignor_name="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                    "",
                 )
             )
             continue
