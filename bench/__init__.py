@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +336,26 @@ def fill_topic(
             producer.poll(0)
     producer.flush(60)
     return delivered
+
+
+def produce_reading(
+    ctx: BenchContext, topic: str, records: int, size: int, *, partitions: int, time_limit_s: float
+) -> Result:
+    """`fill_topic` timed (topic creation included: a few ms) as a produce reading."""
+    start = time.perf_counter()
+    stored = fill_topic(ctx, topic, records, size, partitions=partitions, time_limit_s=time_limit_s)
+    seconds = time.perf_counter() - start
+    notes = f"time limit hit: {stored} of {records}" if stored < records else ""
+    return Result(f"produce {size} B acks=all", stored, seconds, stored * size, notes)
+
+
+def median_reading(readings: list[Result]) -> Result:
+    """The median reading by rate, its notes listing every reading."""
+    ordered = sorted(readings, key=lambda r: r.records_per_s)
+    middle = ordered[len(ordered) // 2]
+    rates = ", ".join(f"{r.records_per_s:,.0f}" for r in readings)
+    notes = "; ".join(n for n in (middle.notes, f"median of {len(readings)}: {rates}") if n)
+    return replace(middle, notes=notes)
 
 
 def share_group_from_earliest(ctx: BenchContext, *groups: str) -> None:

@@ -22,15 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from bench import (
     BenchContext,
     BrokerProcess,
     Result,
-    fill_topic,
     free_port,
+    median_reading,
+    produce_reading,
     progress,
     share_group_from_earliest,
 )
@@ -77,31 +77,12 @@ def _broker(root: Path) -> tuple[BrokerProcess, int, dict[str, object]]:
     return broker, sasl_ssl_port, client
 
 
-def _produce(ctx: BenchContext, topic: str, records: int, size: int) -> Result:
-    start = time.perf_counter()
-    stored = fill_topic(
-        ctx, topic, records, size, partitions=PARTITIONS, time_limit_s=CASE_TIME_LIMIT_S
-    )
-    seconds = time.perf_counter() - start  # topic creation included: a few ms
-    notes = f"time limit hit: {stored} of {records}" if stored < records else ""
-    return Result(f"produce {size} B acks=all", stored, seconds, stored * size, notes)
-
-
 def _share(ctx: BenchContext, topic: str, consumers: int, expected: int, run: str) -> Result:
     group = f"spool-bench-security-{run}-x{consumers}"
     share_group_from_earliest(ctx, group)
     result = share_consume(ctx, topic, group, consumers, expected, time_limit_s=CASE_TIME_LIMIT_S)
     result.case = f"share {PARTITIONS}p x{consumers} implicit"
     return result
-
-
-def _median(readings: list[Result]) -> Result:
-    """The median reading by rate, its notes listing every reading."""
-    ordered = sorted(readings, key=lambda r: r.records_per_s)
-    middle = ordered[len(ordered) // 2]
-    rates = ", ".join(f"{r.records_per_s:,.0f}" for r in readings)
-    notes = "; ".join(n for n in (middle.notes, f"median of {len(readings)}: {rates}") if n)
-    return dataclasses.replace(middle, notes=notes)
 
 
 def format_side_by_side(rows: list[tuple[str, Result, Result]]) -> str:
@@ -149,7 +130,16 @@ def bench_security(ctx: BenchContext, records: int | None = None) -> list[Result
                 for name, sub in listeners.items():
                     progress(f"security: producing {records} records over {name} ({run + 1})")
                     topic = f"bench-security-{name}-{run}"
-                    readings[name]["produce"].append(_produce(sub, topic, records, size))
+                    readings[name]["produce"].append(
+                        produce_reading(
+                            sub,
+                            topic,
+                            records,
+                            size,
+                            partitions=PARTITIONS,
+                            time_limit_s=CASE_TIME_LIMIT_S,
+                        )
+                    )
             for run in range(RUNS):
                 for name, sub in listeners.items():
                     stored = readings[name]["produce"][run].records
@@ -161,7 +151,7 @@ def bench_security(ctx: BenchContext, records: int | None = None) -> list[Result
             if code != 0:
                 print(f"security: broker exited with {code}\n{broker.log_tail()}", flush=True)
     table = {
-        name: {case: _median(results) for case, results in cases.items()}
+        name: {case: median_reading(results) for case, results in cases.items()}
         for name, cases in readings.items()
     }
     rows = [

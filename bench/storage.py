@@ -43,7 +43,8 @@ from bench import (
     BenchContext,
     BrokerProcess,
     Result,
-    fill_topic,
+    median_reading,
+    produce_reading,
     progress,
     share_group_from_earliest,
 )
@@ -57,16 +58,6 @@ CASE_TIME_LIMIT_S = 60.0
 LATENCY_RECORDS = 2000
 LATENCY_INTERVAL_MS = 2.0
 ENGINES = ("file", "postgresql")
-
-
-def _produce(ctx: BenchContext, topic: str, records: int, size: int) -> Result:
-    start = time.perf_counter()
-    stored = fill_topic(
-        ctx, topic, records, size, partitions=PARTITIONS, time_limit_s=CASE_TIME_LIMIT_S
-    )
-    seconds = time.perf_counter() - start  # topic creation included: a few ms
-    notes = f"time limit hit: {stored} of {records}" if stored < records else ""
-    return Result(f"produce {size} B acks=all", stored, seconds, stored * size, notes)
 
 
 def _share(ctx: BenchContext, topic: str, consumers: int, expected: int, group: str) -> Result:
@@ -92,15 +83,6 @@ def _latency(ctx: BenchContext) -> tuple[Result, float, float]:
         notes += f"; {len(latencies)} of {LATENCY_RECORDS} delivered"
     row = Result("produce to delivery (2 ShareConsumers)", len(latencies), seconds, 0, notes)
     return row, p50, p99
-
-
-def _median(readings: list[Result]) -> Result:
-    """The median reading by rate, its notes listing every reading."""
-    ordered = sorted(readings, key=lambda r: r.records_per_s)
-    middle = ordered[len(ordered) // 2]
-    rates = ", ".join(f"{r.records_per_s:,.0f}" for r in readings)
-    notes = "; ".join(n for n in (middle.notes, f"median of {len(readings)}: {rates}") if n)
-    return dataclasses.replace(middle, notes=notes)
 
 
 def format_side_by_side(
@@ -169,7 +151,9 @@ def bench_storage(ctx: BenchContext, records: int | None = None) -> list[Result]
                 cases = readings[name]
                 topic = f"bench-storage-{run}"
                 progress(f"storage: producing {records} records on {name} ({run + 1})")
-                produced = _produce(sub, topic, records, size)
+                produced = produce_reading(
+                    sub, topic, records, size, partitions=PARTITIONS, time_limit_s=CASE_TIME_LIMIT_S
+                )
                 cases.setdefault("produce", []).append(produced)
                 for consumers in CONSUMERS:
                     progress(f"storage: {consumers} ShareConsumer(s) on {name} ({run + 1})")
@@ -180,7 +164,9 @@ def bench_storage(ctx: BenchContext, records: int | None = None) -> list[Result]
                 row, p50, p99 = _latency(sub)
                 rows[name].append(row)
                 latencies[name].append((p50, p99))
-    rates = {name: {c: _median(r) for c, r in cases.items()} for name, cases in readings.items()}
+    rates = {
+        name: {c: median_reading(r) for c, r in cases.items()} for name, cases in readings.items()
+    }
     latency = {
         name: (
             statistics.median(p50 for p50, _ in values),
