@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from kio.static.primitive import i8
 
 from broker.authorizer import Authorizer
 from broker.handlers.acls import create_acls, delete_acls, describe_acls
-from broker.security import KafkaPrincipal, SecurityContext
 from coordinator.acls import (
     CLUSTER_NAME,
     AclOperation,
@@ -32,35 +30,14 @@ from coordinator.acls import (
 from coordinator.metadata import MetadataStore
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode
+from tests.unit.admin_helpers import Broker, commit, ctx
+
+__all__ = ["commit"]  # the fixture, from admin_helpers
 
 Op = AclOperation
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 LITERAL, PREFIXED = PatternType.LITERAL, PatternType.PREFIXED
 ALLOW, DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
-
-
-@dataclass(frozen=True)
-class Ctx:
-    security: SecurityContext
-    client_host: str = "127.0.0.1"
-
-
-def ctx(name: str = "admin") -> Any:
-    return Ctx(SecurityContext("SASL_PLAINTEXT", "SASL_PLAINTEXT", KafkaPrincipal("User", name)))
-
-
-@dataclass
-class Broker:
-    metadata: MetadataStore
-    authorizer: Authorizer
-
-
-@pytest.fixture
-async def commit() -> AsyncIterator[GroupCommit]:
-    group = GroupCommit()
-    group.start()
-    yield group
-    await group.stop()
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ the cluster."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from kio.static.primitive import i8, i32
 
 from broker.authorizer import Authorizer
 from broker.handlers.users import alter_user_scram_credentials, describe_user_scram_credentials
-from broker.security import KafkaPrincipal, SecurityContext
 from coordinator.acls import (
     CLUSTER_NAME,
     AclBinding,
@@ -31,30 +29,9 @@ from coordinator.metadata import MetadataStore
 from coordinator.scram import salted_password
 from persister.commit import GroupCommit
 from protocol.errors import ErrorCode
+from tests.unit.admin_helpers import Broker, commit, ctx
 
-
-@dataclass(frozen=True)
-class Ctx:
-    security: SecurityContext
-    client_host: str = "127.0.0.1"
-
-
-def ctx(name: str = "admin") -> Any:
-    return Ctx(SecurityContext("SASL_PLAINTEXT", "SASL_PLAINTEXT", KafkaPrincipal("User", name)))
-
-
-@dataclass
-class Broker:
-    metadata: MetadataStore
-    authorizer: Authorizer
-
-
-@pytest.fixture
-async def commit() -> AsyncIterator[GroupCommit]:
-    group = GroupCommit()
-    group.start()
-    yield group
-    await group.stop()
+__all__ = ["commit"]  # the fixture, from admin_helpers
 
 
 @pytest.fixture
