@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -42,6 +43,19 @@ def create_database(server: PostgresServer, name: str) -> str:
 
     asyncio.run(create())
     return server.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+def db_rows(dsn: str, query: str, *args: Any) -> list[Any]:
+    """Run `query` on the database at `dsn` (one connection of its own); its rows."""
+
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return list(await conn.fetch(query, *args))
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
 
 
 def new_database(server: PostgresServer) -> str:

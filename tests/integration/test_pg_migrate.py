@@ -42,7 +42,7 @@ from tests.integration.conftest import (
     producer_config,
     watermarks,
 )
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import (
     close_quietly,
     consume,
@@ -82,17 +82,6 @@ def spool_format(data_dir: Path, *argv: str) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-
-
-def db_rows(dsn: str, query: str, *args: Any) -> list[Any]:
-    async def run() -> list[Any]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return list(await conn.fetch(query, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def topic_ids(broker: Broker) -> dict[str, str]:

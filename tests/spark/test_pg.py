@@ -13,7 +13,6 @@ and redelivers nothing that was accepted.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import shutil
@@ -23,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from confluent_kafka import AcknowledgeType
 from pyspark.sql import SparkSession
@@ -36,7 +34,7 @@ from persister.spark.pg import PgTarget
 from persister.spark.pg_compact import compact_pg
 from protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tests.integration.conftest import Broker
-from tests.integration.pg_helpers import create_database, pg_server
+from tests.integration.pg_helpers import create_database, db_rows, pg_server
 from tests.integration.share_helpers import (
     close_quietly,
     consume,
@@ -81,20 +79,9 @@ def accept_in_small_polls(broker: Broker, group: str, topic: str, count: int) ->
     assert len(log.deliveries) >= count, log.errors
 
 
-def _sql(dsn: str, query: str, *args: Any) -> list[Any]:
-    async def run() -> list[Any]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return list(await conn.fetch(query, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
 def share_rows(dsn: str) -> dict[int, bytes]:
     """The share-state log's rows: base offset -> batch bytes."""
-    rows = _sql(
+    rows = db_rows(
         dsn,
         "SELECT b.base_offset, b.data FROM spool_batches b JOIN spool_logs l USING (log_id) "
         "WHERE l.name = 'share-state' ORDER BY b.base_offset",
@@ -133,7 +120,7 @@ def traffic_db(
 def copy_db(pg_server: PostgresServer, dsn: str) -> str:
     name = f"spool_spark_copy_{next(_databases)}"
     source = dsn.rsplit("/", 1)[1]
-    _sql(pg_server.dsn, f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+    db_rows(pg_server.dsn, f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
     return dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
@@ -188,13 +175,15 @@ def test_audit_catches_a_corrupted_row_and_an_out_of_order_state_batch(
     rows = share_rows(dsn)
     (log_id, next_offset), *_ = (
         (int(r["log_id"]), int(r["next_offset"]))
-        for r in _sql(dsn, "SELECT log_id, next_offset FROM spool_logs WHERE name = 'share-state'")
+        for r in db_rows(
+            dsn, "SELECT log_id, next_offset FROM spool_logs WHERE name = 'share-state'"
+        )
     )
     # A row's bytes flipped under the CRC (its last record's value).
     corrupt = max(rows)
     data = bytearray(rows[corrupt])
     data[-3] ^= 0x55
-    _sql(
+    db_rows(
         dsn,
         "UPDATE spool_batches SET data = $3 WHERE log_id = $1 AND base_offset = $2",
         log_id,
@@ -214,7 +203,7 @@ def test_audit_catches_a_corrupted_row_and_an_out_of_order_state_batch(
         (StateBatch(25, 26, 0, 1), StateBatch(21, 22, 0, 1)),
     )
     batch = build_batch([NewRecord(*encode(bad))], base_offset=next_offset)
-    _sql(
+    db_rows(
         dsn,
         "INSERT INTO spool_batches (log_id, base_offset, last_offset, max_timestamp, data) "
         "VALUES ($1, $2, $2, 0, $3)",
@@ -222,7 +211,9 @@ def test_audit_catches_a_corrupted_row_and_an_out_of_order_state_batch(
         next_offset,
         bytes(batch),
     )
-    _sql(dsn, "UPDATE spool_logs SET next_offset = $2 WHERE log_id = $1", log_id, next_offset + 1)
+    db_rows(
+        dsn, "UPDATE spool_logs SET next_offset = $2 WHERE log_id = $1", log_id, next_offset + 1
+    )
 
     result = audit.run_audit_pg(spark, PgTarget(dsn), tmp_path / "out", tables=False)
     assert audit.exit_code(result) == 1
