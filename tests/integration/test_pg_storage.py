@@ -48,6 +48,13 @@ async def open_topic(engine: PgStorage, data: Path, name: str) -> PgPartitionLog
     return plog
 
 
+async def start_with_topic(pg_dsn: str, data: Path) -> tuple[PgStorage, PgPartitionLog]:
+    """An engine on the database started with the data dir `data`, topic t-0 open."""
+    engine = PgStorage(pg_dsn)
+    await engine.start(data)
+    return engine, await open_topic(engine, data, "t-0")
+
+
 async def test_migrations_are_idempotent_and_safe_when_two_brokers_start_at_once(
     pg_dsn: str,
 ) -> None:
@@ -132,9 +139,7 @@ async def test_a_new_data_dir_is_restored_and_an_uncommitted_tail_is_cut(
     pg_dsn: str, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     for i in range(5):
         plog.append(batch(b"r%d" % i, b"s%d" % i), NOW)
     plog.truncate_to(8)  # the last one undone before any commit
@@ -147,9 +152,7 @@ async def test_a_new_data_dir_is_restored_and_an_uncommitted_tail_is_cut(
     await engine.stop()
 
     # The same data dir: the tail nobody acknowledged goes.
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     assert (plog.log_start_offset, plog.log_end_offset) == (3, 9)
     assert values(plog)[-1] == b"r4"
     plog.close()
@@ -157,9 +160,7 @@ async def test_a_new_data_dir_is_restored_and_an_uncommitted_tail_is_cut(
 
     # A lost machine: an empty data dir gets everything back from the database.
     shutil.rmtree(data)
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     assert (plog.log_start_offset, plog.log_end_offset) == (3, 9)
     assert values(plog) == [b"r1", b"s1", b"r2", b"s2", b"r3", b"s3", b"r4"]
     plog.close()
@@ -281,9 +282,7 @@ async def test_a_data_dir_of_another_database_is_replaced_by_this_ones_log(
     pg_dsn: str, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     plog.append(batch(b"ours", b"ours"), NOW)
     await plog.flush_async()
     plog.close()
@@ -294,9 +293,7 @@ async def test_a_data_dir_of_another_database_is_replaced_by_this_ones_log(
     other.append(batch(b"theirs", b"theirs"), NOW)
     other.close()
 
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     assert values(plog) == [b"ours", b"ours"]
     plog.close()
     await engine.stop()
@@ -304,9 +301,7 @@ async def test_a_data_dir_of_another_database_is_replaced_by_this_ones_log(
 
 async def test_a_restored_log_indexes_its_aborted_transactions(pg_dsn: str, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     plog.append(batch(b"plain"), NOW)
     txn = build_batch(
         [NewRecord(key=None, value=b"aborted")],
@@ -327,9 +322,7 @@ async def test_a_restored_log_indexes_its_aborted_transactions(pg_dsn: str, tmp_
     await engine.stop()
 
     shutil.rmtree(data)
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     assert plog.log_end_offset == 3
     assert [
         (a.producer_id, a.first_offset, a.last_offset) for a in plog.aborted_transactions(0, 3)
@@ -342,9 +335,7 @@ async def test_rows_with_a_gap_of_offsets_are_restored_around_it(
     pg_dsn: str, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     for value in (b"a", b"b", b"c"):
         plog.append(batch(value), NOW)
     await plog.flush_async()
@@ -354,9 +345,7 @@ async def test_rows_with_a_gap_of_offsets_are_restored_around_it(
     await engine.stop()
 
     shutil.rmtree(data)
-    engine = PgStorage(pg_dsn)
-    await engine.start(data)
-    plog = await open_topic(engine, data, "t-0")
+    engine, plog = await start_with_topic(pg_dsn, data)
     assert (plog.log_start_offset, plog.log_end_offset) == (0, 3)
     assert values(plog) == [b"a", b"c"]
     plog.close()
