@@ -201,6 +201,26 @@ def never(_log: PollLog) -> bool:
     return False
 
 
+def accept_then_settle(
+    broker: Broker, group: str, topics: list[str], count: int, *, settle_s: float = 3.0
+) -> list[Delivery]:
+    """Share-consume `topics` as `group`, accepting every record, until `count` were
+    delivered (60 s at most), then `settle_s` s more for any that should not come; every
+    delivery, in order."""
+    consumer = share_consumer(broker, group, topics)
+    try:
+        log = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= count,
+            timeout=60,
+            decide=accept_all,
+        )
+        more = consume(consumer, until=never, timeout=settle_s)
+    finally:
+        close_quietly(consumer)
+    return log.deliveries + more.deliveries
+
+
 def close_quietly(consumer: ShareConsumer) -> None:
     """close(), bounded by a watchdog thread so a hung close cannot hang the test."""
     done = threading.Event()

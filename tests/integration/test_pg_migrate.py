@@ -44,6 +44,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import (
+    accept_then_settle,
     close_quietly,
     consume,
     earliest,
@@ -229,18 +230,7 @@ def test_a_file_brokers_state_is_served_from_postgresql_after_migrate(
     assert described == source_described and "TopicId" in described
 
     # The share group goes on where it was: only the released records, a second time.
-    consumer = share_consumer(target, GROUP, ["orders"])
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= 50,
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-        more = consume(consumer, until=lambda _log: False, timeout=3)
-    finally:
-        close_quietly(consumer)
-    deliveries = log.deliveries + more.deliveries
+    deliveries = accept_then_settle(target, GROUP, ["orders"], 50)
     assert sorted(d.key for d in deliveries) == [(1, o) for o in range(50, 100)]
     assert {d.delivery_count for d in deliveries} == {2}
 
@@ -594,18 +584,7 @@ def test_a_compacted_share_state_log_is_copied_as_it_is(
     assert records < log["next_offset"] - log["log_start_offset"], "nothing was compacted"
 
     target = broker_factory({"storage": pg_dsn})
-    consumer = share_consumer(target, GROUP, ["work"])
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= 300 - len(accepted),
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-        more = consume(consumer, until=lambda _log: False, timeout=3)
-    finally:
-        close_quietly(consumer)
-    again = {d.key for d in log.deliveries + more.deliveries}
+    again = {d.key for d in accept_then_settle(target, GROUP, ["work"], 300 - len(accepted))}
     assert again == {(0, o) for o in range(300)} - accepted
 
 

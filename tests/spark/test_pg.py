@@ -36,6 +36,7 @@ from protocol.records import NewRecord, build_batch, decode_records, iter_batche
 from tests.integration.conftest import Broker
 from tests.integration.pg_helpers import create_database, db_rows, pg_server
 from tests.integration.share_helpers import (
+    accept_then_settle,
     close_quietly,
     consume,
     earliest,
@@ -300,18 +301,7 @@ def test_compaction_under_share_traffic_keeps_the_replay_and_a_restore_serves_it
     broker.start()
     try:
         sent = produce_values(broker, topic, [b"z"] * 5, partition=1)
-        consumer = share_consumer(broker, group, [topic])
-        try:
-            log = consume(
-                consumer,
-                until=lambda log: len(log.deliveries) >= 5,
-                timeout=60,
-                decide=lambda _m: AcknowledgeType.ACCEPT,
-            )
-            extra = consume(consumer, until=lambda _log: False, timeout=3)
-        finally:
-            close_quietly(consumer)
-        delivered = sorted(d.key for d in log.deliveries + extra.deliveries)
+        delivered = sorted(d.key for d in accept_then_settle(broker, group, [topic], 5))
         assert delivered == sorted((s.partition, s.offset) for s in sent)
     finally:
         broker.stop()
