@@ -59,7 +59,8 @@ from persister.dirlock import DataDirLock
 from persister.file_log import LogConfig, PartitionLog
 from persister.pg_schema import MIGRATION_LOCK
 from persister.pg_schema import migrate as migrate_schema
-from persister.pg_storage import COORDINATOR_LOGS, mask_password
+from persister.pg_storage import COORDINATOR_LOGS
+from persister.pg_url import mask_password
 from protocol.records import NO_TIMESTAMP, parse_header
 
 # Bytes read from a log per call, and bytes of batches per database transaction.

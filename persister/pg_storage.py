@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +64,7 @@ from persister.file_log import (
 )
 from persister.pg_commit import Batch, LogWrite, PgCommitter, storage_error
 from persister.pg_schema import migrate
+from persister.pg_url import mask_password
 from persister.producer_state import ProducerStateManager
 from persister.segment import LOG_SUFFIX
 from persister.storage import CoordinatorLog, Fenced, TopicLog
@@ -81,23 +81,6 @@ POOL_MAX_SIZE = 8
 CONNECT_TIMEOUT_S = 10.0
 # How long a stop waits for pending claims and drops, then for the pool to close.
 STOP_TIMEOUT_S = 5.0
-
-
-def mask_password(url: str) -> str:
-    """`url` with its password, if any, replaced by ***: what logs may show."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = urllib.parse.quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
-def is_postgres_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
 
 
 @dataclass(slots=True)

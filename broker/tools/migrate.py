@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from persister.dirlock import DataDirInUse
     from persister.pg_migrate import MigrateError, Migration
-    from persister.pg_storage import is_postgres_url
+    from persister.pg_url import is_postgres_url
 
     if not is_postgres_url(args.url):
         print("spool migrate: --to must be a postgresql:// URL", file=sys.stderr)

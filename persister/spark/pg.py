@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from persister.pg_url import is_postgres_url, mask_password
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -45,29 +47,12 @@ class StorageUnavailable(ValueError):
     """The database cannot be used: unreachable, not a spool database, or no JDBC jar."""
 
 
-def is_storage_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
-
-
 def jdbc_jar() -> str | None:
     """The PostgreSQL JDBC driver's jar: `SPOOL_JDBC_JAR`, else Debian's, else None."""
     named = os.environ.get(JAR_ENV)
     if named:
         return named if Path(named).is_file() else None
     return DEBIAN_JAR if Path(DEBIAN_JAR).is_file() else None
-
-
-def mask(url: str) -> str:
-    """`url` with its password, if any, as ***."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = urllib.parse.quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +64,7 @@ class PgTarget:
 
     @property
     def masked(self) -> str:
-        return mask(self.url)
+        return mask_password(self.url)
 
     def __repr__(self) -> str:
         return f"PgTarget({self.masked})"
@@ -150,7 +135,7 @@ class PgTarget:
 def target(url: str, password_file: Path | None = None) -> PgTarget:
     """The database of `--storage URL [--storage-password-file FILE]`; ValueError when
     the file cannot be read (what it says never includes the password)."""
-    if not is_storage_url(url):
+    if not is_postgres_url(url):
         raise ValueError("--storage must be a postgresql:// URL")
     password = None
     if password_file is not None:

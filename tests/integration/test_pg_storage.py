@@ -15,7 +15,8 @@ import pytest
 from persister.commit import GroupCommit
 from persister.file_log import LogConfig, PartitionLog
 from persister.pg_schema import SCHEMA_VERSION, migrate
-from persister.pg_storage import PgPartitionLog, PgStorage, mask_password
+from persister.pg_storage import PgPartitionLog, PgStorage
+from persister.pg_url import mask_password
 from persister.storage import Fenced
 from persister.txn_index import AbortedTxn
 from protocol.records import NewRecord, build_batch, build_end_txn_marker_batch, iter_batches
