@@ -59,7 +59,7 @@ from persister.dirlock import DataDirLock
 from persister.file_log import LogConfig, PartitionLog
 from persister.pg_schema import MIGRATION_LOCK
 from persister.pg_schema import migrate as migrate_schema
-from persister.pg_storage import COORDINATOR_LOGS
+from persister.pg_storage import COORDINATOR_LOGS, read_topic_id
 from persister.pg_url import mask_password
 from protocol.records import NO_TIMESTAMP, parse_header
 
@@ -147,19 +147,6 @@ def source_logs(data_dir: Path) -> list[SourceLog]:
                 continue
             found.append(SourceLog(f"topics/{entry}", path, read_topic_id(path)))
     return sorted(found, key=lambda s: s.name)
-
-
-def read_topic_id(directory: Path) -> str | None:
-    """The topic id of a partition directory's `partition.metadata`, or None."""
-    try:
-        text = (directory / "partition.metadata").read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "topic_id":
-            return value.strip()
-    return None
 
 
 def rows_of(

@@ -289,7 +289,7 @@ class PgStorage:
     def _open(self, directory: Path, config: LogConfig, now_ms: int) -> PgPartitionLog:
         plog = PgPartitionLog.open(directory, config, now_ms)
         assert isinstance(plog, PgPartitionLog)
-        plog._attach(self, self._name(directory), _topic_id(directory))
+        plog._attach(self, self._name(directory), read_topic_id(directory))
         return plog
 
     def open_log(self, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
@@ -423,7 +423,7 @@ class PgStorage:
         # may be above the default: replaying it checks framing, never that limit.
         config = dataclasses.replace(config, max_message_bytes=_NO_BATCH_LIMIT)
         now = SYSTEM_CLOCK.now_ms()
-        local_id = _topic_id(directory)
+        local_id = read_topic_id(directory)
         if topic_id is not None and local_id is not None and local_id != topic_id:
             # The data dir's log is of another topic of that name: not this one's cache.
             shutil.rmtree(directory)
@@ -585,7 +585,7 @@ async def _refuse_unfinished_migration(conn: Any, url: str) -> None:
         )
 
 
-def _topic_id(directory: Path) -> str | None:
+def read_topic_id(directory: Path) -> str | None:
     """The topic id in a partition directory's `partition.metadata` (Kafka's marker,
     which LogManager writes before opening the log), or None."""
     try:
