@@ -76,12 +76,6 @@ class HandshakeBroker(FuzzBroker):
             f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
         )
 
-    def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return cmd
-
 
 # -- frames -----------------------------------------------------------------------------
 

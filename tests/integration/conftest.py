@@ -104,16 +104,12 @@ class Broker:
         return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker",
-            "serve",
-            "--listen",
-            self.bootstrap,
-            "--data-dir",
-            str(self.data_dir),
-        ]
+        cmd = [sys.executable, "-m", "broker", "serve"]
+        # A `listeners` setting replaces --listen (it keeps PLAINTEXT on `port`, where
+        # start() waits for the broker).
+        if "listeners" not in self.settings:
+            cmd += ["--listen", self.bootstrap]
+        cmd += ["--data-dir", str(self.data_dir)]
         for key, value in self.settings.items():
             cmd += ["--set", f"{key}={value}"]
         if self.open_file_limit is not None:

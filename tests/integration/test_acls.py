@@ -66,10 +66,7 @@ class AclBroker(Broker):
         )
 
     def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return [*cmd, "--metrics", f"127.0.0.1:{self.metrics_port}"]
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
 
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

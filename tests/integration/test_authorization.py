@@ -88,12 +88,6 @@ class AclBroker(Broker):
             f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
         )
 
-    def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return cmd
-
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:

@@ -32,18 +32,7 @@ SCRAM_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-class ListenersBroker(Broker):
-    """A broker whose `listeners` setting replaces --listen (PLAINTEXT stays on `port`,
-    where the harness waits for it)."""
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return cmd
-
-
-class SecureBroker(ListenersBroker):
+class SecureBroker(Broker):
     """PLAINTEXT on `port`, SASL_PLAINTEXT on `sasl_port`, SASL_SSL on `sasl_ssl_port`,
     with `mechanisms` enabled on both SASL listeners."""
 
@@ -342,7 +331,7 @@ def test_client_certificate_on_an_ssl_listener_that_requires_one(
     """ssl.client.auth=required: with ssl.certificate.location and ssl.key.location the
     tools are served; without, they exit 1 saying the connection was refused."""
     root = tmp_path_factory.mktemp("cli-mtls")
-    broker = ListenersBroker(
+    broker = Broker(
         root / "data",
         root / "broker.log",
         {

@@ -66,12 +66,6 @@ class SaslBroker(Broker):
             f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
         )
 
-    def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return cmd
-
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SaslBroker]:

@@ -60,10 +60,7 @@ class ScramBroker(Broker):
         )
 
     def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return [*cmd, "--metrics", f"127.0.0.1:{self.metrics_port}"]
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
 
     def metric(self, name: str, **labels: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

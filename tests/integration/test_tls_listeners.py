@@ -55,10 +55,7 @@ class ListenersBroker(Broker):
         return f"127.0.0.1:{self.ssl_port}"
 
     def command(self) -> list[str]:
-        cmd = super().command()
-        i = cmd.index("--listen")
-        del cmd[i : i + 2]
-        return [*cmd, "--log-level", "debug"]
+        return [*super().command(), "--log-level", "debug"]
 
 
 def ssl_config(broker: ListenersBroker, certs: Certs, **more: Any) -> dict[str, Any]:
