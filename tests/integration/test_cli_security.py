@@ -19,45 +19,17 @@ import pytest
 
 from tests.integration.cli_helpers import CLI_TIMEOUT_S
 from tests.integration.conftest import REPO_ROOT, Broker, free_port
+from tests.integration.sasl_helpers import SaslBroker
 from tests.integration.tls_helpers import Certs, certs
 
 __all__ = ["certs"]  # the module fixture, from tls_helpers
 
-JAAS = (
-    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-    'username="admin" password="admin-secret" '
-    'user_admin="admin-secret" user_alice="alice-secret";'
-)
-SCRAM_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-class SecureBroker(Broker):
-    """PLAINTEXT on `port`, SASL_PLAINTEXT on `sasl_port`, SASL_SSL on `sasl_ssl_port`,
-    with `mechanisms` enabled on both SASL listeners."""
-
-    def __init__(self, root: Path, certs: Certs, mechanisms: tuple[str, ...] = ("PLAIN",)):
-        settings = {
-            "sasl.enabled.mechanisms": ",".join(mechanisms),
-            "ssl.keystore.type": "PEM",
-            "ssl.keystore.location": str(certs.server),
-        }
-        for listener in ("sasl_plaintext", "sasl_ssl"):
-            for mechanism in mechanisms:
-                jaas = JAAS if mechanism == "PLAIN" else SCRAM_JAAS
-                settings[f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config"] = jaas
-        super().__init__(root / "data", root / "broker.log", settings)
-        self.sasl_port, self.sasl_ssl_port = free_port(), free_port()
-        self.settings["listeners"] = (
-            f"PLAINTEXT://127.0.0.1:{self.port},"
-            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
-            f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
-        )
-
-
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureBroker]:
-    broker = SecureBroker(tmp_path_factory.mktemp("cli-security"), certs)
+def broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SaslBroker]:
+    broker = SaslBroker(tmp_path_factory.mktemp("cli-security"), certs)
     broker.start()
     try:
         yield broker
@@ -109,9 +81,7 @@ def sasl_ssl(tmp_path: Path, certs: Certs, password: str = "alice-secret", **mor
     )
 
 
-def test_topics_over_sasl_ssl_with_plain(
-    broker: SecureBroker, certs: Certs, tmp_path: Path
-) -> None:
+def test_topics_over_sasl_ssl_with_plain(broker: SaslBroker, certs: Certs, tmp_path: Path) -> None:
     config = sasl_ssl(tmp_path, certs)
     out = ok(broker.sasl_ssl_port, config, "topics", "--create", "--topic", "sec-orders")
     assert out.strip() == "Created topic sec-orders."
@@ -123,7 +93,7 @@ def test_topics_over_sasl_ssl_with_plain(
     assert "sec-orders" in ok(broker.port, None, "topics", "--list").splitlines()
 
 
-def test_java_jaas_config_over_sasl_plaintext(broker: SecureBroker, tmp_path: Path) -> None:
+def test_java_jaas_config_over_sasl_plaintext(broker: SaslBroker, tmp_path: Path) -> None:
     config = tmp_path / "java.properties"
     config.write_text(
         "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
@@ -146,7 +116,7 @@ def test_java_jaas_config_over_sasl_plaintext(broker: SecureBroker, tmp_path: Pa
 
 
 def test_wrong_password_is_refused_with_the_brokers_message(
-    broker: SecureBroker, certs: Certs, tmp_path: Path
+    broker: SaslBroker, certs: Certs, tmp_path: Path
 ) -> None:
     proc = spool(broker.sasl_ssl_port, sasl_ssl(tmp_path, certs, "not-alices"), "topics", "--list")
     assert proc.returncode == 1, proc
@@ -158,7 +128,7 @@ def test_wrong_password_is_refused_with_the_brokers_message(
 
 
 def test_unsupported_mechanism_names_the_enabled_ones(
-    broker: SecureBroker, certs: Certs, tmp_path: Path
+    broker: SaslBroker, certs: Certs, tmp_path: Path
 ) -> None:
     config = sasl_ssl(tmp_path, certs)
     config.write_text(config.read_text().replace("=PLAIN", "=SCRAM-SHA-512"))
@@ -168,7 +138,7 @@ def test_unsupported_mechanism_names_the_enabled_ones(
     assert "it enables PLAIN" in proc.stderr
 
 
-def test_ssl_ca_location_is_validated(broker: SecureBroker, certs: Certs, tmp_path: Path) -> None:
+def test_ssl_ca_location_is_validated(broker: SaslBroker, certs: Certs, tmp_path: Path) -> None:
     missing = sasl_ssl(tmp_path, certs)
     missing.write_text(missing.read_text().replace(str(certs.ca), str(tmp_path / "nope.pem")))
     proc = spool(broker.sasl_ssl_port, missing, "topics", "--list")
@@ -191,7 +161,7 @@ def test_host_name_check_follows_endpoint_identification(
 ) -> None:
     """The certificate names localhost and 127.0.0.1: a SASL_SSL listener on 127.0.0.2
     fails the https check, and serves with the check off (algorithm none)."""
-    other = SecureBroker(tmp_path_factory.mktemp("cli-other-host"), certs)
+    other = SaslBroker(tmp_path_factory.mktemp("cli-other-host"), certs)
     other.settings["listeners"] = (
         f"PLAINTEXT://127.0.0.1:{other.port},SASL_SSL://127.0.0.2:{other.sasl_ssl_port}"
     )
@@ -210,7 +180,7 @@ def test_host_name_check_follows_endpoint_identification(
 
 
 def test_plaintext_client_on_a_sasl_listener_is_told_what_to_set(
-    broker: SecureBroker, certs: Certs, tmp_path: Path
+    broker: SaslBroker, certs: Certs, tmp_path: Path
 ) -> None:
     proc = spool(broker.sasl_port, None, "topics", "--list")
     assert proc.returncode == 1, proc
@@ -243,7 +213,7 @@ def test_a_port_that_never_answers_is_reported_as_such(tmp_path: Path) -> None:
     assert "security.protocol=SASL_PLAINTEXT" in proc.stderr
 
 
-def test_bad_command_config_is_a_usage_error(broker: SecureBroker, tmp_path: Path) -> None:
+def test_bad_command_config_is_a_usage_error(broker: SaslBroker, tmp_path: Path) -> None:
     config = properties(tmp_path, "gssapi", security_protocol="SASL_SSL", sasl_password="hunter2")
     proc = spool(broker.sasl_ssl_port, config, "topics", "--list")
     assert proc.returncode == 2, proc
@@ -255,12 +225,12 @@ def test_bad_command_config_is_a_usage_error(broker: SecureBroker, tmp_path: Pat
 
 
 @pytest.fixture(scope="module")
-def scram_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureBroker]:
+def scram_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SaslBroker]:
     """SCRAM-SHA-256 and -512 enabled; the user carol made with `spool users` over
     SASL_SSL as the PLAIN user admin (one mechanism per call: Kafka refuses a user
     altered twice in one AlterUserScramCredentials request)."""
     root = tmp_path_factory.mktemp("cli-scram")
-    broker = SecureBroker(root, certs, ("PLAIN", *SCRAM))
+    broker = SaslBroker(root, certs, ("PLAIN", *SCRAM))
     broker.start()
     try:
         admin = properties(
@@ -293,7 +263,7 @@ def scram_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iter
 
 @pytest.mark.parametrize("mechanism", SCRAM)
 def test_scram_over_sasl_ssl(
-    scram_broker: SecureBroker, certs: Certs, tmp_path: Path, mechanism: str
+    scram_broker: SaslBroker, certs: Certs, tmp_path: Path, mechanism: str
 ) -> None:
     config = properties(
         tmp_path,
@@ -315,7 +285,7 @@ def test_scram_over_sasl_ssl(
     assert "carol-wrong" not in proc.stderr
 
 
-def test_scram_with_java_jaas_config(scram_broker: SecureBroker, tmp_path: Path) -> None:
+def test_scram_with_java_jaas_config(scram_broker: SaslBroker, tmp_path: Path) -> None:
     config = tmp_path / "scram-java.properties"
     config.write_text(
         "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"

@@ -11,7 +11,6 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,12 +20,11 @@ from confluent_kafka.admin import AdminClient
 from protocol import api
 from protocol.errors import ErrorCode
 from tests.integration.conftest import (
-    Broker,
     admin_config,
     create_topic,
-    free_port,
     producer_config,
 )
+from tests.integration.sasl_helpers import SaslBroker
 from tests.integration.share_helpers import (
     close_quietly,
     consume,
@@ -38,33 +36,6 @@ from tests.integration.share_helpers import (
 from tests.integration.tls_helpers import Certs, certs, closed_without_answer
 
 __all__ = ["certs"]  # the module fixture, from tls_helpers
-
-JAAS = (
-    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-    'username="admin" password="admin-secret" '
-    'user_admin="admin-secret" user_alice="alice-secret";'
-)
-
-
-class SaslBroker(Broker):
-    """PLAINTEXT on `port` (for the test's admin helpers), SASL_PLAINTEXT on
-    `sasl_port` and SASL_SSL on `sasl_ssl_port`."""
-
-    def __init__(self, root: Path, certs: Certs) -> None:
-        settings = {
-            "sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
-            "listener.name.sasl_ssl.plain.sasl.jaas.config": JAAS,
-            "ssl.keystore.type": "PEM",
-            "ssl.keystore.location": str(certs.server),
-        }
-        super().__init__(root / "data", root / "broker.log", settings)
-        self.sasl_port, self.sasl_ssl_port = free_port(), free_port()
-        self.settings["listeners"] = (
-            f"PLAINTEXT://127.0.0.1:{self.port},"
-            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
-            f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
-        )
 
 
 @pytest.fixture(scope="module")
