@@ -201,13 +201,19 @@ def never(_log: PollLog) -> bool:
     return False
 
 
-def accept_then_settle(
-    broker: Broker, group: str, topics: list[str], count: int, *, settle_s: float = 3.0
-) -> list[Delivery]:
-    """Share-consume `topics` as `group`, accepting every record, until `count` were
-    delivered (60 s at most), then `settle_s` s more for any that should not come; every
-    delivery, in order."""
-    consumer = share_consumer(broker, group, topics)
+def accept_until(
+    broker: Broker,
+    group: str,
+    topics: list[str],
+    count: int,
+    *,
+    settle_s: float = 0.0,
+    **overrides: Any,
+) -> PollLog:
+    """Share-consume `topics` as `group` (explicit mode, consumer `overrides`), accepting
+    every record, until `count` were delivered (60 s at most), then `settle_s` s more for
+    any that should not come; the consumer is closed (its last commit_sync answered)."""
+    consumer = share_consumer(broker, group, topics, **overrides)
     try:
         log = consume(
             consumer,
@@ -215,10 +221,11 @@ def accept_then_settle(
             timeout=60,
             decide=accept_all,
         )
-        more = consume(consumer, until=never, timeout=settle_s)
+        if settle_s:
+            consume(consumer, until=never, timeout=settle_s, log=log)
     finally:
         close_quietly(consumer)
-    return log.deliveries + more.deliveries
+    return log
 
 
 def close_quietly(consumer: ShareConsumer) -> None:

@@ -35,6 +35,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.pg_helpers import pg_dsn, pg_server
 from tests.integration.share_helpers import (
+    accept_until,
     close_quietly,
     consume,
     earliest,
@@ -62,16 +63,7 @@ def test_acknowledged_records_and_accepts_survive_kill9_and_the_loss_of_the_data
     produce_values(broker, "orders", first, partition=1, batch=50)
 
     # Explicit mode: each poll's ACCEPTs are committed with commit_sync before the next.
-    consumer = share_consumer(broker, GROUP, ["orders"])
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= 400,
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-    finally:
-        close_quietly(consumer)  # its last commit_sync was answered before it closed
+    log = accept_until(broker, GROUP, ["orders"], 400)  # each commit_sync answered
     accepted = [d.key for d in log.deliveries]
     assert len(set(accepted)) == 400, log.errors
 
@@ -102,18 +94,7 @@ def test_acknowledged_records_and_accepts_survive_kill9_and_the_loss_of_the_data
     assert described["share.auto.offset.reset"].value == "earliest"
 
     # The share group's state came back: only the records never accepted are delivered.
-    consumer = share_consumer(broker, GROUP, ["orders"])
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= 100,
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-        more = consume(consumer, until=lambda _log: False, timeout=3)
-    finally:
-        close_quietly(consumer)
-    delivered = [d.key for d in log.deliveries + more.deliveries]
+    delivered = accept_until(broker, GROUP, ["orders"], 100, settle_s=3).offsets()
     assert sorted(delivered) == [(0, o) for o in range(200, 300)]
     assert not set(delivered) & set(accepted)
 

@@ -44,7 +44,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import (
-    accept_then_settle,
+    accept_until,
     close_quietly,
     consume,
     earliest,
@@ -230,7 +230,7 @@ def test_a_file_brokers_state_is_served_from_postgresql_after_migrate(
     assert described == source_described and "TopicId" in described
 
     # The share group goes on where it was: only the released records, a second time.
-    deliveries = accept_then_settle(target, GROUP, ["orders"], 50)
+    deliveries = accept_until(target, GROUP, ["orders"], 50, settle_s=3).deliveries
     assert sorted(d.key for d in deliveries) == [(1, o) for o in range(50, 100)]
     assert {d.delivery_count for d in deliveries} == {2}
 
@@ -549,16 +549,7 @@ def test_a_compacted_share_state_log_is_copied_as_it_is(
     create_topic(source, "work")
     earliest(source, GROUP)
     produce_values(source, "work", [b"w%d" % i for i in range(300)], batch=10)
-    consumer = share_consumer(source, GROUP, ["work"], **{"max.poll.records": 10})
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= 250,
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-    finally:
-        close_quietly(consumer)
+    log = accept_until(source, GROUP, ["work"], 250, **{"max.poll.records": 10})
     accepted = {d.key for d in log.deliveries}
     deadline = time.monotonic() + WAIT_S
     while not re.search(r"share_state_compacted +rewritten=[1-9]", source.log_tail(2000)):
@@ -584,7 +575,7 @@ def test_a_compacted_share_state_log_is_copied_as_it_is(
     assert records < log["next_offset"] - log["log_start_offset"], "nothing was compacted"
 
     target = broker_factory({"storage": pg_dsn})
-    again = {d.key for d in accept_then_settle(target, GROUP, ["work"], 300 - len(accepted))}
+    again = set(accept_until(target, GROUP, ["work"], 300 - len(accepted), settle_s=3).offsets())
     assert again == {(0, o) for o in range(300)} - accepted
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType
 from pyspark.sql import SparkSession
 
 from broker.cli import main as spool_main
@@ -36,12 +35,9 @@ from protocol.records import NewRecord, build_batch, decode_records, iter_batche
 from tests.integration.conftest import Broker
 from tests.integration.pg_helpers import create_database, db_rows, pg_server
 from tests.integration.share_helpers import (
-    accept_then_settle,
-    close_quietly,
-    consume,
+    accept_until,
     earliest,
     produce_values,
-    share_consumer,
 )
 from tests.postgres import PostgresServer
 from tests.spark.helpers import replay_dir, states_of
@@ -67,16 +63,7 @@ def _broker(root: Path, dsn: str, per_snapshot: str = PER_SNAPSHOT) -> Broker:
 def accept_in_small_polls(broker: Broker, group: str, topic: str, count: int) -> None:
     """Consume `count` records accepting each, two a poll: one share-state write per
     poll and partition, so the log has many rows."""
-    consumer = share_consumer(broker, group, [topic], **{"max.poll.records": 2})
-    try:
-        log = consume(
-            consumer,
-            until=lambda log: len(log.deliveries) >= count,
-            timeout=60,
-            decide=lambda _m: AcknowledgeType.ACCEPT,
-        )
-    finally:
-        close_quietly(consumer)
+    log = accept_until(broker, group, [topic], count, **{"max.poll.records": 2})
     assert len(log.deliveries) >= count, log.errors
 
 
@@ -301,7 +288,7 @@ def test_compaction_under_share_traffic_keeps_the_replay_and_a_restore_serves_it
     broker.start()
     try:
         sent = produce_values(broker, topic, [b"z"] * 5, partition=1)
-        delivered = sorted(d.key for d in accept_then_settle(broker, group, [topic], 5))
+        delivered = sorted(accept_until(broker, group, [topic], 5, settle_s=3).offsets())
         assert delivered == sorted((s.partition, s.offset) for s in sent)
     finally:
         broker.stop()
