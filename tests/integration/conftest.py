@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import (
@@ -264,6 +264,20 @@ def broker(broker_factory: Callable[..., Broker]) -> Broker:
     return broker_factory()
 
 
+AnyBroker = TypeVar("AnyBroker", bound=Broker)
+
+
+@contextlib.contextmanager
+def started(broker: AnyBroker) -> Iterator[AnyBroker]:
+    """`broker` started, and stopped (exit 0 required) at the end unless a test did."""
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
 @contextlib.contextmanager
 def module_broker(
     tmp_path_factory: pytest.TempPathFactory, name: str, settings: dict[str, str] | None = None
@@ -273,13 +287,8 @@ def module_broker(
     `settings` say otherwise: pass `{**settings, **storage_settings_for(request, storage)}`
     to follow the `storage` fixture."""
     root = tmp_path_factory.mktemp(name)
-    broker = Broker(root / "data", root / "broker.log", settings)
-    broker.start()
-    try:
+    with started(Broker(root / "data", root / "broker.log", settings)) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 # --- client configs --------------------------------------------------------------

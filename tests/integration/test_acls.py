@@ -33,7 +33,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.integration.cli_helpers import CLI_TIMEOUT_S, ok, spool
-from tests.integration.conftest import REPO_ROOT, Broker, admin_config, free_port
+from tests.integration.conftest import REPO_ROOT, Broker, admin_config, free_port, started
 
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 JAAS = (
@@ -77,13 +77,8 @@ class AclBroker(Broker):
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:
-    broker = AclBroker(tmp_path_factory.mktemp("acls"))
-    broker.start()
-    try:
+    with started(AclBroker(tmp_path_factory.mktemp("acls"))) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def sasl_admin(broker: AclBroker, user: str, password: str) -> AdminClient:

@@ -47,6 +47,7 @@ from tests.integration.conftest import (
     Broker,
     create_topic,
     free_port,
+    started,
 )
 from tests.integration.share_helpers import (
     PollLog,
@@ -91,13 +92,8 @@ class AclBroker(Broker):
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:
-    broker = AclBroker(tmp_path_factory.mktemp("acls"))
-    broker.start()
-    try:
+    with started(AclBroker(tmp_path_factory.mktemp("acls"))) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def client_config(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cli_helpers import CLI_TIMEOUT_S
-from tests.integration.conftest import REPO_ROOT, Broker, free_port
+from tests.integration.conftest import REPO_ROOT, Broker, free_port, started
 from tests.integration.sasl_helpers import SaslBroker
 from tests.integration.tls_helpers import Certs, certs
 
@@ -29,13 +29,8 @@ SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SaslBroker]:
-    broker = SaslBroker(tmp_path_factory.mktemp("cli-security"), certs)
-    broker.start()
-    try:
+    with started(SaslBroker(tmp_path_factory.mktemp("cli-security"), certs)) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def spool(port: int, config: Path | None, *argv: str) -> subprocess.CompletedProcess[str]:

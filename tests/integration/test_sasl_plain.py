@@ -23,6 +23,7 @@ from tests.integration.conftest import (
     admin_config,
     create_topic,
     producer_config,
+    started,
 )
 from tests.integration.sasl_helpers import SaslBroker
 from tests.integration.share_helpers import (
@@ -40,13 +41,8 @@ __all__ = ["certs"]  # the module fixture, from tls_helpers
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SaslBroker]:
-    broker = SaslBroker(tmp_path_factory.mktemp("sasl"), certs)
-    broker.start()
-    try:
+    with started(SaslBroker(tmp_path_factory.mktemp("sasl"), certs)) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def broker_logged(broker: SaslBroker, needle: str) -> list[str]:

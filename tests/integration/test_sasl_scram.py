@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     create_topic,
     free_port,
     producer_config,
+    started,
 )
 from tests.integration.share_helpers import log_lines
 from tests.integration.test_sasl_plain import _frame, _read_response
@@ -76,13 +77,8 @@ class ScramBroker(Broker):
 
 @pytest.fixture(scope="module")
 def scram_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScramBroker]:
-    broker = ScramBroker(tmp_path_factory.mktemp("scram"))
-    broker.start()
-    try:
+    with started(ScramBroker(tmp_path_factory.mktemp("scram"))) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def scram_config(

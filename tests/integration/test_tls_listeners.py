@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     create_topic,
     free_port,
     producer_config,
+    started,
 )
 from tests.integration.share_helpers import (
     close_quietly,
@@ -79,13 +80,8 @@ def pem_file_settings(certs: Certs) -> dict[str, str]:
 
 
 def _start(root: Path, settings: dict[str, str]) -> Iterator[ListenersBroker]:
-    broker = ListenersBroker(root, settings)
-    broker.start()
-    try:
+    with started(ListenersBroker(root, settings)) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 @pytest.fixture(scope="module")
