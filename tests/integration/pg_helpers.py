@@ -16,19 +16,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.postgres import PostgresServer
+from tests.postgres import PostgresServer, postgres_server
 
 _databases = itertools.count()
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.start()
+    with postgres_server() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 def create_database(server: PostgresServer, name: str) -> str:
