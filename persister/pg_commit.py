@@ -12,7 +12,8 @@ Failures surface as a failed fsync does: StorageUnavailable (an OSError, EIO,
 "... postgresql: <reason>"),
 for every write of the failed transaction (none of it is committed, unless the
 connection broke during the commit itself, when it may be: the next commit of that log
-removes the rows from the uncommitted offset on first, so a retry never collides). A
+sends those batches again and they replace the stored ones, so a retry never collides
+nor leaves two copies). A
 write whose log has a newer epoch in the database than the writer's is refused with
 `Fenced` (an OSError too, so a caller that knows only fsync failures still fails safe).
 
@@ -303,8 +304,8 @@ class PgCommitter:
 
     async def _execute_retrying(self, writes: list[LogWrite]) -> list[int]:
         """`_execute`, once more on a new connection if the first one was dead (the
-        database restarted since it was opened). A commit can be sent twice: it
-        replaces the rows from its first offset on and sets the offsets outright."""
+        database restarted since it was opened). A commit can be sent twice: its rows
+        replace the ones stored at their offsets and it sets the offsets outright."""
         try:
             return await self._execute(writes)
         except Exception as exc:
@@ -326,11 +327,10 @@ class PgCommitter:
         for w in writes:
             p_logs.append(w.log_id)
             p_epochs.append(w.epoch)
-            # Rows from the first new batch on go first: a commit whose outcome was
-            # unknown (the connection broke during it) may have stored them already.
-            first = w.batches[0].base_offset if w.batches else None
-            cut = [o for o in (w.truncate_from, first) if o is not None]
-            p_truncate.append(min(cut) if cut else None)
+            # Only a truncation deletes rows first: the rows of a commit whose outcome
+            # was unknown (the connection broke during it) are replaced by the resend's
+            # (spool_commit, schema v2, sees its insert collide and makes room).
+            p_truncate.append(w.truncate_from)
             p_next.append(w.next_offset)
             p_start.append(w.log_start_offset)
             for b in w.batches:
