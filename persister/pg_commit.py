@@ -288,11 +288,18 @@ class PgCommitter:
         try:
             await conn.fetchval("SELECT 1")
         except BaseException:
-            _terminate(conn)
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn)
+            await self._discard(conn)
             raise
         await self._pool.release(conn)
+
+    async def _discard(self, conn: Any) -> None:
+        """Drop `conn`, its state unknown (broken, or a statement left running), so the
+        pool opens a fresh one. asyncpg refuses the terminate when the pool took it back
+        already (it noticed the connection was lost): it is then closed anyway."""
+        with contextlib.suppress(Exception):
+            conn.terminate()
+        with contextlib.suppress(Exception):
+            await self._pool.release(conn)
 
     async def close(self) -> None:
         """Stop probing (the broker is stopping)."""
@@ -355,21 +362,10 @@ class PgCommitter:
                 b_data,
             )
         except BaseException:
-            # The connection's state is unknown (broken, or a statement left running):
-            # drop it so the pool opens a fresh one.
-            _terminate(conn)
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn)
+            await self._discard(conn)
             raise
         await self._pool.release(conn)
         return list(fenced or [])
-
-
-def _terminate(conn: Any) -> None:
-    """Close `conn` at once; asyncpg refuses when the pool took it back already (it
-    noticed the connection was lost): it is then closed anyway."""
-    with contextlib.suppress(Exception):
-        conn.terminate()
 
 
 def _quiet(task: asyncio.Task[Any]) -> None:
