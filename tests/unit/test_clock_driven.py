@@ -168,9 +168,10 @@ def test_a_timeout_in_seconds_is_whole_milliseconds_rounded_up() -> None:
 # -- Fetch long poll -----------------------------------------------------------------
 
 
-async def test_a_fetch_long_poll_is_answered_at_max_wait_ms_on_the_clock(s: Setup) -> None:
-    # Fetch v12 (names, no session): nothing to read, MinBytes 1, MaxWaitMs 60 s.
-    req = api.build(
+def long_poll_fetch() -> Any:
+    """Fetch v12 (names, no session) of partition 0 from offset 0: MinBytes 1, MaxWaitMs
+    60 s, so with nothing to read it parks."""
+    return api.build(
         api.request_class(1, 12),
         {
             "replica_id": -1,
@@ -190,6 +191,10 @@ async def test_a_fetch_long_poll_is_answered_at_max_wait_ms_on_the_clock(s: Setu
             ],
         },
     )
+
+
+async def test_a_fetch_long_poll_is_answered_at_max_wait_ms_on_the_clock(s: Setup) -> None:
+    req = long_poll_fetch()
     polling = asyncio.create_task(fetch(ctx(12), req, s))  # type: ignore[arg-type]
     await turns()
     s.clock.advance(59_999)
@@ -204,24 +209,7 @@ async def test_a_fetch_long_poll_is_answered_at_max_wait_ms_on_the_clock(s: Setu
 
 
 async def test_a_fetch_long_poll_ends_early_when_records_come(s: Setup) -> None:
-    req = api.build(
-        api.request_class(1, 12),
-        {
-            "replica_id": -1,
-            "max_wait": 60_000,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": TOPIC,
-                    "partitions": [
-                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
-                    ],
-                }
-            ],
-        },
-    )
+    req = long_poll_fetch()
     polling = asyncio.create_task(fetch(ctx(12), req, s))  # type: ignore[arg-type]
     await turns()
     s.clock.advance(1_000)
@@ -233,24 +221,7 @@ async def test_a_fetch_long_poll_ends_early_when_records_come(s: Setup) -> None:
 async def test_a_fetch_long_poll_is_answered_at_once_when_the_broker_stops(s: Setup) -> None:
     # A parked Fetch must not hold a shutdown for its MaxWaitMs: librdkafka consumers wait
     # 500 ms, but read_committed and hand-written clients ask for up to 30 s and more.
-    req = api.build(
-        api.request_class(1, 12),
-        {
-            "replica_id": -1,
-            "max_wait": 60_000,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": TOPIC,
-                    "partitions": [
-                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
-                    ],
-                }
-            ],
-        },
-    )
+    req = long_poll_fetch()
     polling = asyncio.create_task(fetch(ctx(12), req, s))  # type: ignore[arg-type]
     await turns()
     s.clock.advance(1_000)
