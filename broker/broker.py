@@ -16,6 +16,7 @@ from kio.static.primitive import i16
 
 from broker import trace
 from broker.authorizer import Authorizer
+from broker.cluster import BrokerEndpoint, ClusterView, SingleNode
 from broker.config import BrokerConfig
 from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
@@ -126,6 +127,11 @@ class Broker:
                 )
             self.listeners = [plain]
         self.node_id: int = config.get("node.id")
+        # Who is in the cluster and who leads what (broker.cluster); alone until a
+        # cluster view replaces it.
+        self.cluster: ClusterView = SingleNode(
+            self.node_id, self._endpoints, config.get("broker.rack")
+        )
         self.commit = GroupCommit()
         # Counters for the metrics endpoint (broker.metrics); one set per broker.
         self.metrics = BrokerMetrics()
@@ -164,6 +170,14 @@ class Broker:
         if port == 0 and self.server is not None:
             port = self.server.bound_ports.get(found.name, 0)
         return Endpoint(found.advertised_host, port)
+
+    def _endpoints(self) -> list[BrokerEndpoint]:
+        """This broker's advertised endpoint on each of its listeners."""
+        return [
+            BrokerEndpoint(lc.name, ep.host, ep.port)
+            for lc in self.listeners
+            for ep in (self.advertised_for(lc.name),)
+        ]
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
