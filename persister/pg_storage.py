@@ -34,8 +34,12 @@ directory), in the background; `spool_logs.topic_id` holds the topic id of a par
 log (from the directory's `partition.metadata`), and a claim by another topic id empties
 the rows a deleted topic of that name left, so a re-created topic never inherits them.
 
-Compaction of coordinator logs rewrites the local segments only: the database keeps
-every committed batch (a restore replays more, to the same state).
+Compaction: the broker's compaction of a coordinator log rewrites its local segments
+only, never the rows. The rows of the share-state log are compacted in the database by
+`spool compact --storage` (persister.spark.pg_compact), which deletes rows whose every
+record is superseded while the broker runs; the other coordinator logs keep every
+committed batch (a restore replays more, to the same state). A restore steps over the
+gaps of offsets the deleted rows leave.
 """
 
 from __future__ import annotations
