@@ -40,17 +40,22 @@ _DROP_STATE = frozenset(
 )
 _PASSED_ON = frozenset(
     {
-        ErrorCode.kafka_storage_error,
         ErrorCode.not_leader_or_follower,
         ErrorCode.group_id_not_found,
         ErrorCode.unknown_topic_or_partition,
     }
 )
+# A share-state log write that failed (a failed fsync, the storage database down or
+# refusing writes) is one of these too: Kafka's ShareCoordinatorService answers a write
+# failing with KAFKA_STORAGE_ERROR as NOT_COORDINATOR (CoordinatorOperationExceptionHelper
+# .handleOperationException), PersisterStateManager retries that and, out of attempts,
+# hands it to SharePartition.fetchPersisterError: COORDINATOR_NOT_AVAILABLE.
 _COORDINATOR_UNAVAILABLE = frozenset(
     {
         ErrorCode.not_coordinator,
         ErrorCode.coordinator_not_available,
         ErrorCode.coordinator_load_in_progress,
+        ErrorCode.kafka_storage_error,
     }
 )
 
@@ -62,13 +67,20 @@ def persister_error(exc: Exception) -> KafkaError:
     NOT_LEADER_OR_FOLLOWER (the client refreshes metadata and retries), coordinator errors
     COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND and UNKNOWN_TOPIC_OR_PARTITION stay, and
     any other code is UNKNOWN_SERVER_ERROR (it is no fault of the client's request). A failed
-    durable write (KAFKA_STORAGE_ERROR, or an OSError reaching us raw) is KAFKA_STORAGE_ERROR.
+    durable write (KAFKA_STORAGE_ERROR, or an OSError reaching us raw) is
+    COORDINATOR_NOT_AVAILABLE, as Kafka's share coordinator failing its log append ends
+    (see `_COORDINATOR_UNAVAILABLE`): retriable, the records stay acquired.
     """
     if isinstance(exc, KafkaError):
         if exc.code in _FENCED:
             return KafkaError(
                 ErrorCode.not_leader_or_follower,
                 f"share-partition state was fenced ({exc.code.name}): {exc.message or ''}",
+            )
+        if exc.code == ErrorCode.kafka_storage_error:
+            return KafkaError(
+                ErrorCode.coordinator_not_available,
+                f"share-state write failed: {exc.message or 'storage error'}",
             )
         if exc.code in _COORDINATOR_UNAVAILABLE:
             return KafkaError(ErrorCode.coordinator_not_available, exc.message)
@@ -80,7 +92,8 @@ def persister_error(exc: Exception) -> KafkaError:
         )
     if isinstance(exc, OSError):
         return KafkaError(
-            ErrorCode.kafka_storage_error, f"share-state write failed: {exc.strerror or exc}"
+            ErrorCode.coordinator_not_available,
+            f"share-state write failed: {exc.strerror or exc}",
         )
     return KafkaError(ErrorCode.unknown_server_error, "share-state write failed: server error")
 

@@ -161,7 +161,8 @@ async def _while_full_and_after(broker: Broker, disk: Path) -> list[bytes]:
 
         filler = fill(disk)
         try:
-            # Acknowledgements: refused with KAFKA_STORAGE_ERROR once no room is left.
+            # Acknowledgements: refused once no room is left, with Kafka's answer to a
+            # share-state write that failed: COORDINATOR_NOT_AVAILABLE.
             accepted: list[int] = []
             refused_offset = None
             for offset in range(RECORDS):
@@ -169,7 +170,7 @@ async def _while_full_and_after(broker: Broker, disk: Path) -> list[bytes]:
                 if code == ErrorCode.none:
                     accepted.append(offset)
                     continue
-                assert code == ErrorCode.kafka_storage_error
+                assert code == ErrorCode.coordinator_not_available
                 refused_offset = offset
                 break
             assert refused_offset is not None, "every acknowledgement fit on a full disk"

@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ import pytest
 from confluent_kafka import AcknowledgeType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from protocol.client import KafkaClient
+from protocol.errors import ErrorCode
 from tests.integration.conftest import (
     Broker,
     admin_config,
@@ -49,9 +52,15 @@ from tests.integration.conftest import (
 from tests.integration.pg_helpers import pg_dsn, pg_server
 from tests.integration.share_helpers import (
     close_quietly,
+    heartbeat,
+    heartbeat_until_assigned,
     log_lines,
+    run_wire,
     set_group_configs,
+    share_ack_body,
     share_consumer,
+    share_fetch_body,
+    topic_id,
 )
 from tests.postgres import PostgresServer
 
@@ -356,3 +365,77 @@ def set_read_only(dsn: str, database: str, on: bool) -> None:
             await conn.close()
 
     asyncio.run(run())
+
+
+SHARE_FETCH, SHARE_ACK, ACCEPT = 78, 79, 1
+
+
+def test_an_acknowledgement_while_the_database_is_down_is_coordinator_not_available(
+    broker: HealthBroker, pg_server: PostgresServer
+) -> None:
+    """A share acknowledgement whose share-state write fails because PostgreSQL is down
+    is answered as Kafka answers one whose share coordinator failed its log write:
+    COORDINATOR_NOT_AVAILABLE (retriable), in ShareAcknowledge and in a ShareFetch
+    carrying it; the records stay acquired, and the same acknowledgement succeeds once
+    the database is back."""
+    create_topic(broker, TOPIC)
+    set_group_configs(broker, GROUP, {"share.auto.offset.reset": "earliest"})
+    produce_one(broker, b"one")
+    produce_one(broker, b"two")
+
+    async def scenario(client: KafkaClient) -> None:
+        member = uuid.uuid4().hex[:22]
+        joined = await heartbeat(client, GROUP, member, 0, [TOPIC])
+        assert joined.error_code == ErrorCode.none, joined
+        await heartbeat_until_assigned(client, GROUP, member, joined.member_epoch)
+        tid = await topic_id(client, TOPIC)
+        epoch = 0
+        acquired: set[int] = set()
+        deadline = time.monotonic() + WAIT_S
+        while acquired != {0, 1}:
+            assert time.monotonic() < deadline, acquired
+            body = share_fetch_body(GROUP, member, epoch, {(tid, 0): []}, max_wait=500)
+            fetched = await client.request(SHARE_FETCH, 1, body)
+            epoch += 1
+            for r in fetched.responses[0].partitions[0].acquired_records:
+                acquired.update(range(r.first_offset, r.last_offset + 1))
+
+        def accept(offset: int) -> list[dict[str, Any]]:
+            return [{"first_offset": offset, "last_offset": offset, "acknowledge_types": [ACCEPT]}]
+
+        pg_server.stop("immediate")
+        try:
+            acked = await client.request(
+                SHARE_ACK, 1, share_ack_body(GROUP, member, epoch, {(tid, 0): accept(0)})
+            )
+            epoch += 1
+            assert acked.error_code == ErrorCode.none, acked
+            code = acked.responses[0].partitions[0].error_code
+            assert code == ErrorCode.coordinator_not_available, ErrorCode(code)
+
+            body = share_fetch_body(GROUP, member, epoch, {(tid, 0): accept(1)})
+            fetched = await client.request(SHARE_FETCH, 1, body)
+            epoch += 1
+            code = fetched.responses[0].partitions[0].acknowledge_error_code
+            assert code == ErrorCode.coordinator_not_available, ErrorCode(code)
+        finally:
+            pg_server.start()
+
+        # Back: the same acknowledgements go through (the records stayed acquired).
+        for offset in (0, 1):
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                acked = await client.request(
+                    SHARE_ACK,
+                    1,
+                    share_ack_body(GROUP, member, epoch, {(tid, 0): accept(offset)}),
+                )
+                epoch += 1
+                code = acked.responses[0].partitions[0].error_code
+                if code == ErrorCode.none:
+                    break
+                assert code == ErrorCode.coordinator_not_available, ErrorCode(code)
+                assert time.monotonic() < deadline, "the acknowledgement never went through"
+                await asyncio.sleep(0.2)
+
+    run_wire(broker, scenario)

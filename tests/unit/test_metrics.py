@@ -295,7 +295,7 @@ async def test_manager_counts_nothing_for_a_write_that_failed() -> None:
     assert persister.failures[KEY] == [STORAGE]
     # The acknowledgement meets it: not counted.
     code, _ = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
-    assert code == ErrorCode.kafka_storage_error
+    assert code == ErrorCode.coordinator_not_available
     assert (s.acquired, s.acknowledged[ACCEPT]) == (10, 0)
     # A fetch carrying acknowledgements whose write fails: neither the released records
     # nor their re-acquisition is counted.
@@ -303,7 +303,7 @@ async def test_manager_counts_nothing_for_a_write_that_failed() -> None:
     acked, got = await mgr.acknowledge_and_acquire(
         {KEY: [(0, 9, (RELEASE,))]}, [KEY], "m", max_records=100, batch_size=100, max_bytes=1 << 20
     )
-    assert (acked[KEY][0], got[KEY].error_code) == (ErrorCode.kafka_storage_error,) * 2
+    assert (acked[KEY][0], got[KEY].error_code) == (ErrorCode.coordinator_not_available,) * 2
     assert (s.acquired, s.acknowledged[RELEASE], s.released_acknowledged) == (10, 0, 0)
     assert s.delivery_counts.counts[:3] == [10, 0, 0]  # no delivery 2
     # A lock expiry whose release fails: no timeout counted until the retry is written.

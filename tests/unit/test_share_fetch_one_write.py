@@ -132,10 +132,10 @@ async def test_a_failing_disk_does_not_stop_a_plain_fetch_and_fails_the_next_sha
         acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
     )
     assert {key: code for key, (code, _) in acked.items()} == {
-        key: ErrorCode.kafka_storage_error for key in KEYS
+        key: ErrorCode.coordinator_not_available for key in KEYS
     }
     assert {key: _summary(f) for key, f in got.items()} == {
-        key: ErrorCode.kafka_storage_error for key in KEYS
+        key: ErrorCode.coordinator_not_available for key in KEYS
     }
     assert all(f.records == b"" and f.acquired == [] for f in got.values())
     assert setup.appends == [PARTITIONS]  # one write for all of them, and it failed
@@ -201,7 +201,7 @@ async def test_a_failed_shared_acknowledgement_write_keeps_every_partition_acqui
     stored = {key: setup.persister.shard.state(key) for key in KEYS}
     disk.fail(stage, errno.ENOSPC)
     results = await setup.mgr.acknowledge_many({key: [(0, 9, (ACCEPT,))] for key in KEYS}, "m")
-    assert {code for code, _ in results.values()} == {ErrorCode.kafka_storage_error}
+    assert {code for code, _ in results.values()} == {ErrorCode.coordinator_not_available}
     for key in KEYS:
         sp = setup.mgr.partitions[key]
         assert (sp.spso, sp.acquired_count, sp.change_pending) == (0, 10, False)
@@ -261,9 +261,9 @@ async def test_a_failed_write_of_acknowledgements_and_acquisitions_undoes_both(
         acks, KEYS, "m", max_records=1000, batch_size=1000, max_bytes=1 << 20
     )
     # The client sees the storage error on both: the acknowledgement and the fetch.
-    assert {code for code, _ in acked.values()} == {ErrorCode.kafka_storage_error}
+    assert {code for code, _ in acked.values()} == {ErrorCode.coordinator_not_available}
     assert {key: f.error_code for key, f in got.items()} == {
-        key: ErrorCode.kafka_storage_error for key in KEYS
+        key: ErrorCode.coordinator_not_available for key in KEYS
     }
     # Nothing moved: 0-9 still acquired by the member, 10-19 never delivered.
     for key in KEYS:

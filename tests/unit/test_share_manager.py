@@ -209,7 +209,7 @@ async def test_failed_acknowledgement_write_leaves_records_acquired_and_a_retry_
     clock.advance(1_000)
     persister.fail_next(failure)
     code, message = await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))])
-    assert code == ErrorCode.kafka_storage_error
+    assert code == ErrorCode.coordinator_not_available
     assert message
     assert observable(sp) == before
     assert sp.record_state(0) == InFlightRange(0, 9, Q, 1, "m", clock.now_ms() - 1_000 + LOCK_MS)
@@ -227,7 +227,7 @@ async def test_failed_acknowledgement_write_then_lock_expiry_redelivers() -> Non
     persister.fail_next(STORAGE)
     assert (await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]))[
         0
-    ] == ErrorCode.kafka_storage_error
+    ] == ErrorCode.coordinator_not_available
     clock.advance(LOCK_MS)
     await mgr.settle()
     assert spans(await fetch(mgr)) == [(0, 9, 2)]
@@ -250,11 +250,11 @@ async def test_failed_write_of_a_fetch_carrying_acks_delivers_nothing_and_change
     )
     # Both results carry the error; nothing is delivered.
     [(code, message)] = acked.values()
-    assert (list(acked), code) == ([KEY], ErrorCode.kafka_storage_error) and message
+    assert (list(acked), code) == ([KEY], ErrorCode.coordinator_not_available) and message
     failed = got[KEY]
     assert list(got) == [KEY]
     assert failed == FetchedPartition(
-        error_code=ErrorCode.kafka_storage_error, error_message=failed.error_message
+        error_code=ErrorCode.coordinator_not_available, error_message=failed.error_message
     )
     assert failed.error_message and failed.records == b"" and failed.acquired == []
     # Both undone: 0-9 still acquired by "m", delivery count 1, under their first lock.
@@ -304,7 +304,7 @@ async def test_a_plain_fetch_writes_nothing_so_a_failing_store_fails_only_the_ac
     # The acknowledgement on the same store is the next write: it fails, the records stay
     # acquired by "m" under their lock.
     code, message = await mgr.acknowledge(KEY, "m", [(0, 4, (ACCEPT,))])
-    assert code == ErrorCode.kafka_storage_error and message
+    assert code == ErrorCode.coordinator_not_available and message
     assert observable(sp) == before
     assert (persister.failures[KEY], persister.writes, durable(persister)) == ([], writes, stored)
     assert await mgr.acknowledge(KEY, "m", [(0, 4, (ACCEPT,))]) == (ErrorCode.none, None)
@@ -316,7 +316,7 @@ async def test_failed_initializing_write_leaves_nothing_and_a_first_fetch_writes
     mgr, persister, clock = manager()
     persister.fail_next(STORAGE)  # writing the start offset resolved by auto.offset.reset
     failed = await fetch(mgr)
-    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    assert failed.error_code == ErrorCode.coordinator_not_available and not failed.acquired
     assert KEY not in mgr.partitions  # not loaded: the next use starts again
     assert (durable(persister), persister.writes) == ((-1, []), 0)  # still no start offset
     # This time the start offset is written; the write after it would fail, but the first
@@ -385,7 +385,7 @@ async def test_failed_log_start_move_changes_nothing_and_is_retried_on_the_next_
     log.log_start_offset = 5
     persister.fail_next(STORAGE)
     failed = await fetch(mgr)
-    assert failed.error_code == ErrorCode.kafka_storage_error and not failed.acquired
+    assert failed.error_code == ErrorCode.coordinator_not_available and not failed.acquired
     assert observable(sp) == before
     assert spans(await fetch(mgr)) == [(5, 9, 2)]
     assert sp.spso == 5
@@ -480,11 +480,11 @@ async def test_unexpected_persister_exception_is_unknown_server_error_for_that_p
         (KafkaError(ErrorCode.fenced_leader_epoch), ErrorCode.not_leader_or_follower),
         (KafkaError(ErrorCode.not_coordinator), ErrorCode.coordinator_not_available),
         (KafkaError(ErrorCode.coordinator_load_in_progress), ErrorCode.coordinator_not_available),
-        (KafkaError(ErrorCode.kafka_storage_error), ErrorCode.kafka_storage_error),
+        (KafkaError(ErrorCode.kafka_storage_error), ErrorCode.coordinator_not_available),
         (KafkaError(ErrorCode.group_id_not_found), ErrorCode.group_id_not_found),
         (KafkaError(ErrorCode.invalid_request, "bad batch"), ErrorCode.unknown_server_error),
-        (EIO, ErrorCode.kafka_storage_error),
-        (ENOSPC, ErrorCode.kafka_storage_error),
+        (EIO, ErrorCode.coordinator_not_available),
+        (ENOSPC, ErrorCode.coordinator_not_available),
         (ValueError("bug"), ErrorCode.unknown_server_error),
     ],
 )
@@ -529,7 +529,7 @@ async def test_fetch_skips_a_partition_whose_write_is_in_flight_and_is_woken_whe
     assert not sp.change_pending
     got = await mgr.acquire(KEY, "m2", max_records=100, batch_size=100, max_bytes=1 << 20)
     if write_fails:
-        assert acked[0] == ErrorCode.kafka_storage_error
+        assert acked[0] == ErrorCode.coordinator_not_available
         # The release was undone: 0-9 are "m"'s again, and "m2" gets nothing, no error.
         assert got == FetchedPartition()
         assert sp.record_state(0) == held
@@ -557,7 +557,7 @@ async def test_lock_expiry_waits_for_an_acknowledgement_in_flight() -> None:
     await asyncio.sleep(0)
     assert sp.change_pending  # the expiry waits for the acknowledgement to finish
     persister.gate.set()
-    assert (await ack)[0] == ErrorCode.kafka_storage_error
+    assert (await ack)[0] == ErrorCode.coordinator_not_available
     await mgr.settle()
     # The acknowledgement was rolled back, then the expiry released the records.
     assert mgr.partitions[KEY].record_state(0) == InFlightRange(0, 9, A, 1)
@@ -617,7 +617,7 @@ async def test_failed_expiry_write_is_retried_on_a_later_tick_and_then_succeeds(
     assert observable(sp) == before  # still acquired: the release is not durable
     failure = next(e for e in logs if e["event"] == "share_state_write_failed")
     assert failure["operation"] == "lock_expiry" and failure["partition"] == 0
-    assert failure["error"] == "kafka_storage_error"
+    assert failure["error"] == "coordinator_not_available"
     clock.advance(EXPIRY_RETRY_BACKOFF_MS - 1)
     await mgr.settle()
     assert sp.acquired_count == 10
@@ -706,7 +706,7 @@ async def test_partition_with_a_write_in_flight_is_not_unloaded() -> None:
     clock.advance(IDLE_MS)
     assert mgr.unload_idle(clock.now_ms()) == 0
     persister.gate.set()
-    assert (await ack)[0] == ErrorCode.kafka_storage_error
+    assert (await ack)[0] == ErrorCode.coordinator_not_available
     assert mgr.partitions[KEY] is sp and sp.acquired_count == 10
     assert await mgr.acknowledge(KEY, "m", [(0, 9, (ACCEPT,))]) == (ErrorCode.none, None)
     mgr.stop()
