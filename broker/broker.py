@@ -49,7 +49,7 @@ from persister.commit import GroupCommit
 from persister.dirlock import DataDirLock
 from persister.storage import FILE_STORAGE, StorageEngine
 from protocol import api, request_check
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.broker")
 
@@ -313,6 +313,7 @@ class Broker:
             _offset_for_timestamp,
             clock=self.clock,
             metrics=self.metrics.share,
+            not_leader=self._not_leader,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
@@ -329,6 +330,10 @@ class Broker:
         )
         # Another broker claimed the share-state log: the share state is its now.
         self.share_persister.runtime.on_fenced = self.share.drop_all
+        # A topic partition another broker leads now: its share partitions unload.
+        self.logs.on_dropped = lambda part, reason: self.share.drop_partition(
+            part.topic_id, part.index, reason
+        )
         self.topic_deleted_hooks.append(self._on_topic_deleted)
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
         self.groups.start()
@@ -383,6 +388,10 @@ class Broker:
     def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None:
         topic = self.metadata.state.topics_by_id.get(topic_id)
         return None if topic is None else self.logs.get(topic.name, partition)
+
+    def _not_leader(self, topic_id: uuid.UUID, partition: int) -> KafkaError | None:
+        topic = self.metadata.state.topics_by_id.get(topic_id)
+        return None if topic is None else self.logs.not_leader(topic.name, partition)
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush everything, close files."""

@@ -141,14 +141,19 @@ class Partition:
         # answer NOT_LEADER_OR_FOLLOWER, as Kafka's former leader does, and nothing
         # flushes it again (the storage refuses every later flush of a fenced log).
         self.fenced: Fenced | None = None
+        # Told once the partition was fenced (LogManager drops it: `drop_partition`).
+        self.on_fenced: Callable[[Partition, Fenced], None] | None = None
+        # Why LogManager dropped the partition (`drop_partition`), or None while served.
+        self.dropped: str | None = None
 
     def check_leader(self) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER if the partition's log was claimed by another
-        broker (see `fenced`)."""
-        if self.fenced is not None:
+        broker (see `fenced`) or the partition was dropped."""
+        why = self.fenced if self.fenced is not None else self.dropped
+        if why is not None:
             raise KafkaError(
                 ErrorCode.not_leader_or_follower,
-                f"{self.topic}-{self.index} is led by another broker now: {self.fenced}",
+                f"{self.topic}-{self.index} is led by another broker now: {why}",
             )
 
     @property
@@ -390,13 +395,16 @@ class Partition:
 
     def _synced(self, offset: int, error: BaseException | None) -> None:
         if isinstance(error, Fenced):
-            if self.fenced is None:
+            first = self.fenced is None
+            if first:
                 log.warning(
                     "partition_fenced", topic=self.topic, partition=self.index, error=str(error)
                 )
             self.fenced = error
             self._hw_error = error
             self._notify()
+            if first and self.on_fenced is not None:
+                self.on_fenced(self, error)
             return
         if error is not None:  # an fsync failure: nothing past HW is durable
             # A storage outage is logged once where it begins (persister.pg_commit).
@@ -432,7 +440,9 @@ class Partition:
         done: asyncio.Future[None] = loop.create_future()
 
         def on_change() -> None:
-            if (self.high_watermark > last_offset or self._hw_error) and not done.done():
+            if (
+                self.high_watermark > last_offset or self._hw_error or self.dropped
+            ) and not done.done():
                 done.set_result(None)
 
         def timed_out() -> None:
@@ -456,11 +466,12 @@ class Partition:
         finally:
             timer.cancel()
             self.remove_listener(on_change)
-        if self._hw_error is not None and self.high_watermark <= last_offset:
-            if isinstance(self._hw_error, Fenced):
-                # Another broker claimed the partition's log: it leads it now.
-                raise KafkaError(ErrorCode.not_leader_or_follower, str(self._hw_error))
-            raise KafkaError(ErrorCode.kafka_storage_error, f"fsync failed: {self._hw_error}")
+        if self.high_watermark <= last_offset:
+            # Another broker claimed the partition's log (fenced), or leads it now
+            # (dropped): NOT_LEADER_OR_FOLLOWER.
+            self.check_leader()
+            if self._hw_error is not None:
+                raise KafkaError(ErrorCode.kafka_storage_error, f"fsync failed: {self._hw_error}")
 
     # -- read -------------------------------------------------------------------
 
@@ -575,6 +586,13 @@ class LogManager:
         self.commit = commit
         self.storage = storage
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # Partitions this broker no longer leads (dropped, `drop_partition`): why. They
+        # answer NOT_LEADER_OR_FOLLOWER, as Kafka's ReplicaManager.getPartitionOrError
+        # answers for a partition the metadata knows and the broker does not host.
+        self.not_led: dict[tuple[str, int], str] = {}
+        # Told of each partition dropped and why, once its log is closed (its share
+        # partitions unload).
+        self.on_dropped: Callable[[Partition, str], object] | None = None
         # Set when the broker begins to stop: long-polled Fetches answer at once with what
         # they have instead of holding the shutdown for up to their MaxWaitMs.
         self.stopping = False
@@ -648,8 +666,8 @@ class LogManager:
         created: list[Path] = []
         try:
             for index in range(partitions):
-                if (topic, index) in self.partitions:
-                    continue
+                if (topic, index) in self.partitions or (topic, index) in self.not_led:
+                    continue  # open, or another broker's now: reopening would claim it back
                 path = self._dir(topic, index)
                 if not path.exists():
                     created.append(path)
@@ -663,6 +681,7 @@ class LogManager:
                 except BaseException:
                     plog.close(clean=False)
                     raise
+                partition.on_fenced = self._fenced
                 self.partitions[(topic, index)] = partition
                 opened.append((topic, index))
         except OSError as exc:
@@ -705,6 +724,9 @@ class LogManager:
                 part.log.config = cfg
 
     def remove_topic(self, topic: str) -> None:
+        for key in [key for key in self.not_led if key[0] == topic]:
+            # Led elsewhere: its rows are the leader's to drop, its directory is gone.
+            del self.not_led[key]
         doomed = [key for key in self.partitions if key[0] == topic]
         for key in doomed:
             part = self.partitions.pop(key)
@@ -719,6 +741,56 @@ class LogManager:
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
+
+    def not_leader(self, topic: str | None, index: int) -> KafkaError | None:
+        """NOT_LEADER_OR_FOLLOWER for a partition this broker dropped (`drop_partition`),
+        else None: what a request for a partition `get` does not find is answered."""
+        reason = None if topic is None else self.not_led.get((topic, index))
+        if reason is None:
+            return None
+        return KafkaError(
+            ErrorCode.not_leader_or_follower,
+            f"This broker no longer leads {topic}-{index} ({reason}): refresh the metadata",
+        )
+
+    def drop_partition(self, topic: str, index: int, reason: str) -> Partition | None:
+        """Stop serving a partition another broker leads now: close its log (indexes,
+        producer state and all go with the `Partition`), delete the local files where
+        the storage keeps them only as a cache, and answer NOT_LEADER_OR_FOLLOWER for it
+        from then on (`not_leader`), until the topic is deleted. Waiters on the partition
+        are woken (a long-polled Fetch answers) and `on_dropped` is told (its share
+        partitions unload). The partition, or None if it was not open."""
+        part = self.partitions.pop((topic, index), None)
+        self.not_led[(topic, index)] = reason
+        if part is None:
+            return None
+        # A request still holding the partition (a parked Fetch, a produce awaiting its
+        # flush) gets NOT_LEADER_OR_FOLLOWER from it too (`check_leader`).
+        part.dropped = reason
+        part.producers = ProducerStateManager()
+        directory = part.log.directory
+        try:
+            part.log.close(clean=False)
+        except OSError as exc:
+            log.warning("partition_close_failed", topic=topic, partition=index, error=str(exc))
+        self.storage.discard_log(directory)
+        log.warning("partition_dropped", topic=topic, partition=index, reason=reason)
+        part._notify()
+        if self.on_dropped is not None:
+            self.on_dropped(part, reason)
+        return part
+
+    def _fenced(self, part: Partition, error: Fenced) -> None:
+        if self.partitions.get((part.topic, part.index)) is not part:
+            return
+
+        def drop() -> None:
+            # Still the open one (the topic was not deleted meanwhile).
+            if self.partitions.get((part.topic, part.index)) is part:
+                self.drop_partition(part.topic, part.index, str(error))
+
+        # After the waiters woken by the refused flush have run (they hold `part`).
+        asyncio.get_running_loop().call_soon(drop)
 
     def wake_fetches(self) -> None:
         """Shutdown: every parked Fetch returns now (see `stopping`)."""

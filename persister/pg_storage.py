@@ -24,7 +24,9 @@ database's (the data dir was another database's cache) is rebuilt from the datab
 
 Fencing: opening a log claims it, bumping its `leader_epoch` in `spool_logs`; every
 commit carries that epoch and is refused (`Fenced`) once another writer claimed the
-log. A fenced log refuses every later flush too.
+log. A fenced log refuses every later flush too; the broker then closes it and
+`discard_log` deletes its directory (broker.partitions.LogManager.drop_partition): the
+rows are the new owner's, and a later claim restores them.
 
 Truncation and retention: a truncation (a failed write undone) is recorded and its
 rows deleted by the log's next commit; DeleteRecords and retention move the log start
@@ -318,6 +320,16 @@ class PgStorage:
         except ValueError:
             return
         self._after(name, self._drop(name))
+
+    def discard_log(self, directory: Path) -> None:
+        """A log another broker claimed, closed: its local files are a cache of rows
+        that are the new owner's now, so they go (a later claim restores them)."""
+        try:
+            self._name(directory)
+        except ValueError:
+            return  # not under the data dir: not one of ours
+        shutil.rmtree(directory, ignore_errors=True)
+        log.info("log_cache_discarded", log=self._name(directory), reason="claimed elsewhere")
 
     # -- claims and drops ------------------------------------------------------------
 

@@ -64,6 +64,10 @@ class Fenced(OSError):
     failed fsyncs still fails safe; the partition answers NOT_LEADER_OR_FOLLOWER and a
     coordinator NOT_COORDINATOR."""
 
+    # Logged where it is found (persister.pg_commit's log_fenced, the partition or the
+    # coordinator being fenced), not again by each flush it fails.
+    reported_once = True
+
     def __init__(self, name: str, epoch: int) -> None:
         super().__init__(
             errno.EPERM, f"log {name} was claimed by another writer (epoch {epoch} is stale)"
@@ -180,6 +184,10 @@ class StorageEngine(Protocol):
     def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
         """Open the log of a topic partition, creating it if new."""
 
+    def discard_log(self, directory: Path) -> None:
+        """A closed log this broker no longer owns (another one claimed it): drop the
+        local copy if the engine keeps it only as a cache of a durable copy elsewhere."""
+
     def open_coordinator_log(
         self,
         directory: Path,
@@ -206,6 +214,9 @@ class FileStorage:
 
     def forget_log(self, directory: Path) -> None:
         return None
+
+    def discard_log(self, directory: Path) -> None:
+        return None  # the files are the only copy: kept
 
     def open_topic_log(self, directory: Path, config: LogConfig, now_ms: int) -> TopicLog:
         return PartitionLog.open(directory, config, now_ms)

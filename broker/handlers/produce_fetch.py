@@ -225,7 +225,7 @@ async def produce(
                     raise KafkaError(ErrorCode.topic_authorization_failed)
                 part = broker.logs.get(name, p.index) if name else None
                 if part is None:
-                    raise KafkaError(
+                    raise broker.logs.not_leader(name, p.index) or KafkaError(
                         _unknown_topic_error(name),
                         f"This server does not host {name}-{p.index}",
                     )
@@ -419,7 +419,8 @@ async def list_offsets(
                 # Kafka's error entry leaves the leader epoch unknown (-1).
                 code, epoch = ErrorCode.topic_authorization_failed, -1
             elif part is None:
-                code = ErrorCode.unknown_topic_or_partition
+                moved = broker.logs.not_leader(t.name, p.partition_index)
+                code = ErrorCode.unknown_topic_or_partition if moved is None else moved.code
             else:
                 offset, ts = _offset_for(part, p.timestamp, committed_only)
             parts.append(
@@ -450,7 +451,9 @@ async def delete_records(
                 if not deletable:
                     raise KafkaError(ErrorCode.topic_authorization_failed)
                 if part is None:
-                    raise KafkaError(ErrorCode.unknown_topic_or_partition)
+                    raise broker.logs.not_leader(t.name, p.partition_index) or KafkaError(
+                        ErrorCode.unknown_topic_or_partition
+                    )
                 low_watermark = await part.delete_records_before(p.offset)
                 log.info(
                     "records_deleted",
@@ -485,11 +488,14 @@ def _fetch_once(
     for w in wanted:
         part = logs.get(w.name, w.partition) if w.name and not w.denied else None
         if part is None:
+            moved = None if w.denied else logs.not_leader(w.name, w.partition)
             entry = m.PartitionData(
                 partition_index=i32(w.partition),
                 error_code=ErrorCode.topic_authorization_failed
                 if w.denied
-                else _unknown_topic_error(w.name),
+                else _unknown_topic_error(w.name)
+                if moved is None
+                else moved.code,
                 high_watermark=i64(-1),
                 last_stable_offset=i64(-1),
                 log_start_offset=i64(-1),

@@ -113,8 +113,12 @@ class SharePartitionManager:
         expiry_retry_backoff_ms: int = EXPIRY_RETRY_BACKOFF_MS,
         lock_wait_ms: int = LOCK_WAIT_MS,
         metrics: ShareMetrics | None = None,
+        not_leader: Callable[[uuid.UUID, int], KafkaError | None] | None = None,
     ) -> None:
         self.persister = persister
+        # NOT_LEADER_OR_FOLLOWER for a topic partition another broker leads now (whose
+        # log `log_partition` no longer gives), else None.
+        self.not_leader = not_leader if not_leader is not None else _led_here
         # Counted only once a change is durable, so metrics never run ahead of the state.
         self.metrics = metrics if metrics is not None else ShareMetrics()
         self.groups = groups
@@ -133,7 +137,7 @@ class SharePartitionManager:
         self._background: set[asyncio.Future[Any]] = set()
         self._last_used: dict[ShareStateKey, int] = {}
         self._stopped = False
-        self.reader = AcquisitionReader(log_partition, clock, self.metrics)
+        self.reader = AcquisitionReader(log_partition, clock, self.metrics, self.not_leader)
         self.writer = StateWriter(persister, self._topic_name, self._unload)
         self.expiry = LockExpiry(
             clock=clock,
@@ -218,7 +222,9 @@ class SharePartitionManager:
     async def _load(self, key: ShareStateKey) -> SharePartition:
         log_part = self.log_partition(key.topic_id, key.partition)
         if log_part is None:
-            raise KafkaError(
+            # Led by another broker now: as Kafka's getOrCreateSharePartition, which
+            # finds the partition not led here (ShareFetchUtils.partition).
+            raise self.not_leader(key.topic_id, key.partition) or KafkaError(
                 ErrorCode.unknown_topic_or_partition,
                 f"Partition {key.partition} of topic id {key.topic_id} does not exist",
             )
@@ -651,6 +657,27 @@ class SharePartitionManager:
             self._notify(key)
         log.warning("share_partitions_unloaded_fenced", count=len(keys))
 
+    def drop_partition(self, topic_id: uuid.UUID, partition: int, reason: str) -> int:
+        """Unload every group's share partition of a topic partition this broker no
+        longer leads (Kafka's SharePartitionListener.onBecomingFollower): the records
+        it acquired are released with the memory that held them (the acquired state is
+        transient, KIP-932), and the durable share state is what the new leader loads.
+        Parked share fetches are woken. Returns how many were unloaded."""
+        keys = [k for k in self.partitions if k.topic_id == topic_id and k.partition == partition]
+        for key in keys:
+            del self.partitions[key]
+            self._last_used.pop(key, None)
+            self._notify(key)
+        if keys:
+            log.warning(
+                "share_partitions_unloaded_not_leader",
+                topic_id=str(topic_id),
+                partition=partition,
+                count=len(keys),
+                reason=reason,
+            )
+        return len(keys)
+
     def drop(self, group_id: str | None, topic_id: uuid.UUID) -> None:
         """Forget share partitions of a deleted topic (or a group's deleted state)."""
         for key in [
@@ -687,6 +714,10 @@ class SharePartitionManager:
         listeners = self._listeners.get(key)
         if listeners is not None:
             listeners.notify()
+
+
+def _led_here(_topic_id: uuid.UUID, _partition: int) -> KafkaError | None:
+    return None
 
 
 def _busy(key: ShareStateKey, waited_ms: int) -> AckOutcome:

@@ -101,8 +101,10 @@ class AcquisitionReader:
         log_partition: Callable[[uuid.UUID, int], LogPartition | None],
         clock: Clock,
         metrics: ShareMetrics,
+        not_leader: Callable[[uuid.UUID, int], KafkaError | None] = lambda _t, _p: None,
     ) -> None:
         self.log_partition = log_partition
+        self.not_leader = not_leader
         self.clock = clock
         self.metrics = metrics
 
@@ -121,7 +123,7 @@ class AcquisitionReader:
         key, sp = prepared.key, prepared.sp
         log_part = self.log_partition(key.topic_id, key.partition)
         if log_part is None:
-            fetched[key] = FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+            fetched[key] = self._gone(key)
             return
         if getattr(log_part, "fenced", None) is not None:
             # Another broker leads the partition now (its log was claimed: Partition.fenced).
@@ -182,6 +184,13 @@ class AcquisitionReader:
         budget[0] -= result.record_count
         budget[1] -= len(prepared.records)
 
+    def _gone(self, key: ShareStateKey) -> FetchedPartition:
+        """A partition whose log is not here: led by another broker, or unknown."""
+        moved = self.not_leader(key.topic_id, key.partition)
+        if moved is None:
+            return FetchedPartition(error_code=ErrorCode.unknown_topic_or_partition)
+        return FetchedPartition(error_code=moved.code, error_message=moved.message)
+
     def acquired(self, key: ShareStateKey, p: Prepared) -> FetchedPartition:
         """An acquisition now committed, to hand out once its records are durable (the
         caller arms the partition's lock timer once for the whole change)."""
@@ -203,7 +212,12 @@ class AcquisitionReader:
                 continue
             log_part = self.log_partition(key.topic_id, key.partition)
             last = got.acquired[-1].last_offset
-            if log_part is None or log_part.high_watermark > last:
+            if log_part is None:
+                # Gone meanwhile (led by another broker now, or deleted): its share
+                # partition was unloaded with what it acquired; nothing is handed out.
+                fetched[key] = self._gone(key)
+                continue
+            if log_part.high_watermark > last:
                 self.metrics.acquired(key, got.acquired)
                 continue
             try:
