@@ -13,6 +13,11 @@ Tables:
 - `spool_batches`: the record batches of each log as the broker wrote them (v2 bytes
   with their assigned base offset, never decoded), one row per append, keyed by
   (log, base offset) with the last offset and max timestamp to find them.
+- `spool_brokers` (v3): the brokers sharing the database, one row per node id
+  (persister.pg_registry): the incarnation that holds it (a uuid per process start),
+  its advertised endpoints per listener, its rack, the data dir it runs on
+  (`host:path`), and its lease, an expiry time computed with the database's clock
+  (`now()`) so the brokers' clocks never matter.
 
 `spool_commit(...)` is the whole of a commit in one statement, so one round trip (and,
 run outside an explicit transaction, one transaction): check the epochs of the logs
@@ -190,8 +195,22 @@ END
 $fn$;
 """
 
+# v3: the broker registry (persister.pg_registry). `endpoints` is a JSON array of
+# {"listener", "host", "port"}; the lease is live while `lease_expires_at > now()`.
+_V3 = """
+CREATE TABLE IF NOT EXISTS spool_brokers (
+    node_id integer PRIMARY KEY,
+    incarnation_id uuid NOT NULL,
+    endpoints jsonb NOT NULL,
+    rack text,
+    data_dir text,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at timestamptz NOT NULL
+);
+"""
+
 # Each migration takes the schema from version i to i + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

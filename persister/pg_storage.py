@@ -263,6 +263,14 @@ class PgStorage:
             await self.stop()
             raise
 
+    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+        """A connection of its own to the storage database, outside the pool: for the
+        broker registry's lease (persister.pg_registry), whose renewals must not wait
+        behind commits for a pooled connection."""
+        import asyncpg
+
+        return await asyncpg.connect(self.url, password=self._password, timeout=timeout_s)
+
     async def stop(self) -> None:
         """Let pending claims and drops finish (a bounded wait: with the database away
         they are given up; a dropped topic's rows are then emptied by the next claim of
