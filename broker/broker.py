@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from broker.handlers.transactions import marker_writer
 from broker.listeners import ListenerConfig, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
 from broker.partitions import LogManager, Partition
+from broker.registry import BrokerRegistry
 from broker.server import (
     CloseConnection,
     Endpoint,
@@ -47,6 +49,8 @@ from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
 from persister.dirlock import DataDirLock
+from persister.pg_registry import PgRegistryStore
+from persister.pg_storage import PgStorage
 from persister.storage import FILE_STORAGE, StorageEngine
 from protocol import api, request_check
 from protocol.errors import ErrorCode, KafkaError
@@ -132,6 +136,13 @@ class Broker:
         self.cluster: ClusterView = SingleNode(
             self.node_id, self._endpoints, config.get("broker.rack")
         )
+        # This broker's lease among the brokers of its storage database (PostgreSQL
+        # only; broker.registry): made at start, then it is `cluster` as well.
+        self.registry: BrokerRegistry | None = None
+        # Why the broker must stop on its own (fenced: another broker took its node id),
+        # and who is told (`spool serve` stops the broker and exits with 1).
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[], None] = lambda: None
         self.commit = GroupCommit()
         # Counters for the metrics endpoint (broker.metrics); one set per broker.
         self.metrics = BrokerMetrics()
@@ -188,6 +199,14 @@ class Broker:
         except BaseException:
             self._dir_lock.release()
             raise
+        if isinstance(self.storage, PgStorage):
+            # Registered before any log is claimed: a duplicate node.id stops here.
+            try:
+                await self._register(self.storage)
+            except BaseException:
+                await self.storage.stop()
+                self._dir_lock.release()
+                raise
         if isinstance(self.storage, StorageHealth):
             self.metrics.storage = self.storage  # /health and /metrics say when it is down
         self.commit.start()
@@ -217,7 +236,14 @@ class Broker:
         self.server.on_disconnect = self._on_disconnect
         # SASL/SCRAM logins read the credentials in the metadata as they are then.
         self.server.scram_lookup = self.metadata.state.scram_credential
-        await self.server.start()
+        try:
+            await self.server.start()
+        except BaseException:
+            if self.registry is not None:
+                await self.registry.stop()  # a restart need not wait for the lease
+            raise
+        if self.registry is not None:
+            self.registry.start()
         self._tasks.append(
             asyncio.create_task(
                 retention_loop(
@@ -258,6 +284,34 @@ class Broker:
             ],
             topics=len(self.metadata.state.topics),
         )
+
+    async def _register(self, storage: PgStorage) -> None:
+        """Join the brokers of the storage database (broker.registry)."""
+        interval = self.config.get("broker.heartbeat.interval.ms")
+        registry = BrokerRegistry(
+            # Each registry statement is bounded by the heartbeat interval.
+            PgRegistryStore(storage.connect, timeout_s=interval / 1000),
+            self.node_id,
+            self._endpoints,
+            self.config.get("broker.rack"),
+            heartbeat_interval_ms=interval,
+            session_timeout_ms=self.config.get("broker.session.timeout.ms"),
+            clock=self.clock,
+            on_fenced=self._fenced,
+            # The data dir lock is held: a registration from it is a dead incarnation's.
+            data_dir=f"{socket.gethostname()}:{self.data_dir.resolve()}",
+        )
+        try:
+            await registry.register()
+        except BaseException:
+            await registry.store.close()
+            raise
+        self.registry = registry
+        self.cluster = registry
+
+    def _fenced(self, reason: str) -> None:
+        self.fatal = reason
+        self.on_fatal()
 
     async def warm_up(self) -> int:
         """Load the Kafka schema classes of every version this broker serves, one version
@@ -399,6 +453,8 @@ class Broker:
         self.logs.wake_fetches()
         if self.server is not None:
             await self.server.stop()
+        if self.registry is not None:
+            await self.registry.stop()  # the others see this broker gone at once
         await self.groups.stop()
         await self.transactions.stop()
         self.share.stop()

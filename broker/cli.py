@@ -178,6 +178,7 @@ def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         # Up before the broker starts, so /health says "starting" while it loads.
         metrics = _start_metrics(args.metrics, broker, loop)
+        broker.on_fatal = stop.set  # fenced: another broker took its node id
         try:
             await broker.start()
             # What startup made (modules, the Kafka schemas' classes, recovered state)
@@ -202,6 +203,9 @@ def serve(args: argparse.Namespace) -> int:
         uvloop.run(run())
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
+        return 1
+    if broker.fatal is not None:
+        log.error("stopped_fenced", reason=broker.fatal)
         return 1
     return 0
 

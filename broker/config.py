@@ -531,6 +531,31 @@ STORAGE_KEYS = [
 ]
 BROKER_KEYS.update({k.name: k for k in STORAGE_KEYS})
 
+# The broker's lease in the cluster (Kafka's KRaftConfigs), read at start: brokers on one
+# storage database register there and renew a lease (broker.registry).
+CLUSTER_KEYS = [
+    ConfigDef(
+        "broker.heartbeat.interval.ms",
+        INT,
+        2000,
+        "The length of time in milliseconds between broker heartbeats (renewals of the "
+        "broker's lease in the storage database). At most half of "
+        "broker.session.timeout.ms.",
+        _at_least(1),
+        read_only=True,
+    ),
+    ConfigDef(
+        "broker.session.timeout.ms",
+        INT,
+        9000,
+        "The length of time in milliseconds that a broker lease lasts if no heartbeats "
+        "are made: then the broker is out of the cluster and its node.id free to take.",
+        _at_least(1),
+        read_only=True,
+    ),
+]
+BROKER_KEYS.update({k.name: k for k in CLUSTER_KEYS})
+
 TOPIC_KEYS: dict[str, ConfigDef] = {
     k.name: k
     for k in [
@@ -695,6 +720,23 @@ class BrokerConfig:
             self.static[name] = parse_value(key, raw, resource="broker")
         self.dynamic: dict[str, Any] = {}
         self.share_groups()  # the group.share.* keys must also agree with each other
+        self._check_broker_lease()
+
+    def _check_broker_lease(self) -> None:
+        """broker.heartbeat.interval.ms at most half of broker.session.timeout.ms, as
+        Kafka's KafkaConfig requires (it logs an error; spool refuses to start, since
+        both are this broker's: a lease renewed less often than that is lost whenever one
+        renewal is late)."""
+        interval = self.get("broker.heartbeat.interval.ms")
+        session = self.get("broker.session.timeout.ms")
+        if interval * 2 > session:
+            raise KafkaError(
+                ErrorCode.invalid_config,
+                f"broker.heartbeat.interval.ms ({interval} ms) must be less than or equal "
+                f"to half of broker.session.timeout.ms ({session} ms): if a broker does not "
+                "renew its lease within broker.session.timeout.ms, it loses it; increase "
+                "broker.session.timeout.ms or decrease broker.heartbeat.interval.ms",
+            )
 
     def share_groups(self) -> ShareGroupBrokerConfig:
         """The effective `group.share.*` values, checked against each other."""

@@ -557,6 +557,27 @@ def collect(broker: Observed) -> list[Metric]:
             "Commits to the storage database that failed (or were failed fast in an outage).",
             m.storage.failed_commits,
         )
+    # The cluster: the live brokers this broker sees (the controller's ActiveBrokerCount,
+    # kafka.controller:type=KafkaController) and its lease renewals (broker.registry).
+    cluster = getattr(broker, "cluster", None)
+    if cluster is not None:
+        gauge(
+            "kafka_controller_kafkacontroller_activebrokercount",
+            "Live brokers of the cluster as this broker last read them (itself included).",
+            len(cluster.live_brokers()),
+        )
+    registry = getattr(broker, "registry", None)
+    if registry is not None:
+        counter(
+            "spool_broker_lease_renewals",
+            "Renewals of this broker's lease in the storage database (heartbeats).",
+            registry.renewals,
+        )
+        counter(
+            "spool_broker_lease_renewal_failures",
+            "Lease renewals that failed (the storage database did not answer).",
+            registry.renewal_failures,
+        )
     counter(
         "spool_share_state_compaction_runs",
         "Share-state log compaction runs.",

@@ -146,7 +146,7 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     first = broker_factory({"storage": pg_dsn})
     create_topic(first, "t")
     produce_values(first, "t", [b"before"])
-    second = broker_factory({"storage": pg_dsn})
+    second = broker_factory({"storage": pg_dsn, "node.id": "2"})
     wait_for_partitions(second, "t", 1)
 
     # librdkafka retries a partition's leader errors until the message times out: its
@@ -251,7 +251,7 @@ def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coor
         confirmed = {d.offset for d in log.deliveries}
         assert confirmed, log.errors
 
-        second = broker_factory({"storage": pg_dsn})
+        second = broker_factory({"storage": pg_dsn, "node.id": "2"})
         wait_for_partitions(second, "claimed", 1)
 
         # The first broker's next share-state write is refused: acknowledgements fail.

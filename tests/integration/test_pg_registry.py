@@ -1,0 +1,217 @@
+"""Brokers sharing one PostgreSQL database register with a lease (broker.registry):
+three broker processes see three live brokers; a graceful stop is seen at once; a
+kill -9'd broker drops out once its lease expires; a second broker started with a live
+broker's node.id is refused, naming the other; one started right after the holder was
+killed takes the node id over (at once on the holder's data dir, after the lease
+expired on another); a broker paused (SIGSTOP) past its lease whose node id
+was taken is fenced when it resumes and stops.
+
+Each broker has its own node id, data dir and ports; leases are short
+(broker.session.timeout.ms 3000, broker.heartbeat.interval.ms 500) to keep it fast.
+What each broker sees is read from its /metrics (ActiveBrokerCount), what the registry
+holds from the `spool_brokers` table. Every broker on one database claims every log it
+opens, fencing the others' writes (until the shared metadata lands): no test here relies
+on writes from more than one broker.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Broker, BrokerError, free_port
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+
+__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+
+SESSION_MS = 3000
+INTERVAL_MS = 500
+WAIT_S = 20.0
+ACTIVE = "kafka_controller_kafkacontroller_activebrokercount"
+
+
+class ClusterBroker(Broker):
+    """A broker of the test's database with its node id and `--metrics`."""
+
+    def __init__(self, root: Path, name: str, dsn: str, node_id: int) -> None:
+        super().__init__(
+            root / f"data-{name}",
+            root / f"{name}.log",
+            {
+                "storage": dsn,
+                "node.id": str(node_id),
+                "broker.session.timeout.ms": str(SESSION_MS),
+                "broker.heartbeat.interval.ms": str(INTERVAL_MS),
+            },
+        )
+        self.node_id = node_id
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+
+    def metric(self, name: str) -> float | None:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        return None if found is None else float(found.group(1))
+
+    def sees(self) -> int | None:
+        value = self.metric(ACTIVE)
+        return None if value is None else int(value)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[..., ClusterBroker]]:
+    """Make (not start) brokers on the test's database; running ones stop at the end."""
+    made: list[ClusterBroker] = []
+
+    def make(node_id: int, name: str | None = None) -> ClusterBroker:
+        b = ClusterBroker(tmp_path, name or f"broker{node_id}", pg_dsn, node_id)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        if b.process is not None and b.process.poll() is None:
+            with_signal(b, signal.SIGCONT)
+            b.stop()
+
+
+def with_signal(b: Broker, sig: signal.Signals) -> None:
+    assert b.process is not None
+    b.process.send_signal(sig)
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> float:
+    """Poll `check` until true; the seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def registrations(dsn: str) -> dict[int, dict[str, object]]:
+    rows = db_rows(
+        dsn,
+        "SELECT node_id, incarnation_id, endpoints::text AS endpoints, "
+        "lease_expires_at > now() AS live FROM spool_brokers",
+    )
+    return {r["node_id"]: dict(r) for r in rows}
+
+
+def exit_code(b: Broker, timeout: float = WAIT_S) -> int:
+    assert b.process is not None
+    return b.process.wait(timeout=timeout)
+
+
+def test_three_brokers_see_each_other_and_see_them_leave(
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
+) -> None:
+    brokers = [cluster(n) for n in (1, 2, 3)]
+    for b in brokers:
+        b.start()
+    for b in brokers:
+        wait_for(lambda b=b: b.sees() == 3, f"broker {b.node_id} to see 3 live brokers")
+    held = registrations(pg_dsn)
+    assert sorted(held) == [1, 2, 3]
+    assert all(r["live"] for r in held.values())
+    assert len({r["incarnation_id"] for r in held.values()}) == 3
+    for b in brokers:
+        assert f'"port": {b.port}' in str(held[b.node_id]["endpoints"])
+    one, two, three = brokers
+
+    # A graceful stop deregisters: gone from the registry as the process exits, and
+    # from the others' view at their next heartbeat.
+    three.stop()
+    assert sorted(registrations(pg_dsn)) == [1, 2]
+    for b in (one, two):
+        wait_for(lambda b=b: b.sees() == 2, f"broker {b.node_id} to see broker 3 gone", 5.0)
+
+    # kill -9: the row stays until its lease runs out; then the others drop it.
+    two.kill9()
+    killed_at = time.monotonic()
+    assert registrations(pg_dsn)[2]["live"]
+    wait_for(lambda: one.sees() == 1, "broker 1 to drop the killed broker 2")
+    took = time.monotonic() - killed_at
+    # Not before the lease could have expired (renewed at most one interval before the
+    # kill), and within a session plus two heartbeats and some slack.
+    assert (SESSION_MS - INTERVAL_MS) / 1000 <= took <= SESSION_MS / 1000 + 5.0, took
+    assert not registrations(pg_dsn)[2]["live"]
+    assert (one.metric("spool_broker_lease_renewals_total") or 0) > 0
+
+
+def test_a_duplicate_node_id_is_refused_while_the_holder_lives(
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
+) -> None:
+    holder = cluster(1)
+    holder.start()
+    incarnation = registrations(pg_dsn)[1]["incarnation_id"]
+    twin = cluster(1, "twin")
+    with pytest.raises(BrokerError, match="exited with 1 during start"):
+        twin.start()
+    log = twin.log_path.read_text()
+    assert "node.id 1 is registered by another live broker" in log
+    assert f"PLAINTEXT://127.0.0.1:{holder.port}" in log
+    assert holder.running
+    assert registrations(pg_dsn)[1]["incarnation_id"] == incarnation
+    wait_for(lambda: holder.sees() == 1, "the holder to see itself alone")
+
+
+def test_a_broker_restarted_after_kill9_takes_its_node_id_over(
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
+) -> None:
+    first = cluster(1)
+    first.start()
+    old = registrations(pg_dsn)[1]["incarnation_id"]
+    # On its own data dir: its lock proves the old incarnation gone, no wait.
+    first.kill9()
+    first.start()
+    held = registrations(pg_dsn)[1]
+    assert held["incarnation_id"] != old and held["live"]
+    log = first.log_path.read_text()
+    assert "registered from this data dir" in log
+    assert "node_id_registered_by_another_broker" not in log
+    # On another data dir (another machine): it waits for the old lease to expire.
+    old = held["incarnation_id"]
+    first.kill9()
+    again = cluster(1, "again")
+    again.start()
+    held = registrations(pg_dsn)[1]
+    assert held["incarnation_id"] != old and held["live"]
+    log = again.log_path.read_text()
+    assert "node_id_registered_by_another_broker" in log and "its lease expired" in log
+
+
+def test_a_broker_paused_past_its_lease_is_fenced_when_another_took_its_node_id(
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
+) -> None:
+    paused = cluster(1)
+    paused.start()
+    with_signal(paused, signal.SIGSTOP)
+    wait_for(lambda: not registrations(pg_dsn)[1]["live"], "the paused broker's lease to expire")
+    taker = cluster(1, "taker")
+    taker.start()
+    new = registrations(pg_dsn)[1]["incarnation_id"]
+    with_signal(paused, signal.SIGCONT)
+    # Its next heartbeat finds the node id taken: it stops, exit code 1.
+    try:
+        code = exit_code(paused)
+    except subprocess.TimeoutExpired:
+        raise BrokerError(f"the fenced broker kept running\n{paused.log_tail()}") from None
+    assert code == 1
+    log = paused.log_path.read_text()
+    assert "broker_fenced" in log and f"PLAINTEXT://127.0.0.1:{taker.port}" in log
+    held = registrations(pg_dsn)[1]
+    assert held["incarnation_id"] == new and held["live"]
+    assert taker.running
