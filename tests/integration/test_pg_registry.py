@@ -16,16 +16,22 @@ on writes from more than one broker.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 
+from persister.pg_registry import PgRegistryStore
+from persister.pg_schema import migrate
 from tests.integration.conftest import Broker, BrokerError, free_port
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 
@@ -215,3 +221,66 @@ def test_a_broker_paused_past_its_lease_is_fenced_when_another_took_its_node_id(
     held = registrations(pg_dsn)[1]
     assert held["incarnation_id"] == new and held["live"]
     assert taker.running
+
+
+# -- the SQL alone (persister.pg_registry), against the same PostgreSQL -----------------
+
+
+def test_the_registry_statements_on_postgresql(pg_dsn: str) -> None:
+    """Leases by the database's clock, without brokers: a live lease refuses another
+    incarnation, an expired one (lease 0) is taken over, five registrations of one node
+    id at once have one winner, a renewal by a replaced incarnation names the holder, a
+    deregistration removes only the holder's row."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+        async def connect(timeout_s: float) -> Any:
+            return await asyncpg.connect(pg_dsn, timeout=timeout_s)
+
+        stores = [PgRegistryStore(connect, timeout_s=10.0) for _ in range(5)]
+        a, b = uuid.uuid4(), uuid.uuid4()
+        ep_a, ep_b = [("PLAINTEXT", "h", 1)], [("PLAINTEXT", "h", 2)]
+        try:
+            s0, s1 = stores[0], stores[1]
+            assert (await s0.register(1, a, ep_a, "r1", 60_000)).holder is None
+            refused = await s1.register(1, b, ep_b, None, 60_000)
+            assert refused.holder is not None and refused.holder.incarnation_id == a
+            assert refused.holder.address() == "PLAINTEXT://h:1"
+            assert 50_000 < refused.holder.lease_left_ms <= 60_000
+            # A re-registration of the same incarnation, or from the same data dir, is
+            # its own: taken at once.
+            assert (await s0.register(1, a, ep_a, "r1", 60_000)).holder is None
+            renewal = await s0.renew(1, a, ep_a, "r1", 0)  # a lease of 0: expired now
+            assert renewal.renewed and renewal.live == ()
+            taken = await s1.register(1, b, ep_b, None, 60_000)
+            assert taken.holder is None
+            assert taken.replaced is not None and taken.replaced.incarnation_id == a
+            fenced = await s0.renew(1, a, ep_a, "r1", 60_000)
+            assert not fenced.renewed
+            assert fenced.holder is not None and fenced.holder.incarnation_id == b
+            assert not await s0.deregister(1, a)
+            assert [r.node_id for r in await s0.live()] == [1]
+
+            # Five brokers registering node id 2 at once: exactly one wins.
+            outcomes = await asyncio.gather(
+                *(s.register(2, uuid.uuid4(), ep_a, None, 60_000) for s in stores)
+            )
+            assert sum(o.holder is None for o in outcomes) == 1
+            same_dir = await s0.register(3, a, ep_a, None, 60_000, "host:/d")
+            assert same_dir.holder is None
+            restarted = await s1.register(3, b, ep_b, None, 60_000, "host:/d")
+            assert restarted.holder is None and restarted.replaced is not None
+            elsewhere = await s0.register(3, uuid.uuid4(), ep_a, None, 60_000, "other:/d")
+            assert elsewhere.holder is not None and elsewhere.holder.incarnation_id == b
+            assert await s1.deregister(1, b)
+            assert [r.node_id for r in await s1.live()] == [2, 3]
+        finally:
+            for s in stores:
+                await s.close()
+
+    asyncio.run(run())
