@@ -54,6 +54,19 @@ def apply_listen_shorthands(
         static[key] = endpoint_text(*value)
 
 
+def apply_node_id(static: dict[str, Any], node_id: int | None) -> None:
+    """`--node-id N` as `node.id`; refused beside that key, which it would override."""
+    if node_id is None:
+        return
+    if "node.id" in static:
+        raise KafkaError(
+            ErrorCode.invalid_config,
+            f"--node-id is short for node.id, and node.id is also set (to "
+            f"{static['node.id']!r}): use one or the other",
+        )
+    static["node.id"] = node_id
+
+
 # The tools beside `serve`: each module has `register(subparsers)`, which adds its
 # subcommand(s) with `set_defaults(run=...)`; `run(args) -> int` is the exit code. A module
 # imports what is heavy (the admin client, pyspark) inside `run`, so `spool --help` and
@@ -91,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="address given to clients in metadata, short for "
         "--set advertised.listeners=PLAINTEXT://HOST:PORT (default: the listen address)",
+    )
+    serve.add_argument(
+        "--node-id",
+        type=int,
+        default=None,
+        metavar="N",
+        help="this broker's id, unique among the brokers of one storage database; short "
+        "for --set node.id=N (default 1)",
     )
     serve.add_argument(
         "--data-dir",
@@ -155,6 +176,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         static = load_static(args.config, args.set)
         apply_listen_shorthands(static, args.listen, args.advertise)
+        apply_node_id(static, args.node_id)
         if args.storage is not None:
             static["storage"] = args.storage
         config = BrokerConfig(static)

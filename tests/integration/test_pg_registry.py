@@ -52,7 +52,6 @@ class ClusterBroker(Broker):
             root / f"{name}.log",
             {
                 "storage": dsn,
-                "node.id": str(node_id),
                 "broker.session.timeout.ms": str(SESSION_MS),
                 "broker.heartbeat.interval.ms": str(INTERVAL_MS),
             },
@@ -61,7 +60,11 @@ class ClusterBroker(Broker):
         self.metrics_port = free_port()
 
     def command(self) -> list[str]:
-        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+        return [
+            *super().command(),
+            *("--node-id", str(self.node_id)),
+            *("--metrics", f"127.0.0.1:{self.metrics_port}"),
+        ]
 
     def metric(self, name: str) -> float | None:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

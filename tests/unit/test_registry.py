@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from broker import cli
 from broker.cluster import BrokerEndpoint
 from broker.config import BrokerConfig
 from broker.registry import BrokerRegistry, DuplicateBrokerRegistration
@@ -341,6 +342,17 @@ async def test_a_stop_with_the_database_away_does_not_hang(
     store.down = True
     await one.stop()
     assert 1 in store.rows and store.closed == 1
+
+
+def test_the_node_id_flag_is_short_for_node_id() -> None:
+    args = cli.build_parser().parse_args(["serve", "--node-id", "3"])
+    static: dict[str, object] = {}
+    cli.apply_node_id(static, args.node_id)
+    assert BrokerConfig(static).get("node.id") == 3
+    with pytest.raises(KafkaError, match="use one or the other"):
+        cli.apply_node_id({"node.id": "2"}, 3)
+    with pytest.raises(KafkaError, match="must be at least 0"):
+        BrokerConfig({"node.id": -1})
 
 
 def test_lease_config_keys_are_kafkas() -> None:
