@@ -32,9 +32,13 @@ through for real (a half-open circuit); the interval starts at BACKOFF_INITIAL_S
 doubles up to BACKOFF_MAX_S, as Kafka's reconnect.backoff.ms / reconnect.backoff.max.ms.
 A probe task (`SELECT 1` on the same schedule) ends an outage of a lost or refused
 connection without waiting for a client, so `/health` turns back to serving on its own;
-an outage of refused writes (disk full, read-only) ends with the first commit that
-goes through. The batches of failed commits stay pending in their logs (see
-pg_storage), so nothing is lost by failing fast.
+an outage of refused writes (disk full, read-only) is probed with a write of nothing,
+and ends with it or with the first commit that goes through. An unreachable database
+(packets dropped: no error, no answer) is noticed by COMMIT_TIMEOUT_S: the commit's
+connection is closed and the outage begins; the pool's connections also probe with TCP
+keepalives and a TCP user timeout (persister.pg_storage), so idle ones die too. The
+batches of failed commits stay pending in their logs (see pg_storage), so nothing is
+lost by failing fast.
 """
 
 from __future__ import annotations
@@ -53,14 +57,24 @@ from persister.storage import Fenced, StorageUnavailable
 
 log = structlog.get_logger(__name__)
 
-# How long one commit may take (acquire included) before it counts as failed.
-COMMIT_TIMEOUT_S = 30.0
+# How long one commit may take (acquire included) before it counts as failed: the
+# connection is then closed and the outage begins (backoff, probe, /health). A database
+# whose packets are dropped answers nothing, and no TCP error comes for minutes, so this
+# is what notices it: well within a client's request.timeout.ms (30 s), as Kafka bounds
+# a coordinator's write by share.coordinator.write.timeout.ms / offsets.commit.timeout.ms
+# (5000). A commit on a healthy database takes milliseconds; a large one (the backlog
+# after an outage) gets COMMIT_BYTES_PER_S more time per byte it sends.
+COMMIT_TIMEOUT_S = 5.0
+COMMIT_BYTES_PER_S = 8 * 1024 * 1024
 # Between attempts during an outage (Kafka's reconnect.backoff.ms and
 # reconnect.backoff.max.ms defaults are 50 ms and 1 s).
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
 # How long a probe of the database may take.
 PROBE_TIMEOUT_S = 5.0
+# The probe of an outage of refused writes (read-only, disk full): a write, of nothing
+# (a committed update of the one row of the schema version, to itself).
+_WRITE_PROBE_SQL = "UPDATE spool_schema_version SET version = version"
 
 _COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
@@ -191,8 +205,11 @@ class PgCommitter:
             # Failing fast: the next real attempt is due at `_retry_at`.
             self._fail(pending, StorageUnavailable(errno.EIO, self.unavailable))
             return
+        size = sum(len(b.data) for w in writes for b in w.batches)
         try:
-            fenced = await asyncio.wait_for(self._execute_retrying(writes), self._timeout_s)
+            fenced = await asyncio.wait_for(
+                self._execute_retrying(writes), self._timeout_s + size / COMMIT_BYTES_PER_S
+            )
         except Exception as exc:
             error = storage_error(exc)
             self._outage(error, connection=_connection_lost(exc) or isinstance(exc, TimeoutError))
@@ -269,24 +286,23 @@ class PgCommitter:
                     return
                 if self._monotonic() < self._retry_at:
                     continue  # a failed commit meanwhile moved the next attempt
+                # An outage of refused writes is over once a write goes through: the
+                # probe writes then (nothing), so /health recovers without a commit.
+                writes = not self._connection_outage
                 try:
-                    await asyncio.wait_for(self._ping(), PROBE_TIMEOUT_S)
+                    await asyncio.wait_for(self._ping(write=writes), PROBE_TIMEOUT_S)
                 except Exception as exc:
-                    self._outage(storage_error(exc), connection=True)
+                    lost = _connection_lost(exc) or isinstance(exc, TimeoutError)
+                    self._outage(storage_error(exc), connection=lost or not writes)
                     continue
-                if self._connection_outage:
-                    self._available()
-                else:
-                    # Connected, but writes were refused: the next commit tries.
-                    self._retry_at = self._monotonic()
-                    return
+                self._available()
         finally:
             self._probe = None
 
-    async def _ping(self) -> None:
+    async def _ping(self, *, write: bool = False) -> None:
         conn = await self._pool.acquire()
         try:
-            await conn.fetchval("SELECT 1")
+            await conn.fetchval(_WRITE_PROBE_SQL if write else "SELECT 1")
         except BaseException:
             await self._discard(conn)
             raise

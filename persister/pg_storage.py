@@ -51,6 +51,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,14 @@ _RESTORE_ROWS = 256
 _NO_BATCH_LIMIT = 2**31 - 1
 POOL_MAX_SIZE = 8
 CONNECT_TIMEOUT_S = 10.0
+# TCP keepalives on the pool's connections (libpq's keepalives_idle, keepalives_interval,
+# keepalives_count), and a TCP user timeout: a connection to a database that stopped
+# answering (a host gone, packets dropped) dies within about this many seconds even while
+# idle or with data unacknowledged, instead of the kernel's two hours / fifteen minutes.
+KEEPALIVE_IDLE_S = 5
+KEEPALIVE_INTERVAL_S = 2
+KEEPALIVE_COUNT = 3
+TCP_USER_TIMEOUT_MS = 10_000
 # How long a stop waits for pending claims and drops, then for the pool to close.
 STOP_TIMEOUT_S = 5.0
 
@@ -240,6 +249,7 @@ class PgStorage:
                 min_size=0,
                 max_size=POOL_MAX_SIZE,
                 timeout=CONNECT_TIMEOUT_S,
+                init=_keep_alive,
                 # One statement per commit: no need for asyncpg's prepared-statement
                 # cache to grow with the schema.
                 statement_cache_size=32,
@@ -607,6 +617,26 @@ async def _refuse_unfinished_migration(conn: Any, url: str) -> None:
             f"the storage database {mask_password(url)} holds an unfinished `spool migrate` "
             f"of {source}: run that migrate again to finish it (it resumes)"
         )
+
+
+async def _keep_alive(conn: Any) -> None:
+    """Set TCP keepalives and a user timeout on a new connection's socket (asyncpg has
+    no setting for them); a connection not over TCP (a Unix socket) is left as it is."""
+    transport = getattr(conn, "_transport", None)
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), KEEPALIVE_IDLE_S),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL_S),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_COUNT),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), TCP_USER_TIMEOUT_MS),
+    ]
+    for level, option, value in options:
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
 
 
 def read_topic_id(directory: Path) -> str | None:

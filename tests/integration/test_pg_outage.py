@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -41,6 +42,7 @@ from confluent_kafka.admin import AdminClient
 
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
+from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import (
     Broker,
     admin_config,
@@ -439,3 +441,171 @@ def test_an_acknowledgement_while_the_database_is_down_is_coordinator_not_availa
                 await asyncio.sleep(0.2)
 
     run_wire(broker, scenario)
+
+
+class BlackholeProxy:
+    """A TCP proxy between the broker and PostgreSQL that can stop forwarding without
+    closing anything (`blackhole`), as a network dropping packets does: connections stay
+    open, new ones are accepted, and nothing reaches either side until `forward`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self.forwarding = threading.Event()
+        self.forwarding.set()
+        self.stopped = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def dsn(self, dsn: str) -> str:
+        """`dsn` through the proxy."""
+        host, port = self.upstream
+        return dsn.replace(f"@{host}:{port}/", f"@127.0.0.1:{self.port}/")
+
+    def blackhole(self) -> None:
+        self.forwarding.clear()
+
+    def forward(self) -> None:
+        self.forwarding.set()
+
+    def close(self) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(5)
+        for sock in [self.listener, *self.sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self.sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+                self.threads.append(thread)
+                thread.start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.1)
+        while not self.stopped.is_set():
+            if not self.forwarding.is_set():
+                time.sleep(0.05)  # nothing read, nothing sent, nothing closed
+                continue
+            try:
+                data = src.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+# Well below the 30 s a client's request.timeout.ms allows (and the 30 s a commit could
+# take before it was bounded): an unreachable database is noticed within this.
+NOTICED_WITHIN_S = 15.0
+
+
+def test_an_unreachable_database_is_noticed_in_seconds_and_traffic_resumes(
+    tmp_path: Path, pg_server: PostgresServer, pg_dsn: str
+) -> None:
+    """PostgreSQL unreachable with packets dropped (no refused connection, no error):
+    the broker's commit waits for an answer that never comes. It is bounded: /health is
+    503 with the reason well within a client's request timeout, the produce waiting on
+    it gets a retriable error, and once packets flow again traffic resumes and /health
+    is 200, without a restart."""
+    proxy = BlackholeProxy(pg_server.host, pg_server.port)
+    broker = HealthBroker(
+        tmp_path / "data", tmp_path / "broker.log", {"storage": proxy.dsn(pg_dsn)}
+    )
+    broker.start()
+    try:
+        create_topic(broker, TOPIC)
+        produce_one(broker, b"before")
+        assert broker.health()[0] == 200
+
+        proxy.blackhole()
+        started = time.monotonic()
+        outcome: list[Any] = []
+
+        async def produce_raw(client: KafkaClient) -> None:
+            outcome.append(await produce_request(client, b"while unreachable"))
+
+        producing = threading.Thread(target=run_wire, args=(broker, produce_raw), daemon=True)
+        producing.start()
+        wait_for(lambda: broker.health()[0] == 503, "/health to report", NOTICED_WITHIN_S)
+        _, doc = broker.health()
+        assert doc["status"] == "storage_unavailable", doc
+        assert doc["reason"].startswith("storage unavailable: "), doc
+        producing.join(NOTICED_WITHIN_S)
+        assert outcome, "the produce was not answered"
+        assert time.monotonic() - started < NOTICED_WITHIN_S + 5
+        # Retriable for a producer (Kafka's KafkaStorageException is retriable).
+        assert outcome[0].error_code == ErrorCode.kafka_storage_error, outcome[0]
+        assert metadata_answers(broker, partitions=1)
+
+        proxy.forward()
+        wait_for(lambda: broker.health()[0] == 200, "/health to be serving again")
+        produce_one(broker, b"after")
+        assert len(log_lines(broker, "storage_available")) == 1
+    finally:
+        if broker.running:
+            broker.stop()
+        proxy.close()
+
+
+def test_health_recovers_after_refused_writes_without_a_write_from_a_client(
+    broker: HealthBroker, pg_dsn: str
+) -> None:
+    """The database refused writes (read-only) and accepts them again, but nothing was
+    produced since: the broker's probe finds out by itself, and /health is 200."""
+    create_topic(broker, TOPIC)
+    produce_one(broker, b"before")
+    database = pg_dsn.rsplit("/", 1)[1]
+    set_read_only(pg_dsn, database, True)
+    try:
+        producer = Producer(producer_config(broker, **{"message.timeout.ms": 3_000}))
+        outcome = produce(producer, TOPIC, [(0, None, b"refused", [])], flush_timeout=10)
+        assert outcome.acked == [] and outcome.errors
+        status, doc = broker.health()
+        assert status == 503 and "read-only transaction" in doc["reason"], doc
+        # Still refused a while later: the probe does not end it by only connecting.
+        time.sleep(1.5)
+        assert broker.health()[0] == 503
+    finally:
+        set_read_only(pg_dsn, database, False)
+    wait_for(lambda: broker.health()[0] == 200, "/health to recover by itself", 20)
+    produce_one(broker, b"after")
+
+
+async def produce_request(client: KafkaClient, value: bytes, partition: int = 0) -> Any:
+    """Produce v9 with acks=all of one record to `TOPIC`: the partition's response."""
+    batch = bytes(build_batch([NewRecord(key=None, value=value)]))
+    body = {
+        "transactional_id": None,
+        "acks": -1,
+        "timeout": 30_000,
+        "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": batch}]}],
+    }
+    response = await client.request(0, 9, body, timeout_s=60)
+    return response.responses[0].partition_responses[0]

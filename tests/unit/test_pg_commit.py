@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 import structlog
 
+from persister.pg_commit import _WRITE_PROBE_SQL as WRITE_PROBE
 from persister.pg_commit import Batch, LogWrite, PgCommitter
 from persister.storage import Fenced, StorageUnavailable
 
@@ -25,6 +26,7 @@ class FakeConnection:
 
     async def fetchval(self, sql: str, *args: Any) -> list[int]:
         self.pool.calls.append(args)
+        self.pool.statements.append(sql)
         gate = self.pool.gate
         if gate is not None:
             await gate
@@ -39,6 +41,7 @@ class FakeConnection:
 class FakePool:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.statements: list[str] = []
         self.connections: list[FakeConnection] = []
         self.failures: list[BaseException] = []
         self.fenced: list[int] = []
@@ -184,16 +187,23 @@ async def test_the_probe_ends_a_connection_outage_without_a_commit() -> None:
     await committer.close()
 
 
-async def test_refused_writes_are_not_ended_by_a_probe_that_connects() -> None:
+async def test_refused_writes_end_with_a_probe_that_writes_not_one_that_connects() -> None:
+    """An outage of refused writes (disk full, read-only) is probed with a write: a
+    probe that only connects does not end it, one whose write goes through does,
+    without waiting for a commit (/health recovers on its own)."""
     pool = FakePool()
     committer = PgCommitter(pool, backoff_initial_s=0.001, backoff_max_s=0.004)
-    pool.failures = [asyncpg.DiskFullError("could not extend file")]
+    full = asyncpg.DiskFullError("could not extend file")
+    # The commit, then the first probe's write, are refused; the second probe's is not.
+    pool.failures = [full, full]
     with pytest.raises(StorageUnavailable):
         await committer.commit(write(1, 0))
-    for _ in range(20):
+    for _ in range(200):
+        if committer.unavailable is None:
+            break
         await asyncio.sleep(0.002)
-    # The probe connected (SELECT 1 answered) but writes may still be refused.
-    assert committer.unavailable is not None
-    assert committer._probe is None
-    await committer.commit(write(1, 0))
     assert committer.unavailable is None
+    assert committer.transactions == 0  # ended by the probe, not by a commit
+    assert pool.statements[1:] == [WRITE_PROBE, WRITE_PROBE]
+    await committer.commit(write(1, 0))
+    await committer.close()
