@@ -9,6 +9,9 @@ Fetch, ListOffsets, ShareFetch and ShareAcknowledge for partition 0 with
 NOT_LEADER_OR_FOLLOWER, as Kafka's ReplicaManager answers for a partition the metadata
 knows and the broker no longer hosts, hands out nothing it held (records, acquired
 share records), has deleted its local copy, and keeps serving partition 1.
+
+The same with two broker processes: the second one's start claims the logs, and the
+first, refused at its next produce, drops the partition and no longer serves it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from persister.pg_storage import PgPartitionLog, PgStorage
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
-from tests.integration.conftest import Broker, create_topic
+from tests.integration.conftest import Broker, create_topic, wait_for_partitions
 from tests.integration.pg_helpers import pg_dsn, pg_server
 from tests.integration.share_helpers import (
     earliest,
@@ -222,3 +225,36 @@ def test_a_fenced_partition_is_dropped_and_answers_not_leader_while_others_serve
     assert log_lines(broker, "partition_dropped")
     assert log_lines(broker, "share_partitions_unloaded_not_leader")
     broker.stop()  # a dropped partition is not flushed at stop: the exit is clean
+
+
+def test_a_second_broker_process_claiming_the_log_makes_the_first_drop_it(
+    broker_factory: Callable[..., Broker], pg_dsn: str
+) -> None:
+    first = broker_factory({"storage": pg_dsn})
+    create_topic(first, TOPIC)
+    produce_values(first, TOPIC, [b"before"])
+    cache = first.data_dir / "topics" / f"{TOPIC}-0"
+    second = broker_factory({"storage": pg_dsn, "node.id": "2"})
+    wait_for_partitions(second, TOPIC, 1)
+
+    async def scenario(client: KafkaClient) -> None:
+        refused = await produce(client, 0, b"stale")
+        assert refused.error_code == ErrorCode.not_leader_or_follower, refused
+        deadline = time.monotonic() + 30
+        while cache.exists():
+            assert time.monotonic() < deadline, "the local copy was not deleted"
+            await asyncio.sleep(0.05)
+        fetched = await fetch(client, 0)
+        assert fetched.error_code == ErrorCode.not_leader_or_follower, fetched
+        assert bytes(fetched.records or b"") == b""
+        offsets = await list_offsets(client, 0)
+        assert offsets.error_code == ErrorCode.not_leader_or_follower, offsets
+
+    run_wire(first, scenario)
+
+    async def on_second(client: KafkaClient) -> None:
+        kept = await produce(client, 0, b"after")
+        assert (kept.error_code, kept.base_offset) == (ErrorCode.none, 1), kept
+
+    run_wire(second, on_second)
+    assert log_lines(first, "partition_dropped")
