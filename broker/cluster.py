@@ -77,6 +77,12 @@ class ClusterView(Protocol):
 
     def is_local(self, leader: Leader | None) -> bool: ...
 
+    def coordinator(self, log: str) -> Leader | None:
+        """The leader of a coordinator's record log (`groups`, `share-state`,
+        `transactions`): the broker FindCoordinator names for any key of that kind, and
+        the one the share-partition leaders send their share-state RPCs to."""
+        ...
+
 
 class SingleNode:
     """A broker alone: it is the only live broker and leads every partition, epoch 0.
@@ -109,3 +115,6 @@ class SingleNode:
 
     def is_local(self, leader: Leader | None) -> bool:
         return leader is not None and leader.node_id == self._node_id
+
+    def coordinator(self, log: str) -> Leader | None:
+        return Leader(self._node_id, 0)

@@ -341,3 +341,6 @@ class BrokerRegistry:
 
     def is_local(self, leader: Leader | None) -> bool:
         return self.leadership.is_local(leader)
+
+    def coordinator(self, log: str) -> Leader | None:
+        return self.leadership.coordinator(log)
