@@ -81,7 +81,7 @@ from persister.checkpoint import CheckpointFile
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.coordinator_log import CompactionKeys, KeyValue, compact_by_key
 from persister.file_log import PartitionLog
-from persister.storage import CoordinatorLog, Fenced, StorageUnavailable
+from persister.storage import CoordinatorLog, Fenced
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.runtime")
@@ -483,8 +483,9 @@ class CoordinatorRuntime(Generic[R]):
                 write.error = error
                 failed += 1
         self.truncations += 1
-        # A storage outage is logged once where it begins (persister.pg_commit).
-        report = log.debug if isinstance(exc, StorageUnavailable) else log.error
+        # A storage outage is logged once where it begins (persister.pg_commit), and a
+        # shared log's conflict is routine (its writer catches up and retries).
+        report = log.debug if getattr(exc, "reported_once", False) else log.error
         report(
             "coordinator_write_failed",
             runtime=self.name,

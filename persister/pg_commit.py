@@ -16,6 +16,10 @@ sends those batches again and they replace the stored ones, so a retry never col
 nor leaves two copies). A
 write whose log has a newer epoch in the database than the writer's is refused with
 `Fenced` (an OSError too, so a caller that knows only fsync failures still fails safe).
+A write of a shared log (one every broker of the database appends to: the cluster
+metadata) states where the log must end instead of an epoch, and is refused with
+`LogConflict` when another broker appended first; the other logs of that transaction
+are committed all the same.
 
 Connections come from an asyncpg pool on the broker's event loop. A connection that
 failed is closed (`terminate`), so the pool opens a new one on the next acquire, and a
@@ -53,7 +57,7 @@ from typing import Any
 
 import structlog
 
-from persister.storage import Fenced, StorageUnavailable
+from persister.storage import Fenced, LogConflict, StorageUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +80,7 @@ PROBE_TIMEOUT_S = 5.0
 # (a committed update of the one row of the schema version, to itself).
 _WRITE_PROBE_SQL = "UPDATE spool_schema_version SET version = version"
 
-_COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+_COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 
 
 def storage_error(exc: BaseException) -> StorageUnavailable:
@@ -99,7 +103,11 @@ class Batch:
 @dataclass(slots=True)
 class LogWrite:
     """What one log commits: rows to insert, where a truncation began (rows from there on
-    are removed first), the log end offset, and the log start offset if it moved."""
+    are removed first), the log end offset, and the log start offset if it moved.
+
+    `expect_end` is set for a shared log (persister.pg_storage's `PgSharedLog`): the
+    offset the log must end at in the database for the write to go in, checked instead
+    of the epoch; a mismatch is refused with `LogConflict`."""
 
     log_id: int
     epoch: int
@@ -108,6 +116,7 @@ class LogWrite:
     truncate_from: int | None = None
     next_offset: int = 0
     log_start_offset: int | None = None
+    expect_end: int | None = None
 
 
 @dataclass(slots=True)
@@ -186,6 +195,7 @@ class PgCommitter:
                     w.truncate_from,
                     w.next_offset,
                     w.log_start_offset,
+                    w.expect_end,
                 )
                 continue
             if w.truncate_from is not None:
@@ -221,7 +231,10 @@ class PgCommitter:
         for item in pending:
             if item.future.done():
                 continue
-            if item.write.log_id in refused:
+            if item.write.log_id in refused and item.write.expect_end is not None:
+                log.info("log_conflict", log=item.write.name, expected=item.write.expect_end)
+                item.future.set_exception(LogConflict(item.write.name, item.write.expect_end))
+            elif item.write.log_id in refused:
                 log.warning("log_fenced", log=item.write.name, epoch=item.write.epoch)
                 item.future.set_exception(Fenced(item.write.name, item.write.epoch))
             else:
@@ -345,7 +358,7 @@ class PgCommitter:
         return await self._execute(writes)
 
     async def _execute(self, writes: list[LogWrite]) -> list[int]:
-        p_logs, p_epochs, p_truncate, p_next, p_start = [], [], [], [], []
+        p_logs, p_epochs, p_truncate, p_next, p_start, p_expect = [], [], [], [], [], []
         b_logs, b_base, b_last, b_ts, b_data = [], [], [], [], []
         for w in writes:
             p_logs.append(w.log_id)
@@ -356,6 +369,7 @@ class PgCommitter:
             p_truncate.append(w.truncate_from)
             p_next.append(w.next_offset)
             p_start.append(w.log_start_offset)
+            p_expect.append(w.expect_end)
             for b in w.batches:
                 b_logs.append(w.log_id)
                 b_base.append(b.base_offset)
@@ -371,6 +385,7 @@ class PgCommitter:
                 p_truncate,
                 p_next,
                 p_start,
+                p_expect,
                 b_logs,
                 b_base,
                 b_last,

@@ -29,7 +29,10 @@ replaced by the new ones), move the log start and end offsets and
 drop the rows below the log start. It returns the ids of the logs whose epoch was not
 the writer's (fenced), which it leaves untouched. Statements with nothing to do (no
 truncation, no new batch, no log start moved) are skipped: each costs an executor
-start, and most commits only insert and move the end.
+start, and most commits only insert and move the end. A log written by several brokers
+(a shared log, the cluster metadata) is checked by the offset it must end at instead of
+its epoch, under FOR UPDATE (schema v4), and comes back in the same returned ids when
+another broker appended first.
 
 `migrate` applies what is missing under a transaction-scoped advisory lock, so brokers
 starting at once against one database take turns and the second finds the work done.
@@ -209,8 +212,108 @@ CREATE TABLE IF NOT EXISTS spool_brokers (
 );
 """
 
+# v4: shared logs (the cluster metadata, written by every broker of the database). A
+# write of a log may state the offset the log must end at (`p_expect`) instead of an
+# epoch: such a log is taken FOR UPDATE, before the others and in log order, so its
+# writers take turns, and its write goes in only if the log still ends there (read
+# after the lock, so two writers can never both append at one offset); otherwise its
+# id is returned, as a fenced log's is, and nothing of it is written. The other logs of
+# the commit are unaffected. The v2 function (10 arguments) goes: every caller passes
+# the expectations now.
+_V4 = """
+DROP FUNCTION IF EXISTS spool_commit(
+    bigint[], bigint[], bigint[], bigint[], bigint[],
+    bigint[], bigint[], bigint[], bigint[], bytea[]
+);
+CREATE OR REPLACE FUNCTION spool_commit(
+    p_logs bigint[],
+    p_epochs bigint[],
+    p_truncate bigint[],
+    p_next bigint[],
+    p_start bigint[],
+    p_expect bigint[],
+    b_logs bigint[],
+    b_base bigint[],
+    b_last bigint[],
+    b_ts bigint[],
+    b_data bytea[]
+) RETURNS bigint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    claimed bigint[] := p_logs;
+    shared bigint[] := '{}';
+    owned bigint[];
+    fenced bigint[] := '{}';
+    inserted bigint;
+    expected bigint;
+BEGIN
+    IF array_remove(p_expect, NULL) <> '{}' THEN
+        SELECT coalesce(array_agg(s.log_id), '{}') INTO shared
+          FROM (SELECT l.log_id FROM spool_logs l
+                  JOIN unnest(p_logs, p_expect) AS t (log_id, expect)
+                    ON t.log_id = l.log_id AND t.expect IS NOT NULL
+                 WHERE l.next_offset = t.expect
+                 ORDER BY l.log_id FOR UPDATE OF l) s;
+        claimed := ARRAY(SELECT t.log_id FROM unnest(p_logs, p_expect) AS t (log_id, expect)
+                          WHERE t.expect IS NULL);
+    END IF;
+    SELECT coalesce(array_agg(s.log_id), '{}') INTO owned
+      FROM (SELECT l.log_id, l.leader_epoch FROM spool_logs l
+             WHERE l.log_id = ANY (claimed) ORDER BY l.log_id FOR SHARE) s
+      JOIN unnest(p_logs, p_epochs) AS t (log_id, epoch)
+        ON t.log_id = s.log_id AND t.epoch = s.leader_epoch;
+    owned := owned || shared;
+    IF cardinality(owned) < cardinality(p_logs) THEN
+        fenced := ARRAY(SELECT x FROM unnest(p_logs) AS x WHERE NOT (x = ANY (owned)));
+    END IF;
+    IF array_remove(p_truncate, NULL) <> '{}' THEN
+        DELETE FROM spool_batches b
+         USING unnest(p_logs, p_truncate) AS t (log_id, from_offset)
+         WHERE t.from_offset IS NOT NULL AND b.log_id = t.log_id
+           AND b.base_offset >= t.from_offset AND t.log_id = ANY (owned);
+    END IF;
+    IF cardinality(b_logs) > 0 THEN
+        INSERT INTO spool_batches (log_id, base_offset, last_offset, max_timestamp, data)
+        SELECT x.log_id, x.base, x.last, x.ts, x.data
+          FROM unnest(b_logs, b_base, b_last, b_ts, b_data) AS x (log_id, base, last, ts, data)
+         WHERE x.log_id = ANY (owned)
+        ON CONFLICT (log_id, base_offset) DO NOTHING;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        IF fenced = '{}' THEN
+            expected := cardinality(b_logs);
+        ELSE
+            expected := (SELECT count(*) FROM unnest(b_logs) AS x WHERE x = ANY (owned));
+        END IF;
+        IF inserted < expected THEN
+            DELETE FROM spool_batches b
+             USING (SELECT x.log_id, min(x.base) AS from_offset
+                      FROM unnest(b_logs, b_base) AS x (log_id, base)
+                     WHERE x.log_id = ANY (owned) GROUP BY x.log_id) AS t
+             WHERE b.log_id = t.log_id AND b.base_offset >= t.from_offset;
+            INSERT INTO spool_batches (log_id, base_offset, last_offset, max_timestamp, data)
+            SELECT x.log_id, x.base, x.last, x.ts, x.data
+              FROM unnest(b_logs, b_base, b_last, b_ts, b_data) AS x (log_id, base, last, ts, data)
+             WHERE x.log_id = ANY (owned);
+        END IF;
+    END IF;
+    UPDATE spool_logs l
+       SET next_offset = t.next_offset,
+           log_start_offset = greatest(l.log_start_offset, t.start_offset)
+      FROM unnest(p_logs, p_next, p_start) AS t (log_id, next_offset, start_offset)
+     WHERE l.log_id = t.log_id AND t.log_id = ANY (owned);
+    IF array_remove(p_start, NULL) <> '{}' THEN
+        DELETE FROM spool_batches b
+         USING unnest(p_logs, p_start) AS t (log_id, start_offset)
+         WHERE t.start_offset IS NOT NULL AND b.log_id = t.log_id
+           AND b.base_offset < t.start_offset AND b.last_offset < t.start_offset
+           AND t.log_id = ANY (owned);
+    END IF;
+    RETURN fenced;
+END
+$fn$;
+"""
+
 # Each migration takes the schema from version i to i + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -28,6 +28,18 @@ log. A fenced log refuses every later flush too; the broker then closes it and
 `discard_log` deletes its directory (broker.partitions.LogManager.drop_partition): the
 rows are the new owner's, and a later claim restores them.
 
+Shared logs (`SHARED_LOGS`: the cluster metadata, `meta`) are written by every broker
+of the database and claimed by none (`PgSharedLog`): opening one only makes sure its
+row exists, and a commit of its new batches states the offset they begin at, which
+must still be the log's end in the database (`spool_commit` checks it under a row lock,
+so two brokers never both append at one offset); otherwise the write is refused with
+`LogConflict`, and nothing of it is kept. The writer undoes its append and calls
+`catch_up`, which appends what the others committed to the local copy at their
+offsets (coordinator.metadata replays it and reruns the change on the new state); the
+brokers also call it on a timer to follow each other. Its truncations (a failed write
+undone) stay local, and so do its log start moves (compaction of the local copy): the
+database's rows are the other brokers' as well, and keeps them all.
+
 Truncation and retention: a truncation (a failed write undone) is recorded and its
 rows deleted by the log's next commit; DeleteRecords and retention move the log start
 offset, sent with the next commit, which deletes the rows wholly below it. A deleted
@@ -49,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import os
 import shutil
 import socket
@@ -80,6 +93,8 @@ log = structlog.get_logger(__name__)
 
 # The coordinator logs, by directory name under the data dir.
 COORDINATOR_LOGS = ("meta", "groups", "share-state", "transactions")
+# Logs every broker of the database writes (`PgSharedLog`), unclaimed.
+SHARED_LOGS = ("meta",)
 # Rows fetched per query while restoring a log.
 _RESTORE_ROWS = 256
 # max.message.bytes while restoring: Kafka's limit is an int.
@@ -201,6 +216,76 @@ class PgPartitionLog(PartitionLog):
             raise storage_error(exc) from exc
 
 
+class PgSharedLog(PgPartitionLog):
+    """A log every broker of the database appends to (`SHARED_LOGS`), committed by the
+    offset its new batches begin at rather than by epoch: see the module docstring."""
+
+    def __repr__(self) -> str:
+        return f"PgSharedLog({self._name})"
+
+    def truncate_to(self, offset: int) -> int:
+        # Local only: what is cut was never committed (a refused or failed write), or
+        # its commit's outcome is unknown and `catch_up` brings it back if it went in;
+        # the database's rows from there on may be another broker's.
+        removed = PartitionLog.truncate_to(self, offset)
+        self._pending = [b for b in self._pending if b.base_offset < offset]
+        return removed
+
+    async def flush_async(self) -> None:
+        """Commit the batches written since the last commit, if the log still ends
+        where they begin in the database; `LogConflict` if another broker appended
+        first. A failed commit is not sent again: the writer undoes its append."""
+        claim = await self._claimed()
+        batches, self._pending = self._pending, []
+        if batches:
+            write = LogWrite(
+                claim.log_id,
+                claim.epoch,
+                self._name,
+                batches,
+                None,
+                self.log_end_offset,
+                None,
+                expect_end=batches[0].base_offset,
+            )
+            await self._engine.committer.commit(write)
+        await self._fsync_rolled()
+
+    async def catch_up(self) -> int:
+        """`SharedLog.catch_up`: append the batches committed past the local end."""
+        start = self.log_end_offset
+        if self._pending:
+            return start  # a write of this broker is in flight: its commit goes first
+        claim = await self._claimed()
+        now = SYSTEM_CLOCK.now_ms()
+        try:
+            async for base, last, data in self._engine._rows(claim.log_id, start):
+                end = self.log_end_offset
+                if last < end:
+                    continue
+                if base != end:
+                    raise OSError(
+                        errno.EIO,
+                        f"the storage database's copy of {self._name} has a batch at "
+                        f"offset {base} where the local copy ends at {end}",
+                    )
+                PartitionLog.append_raw(self, bytearray(data), now)
+        except OSError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc) from exc
+        await self._fsync_rolled()
+        return start
+
+    async def _fsync_rolled(self) -> None:
+        if self._unflushed:
+            # As PgPartitionLog: fsync rolled segments only to move the recovery point.
+            try:
+                await asyncio.to_thread(PartitionLog.flush, self)
+            except OSError as exc:
+                log.warning("local_flush_failed", log=self._name, error=str(exc))
+
+
 class PgStorage:
     """The PostgreSQL engine: see the module docstring. `url` is a libpq URL
     (postgresql://user@host:port/db); the password comes from it, `password`, or
@@ -311,7 +396,8 @@ class PgStorage:
         return Path(directory).resolve().relative_to(self._data_dir).as_posix()
 
     def _open(self, directory: Path, config: LogConfig, now_ms: int) -> PgPartitionLog:
-        plog = PgPartitionLog.open(directory, config, now_ms)
+        kind = PgSharedLog if self._name(directory) in SHARED_LOGS else PgPartitionLog
+        plog = kind.open(directory, config, now_ms)
         assert isinstance(plog, PgPartitionLog)
         plog._attach(self, self._name(directory), read_topic_id(directory))
         return plog
@@ -352,6 +438,8 @@ class PgStorage:
     # -- claims and drops ------------------------------------------------------------
 
     def _claim_later(self, name: str, topic_id: str | None) -> asyncio.Task[_Claim]:
+        if name in SHARED_LOGS:
+            return self._after(name, self._register(name))
         return self._after(name, self._claim(name, topic_id))
 
     def _after(self, name: str, coro: Any) -> asyncio.Task[Any]:
@@ -406,6 +494,18 @@ class PgStorage:
                 topic_id,
             )
         log.info("log_claimed", log=name, epoch=row["leader_epoch"])
+        return _Claim(int(row["log_id"]), int(row["leader_epoch"]))
+
+    async def _register(self, name: str) -> _Claim:
+        """A shared log's row, created if new; its epoch is never bumped (no one claims
+        it: `PgSharedLog` commits by expected end offset instead)."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO spool_logs (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", name
+            )
+            row = await conn.fetchrow(
+                "SELECT log_id, leader_epoch FROM spool_logs WHERE name = $1", name
+            )
         return _Claim(int(row["log_id"]), int(row["leader_epoch"]))
 
     async def _drop(self, name: str) -> None:

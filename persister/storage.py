@@ -37,7 +37,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from persister.clock import SYSTEM_CLOCK, Clock
 from persister.commit import GroupCommit
@@ -74,6 +74,36 @@ class Fenced(OSError):
         )
         self.log_name = name
         self.epoch = epoch
+
+
+class LogConflict(OSError):
+    """A flush of a shared log refused because another writer appended to it first: the
+    log no longer ends where this writer's batches begin. Nothing of the write is kept;
+    the writer undoes its append, catches up (`SharedLog.catch_up`) and tries again on
+    the new state (coordinator.metadata)."""
+
+    def __init__(self, name: str, expected: int) -> None:
+        super().__init__(
+            errno.EAGAIN,
+            f"log {name} no longer ends at offset {expected}: another writer appended first",
+        )
+        self.log_name = name
+        self.expected = expected
+
+    # Routine, not an alarm: logged at debug level by the layers a flush passes through.
+    reported_once = True
+
+
+@runtime_checkable
+class SharedLog(Protocol):
+    """A log several writers append to (the cluster metadata of brokers sharing one
+    PostgreSQL database): a flush is refused with `LogConflict` when another writer
+    appended first, and `catch_up` brings in what the others committed."""
+
+    async def catch_up(self) -> int:
+        """Append, at their own offsets, the batches other writers committed past this
+        log's end; return the end offset it had before (where the new records begin).
+        Raises OSError if the storage cannot be read."""
 
 
 class TopicLog(Protocol):

@@ -5,6 +5,7 @@ without a truncation between, and a fenced log is left untouched next to an owne
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -126,5 +127,58 @@ async def test_a_v1_database_is_migrated_to_v2_and_keeps_its_rows(pg_dsn: str) -
         assert await rows(p) == [(0, b"v1")]
         await PgCommitter(p)._execute([LogWrite(1, 5, "a", [b(1)], None, 2)])
         assert await rows(p) == [(0, b"v1"), (1, b"x")]
+    finally:
+        await p.close()
+
+
+async def test_a_shared_log_write_goes_in_only_where_the_log_ends(pool: asyncpg.Pool) -> None:
+    """Schema v4: a write stating its expected end (a shared log, the cluster metadata)
+    is refused when the log ends elsewhere, and the other logs of its commit go in."""
+    committer = PgCommitter(pool)
+    await pool.execute("INSERT INTO spool_logs (log_id, name) VALUES (3, 'meta')")
+    # No epoch is checked: any writer whose expectation holds appends.
+    assert await committer._execute([LogWrite(3, 0, "meta", [b(0)], None, 1, None, 0)]) == []
+    refused = await committer._execute(
+        [
+            LogWrite(1, 5, "a", [b(0)], None, 1),
+            LogWrite(3, 0, "meta", [b(0, b"late")], None, 1, None, 0),
+        ]
+    )
+    assert refused == [3]
+    assert await rows(pool, 3) == [(0, b"x")]
+    assert await rows(pool, 1) == [(0, b"x")]
+    assert await pool.fetchval("SELECT next_offset FROM spool_logs WHERE log_id = 3") == 1
+    assert await committer._execute([LogWrite(3, 0, "meta", [b(1, b"y")], None, 2, None, 1)]) == []
+    assert await rows(pool, 3) == [(0, b"x"), (1, b"y")]
+
+
+async def test_two_writers_at_one_offset_of_a_shared_log_never_both_go_in(pg_dsn: str) -> None:
+    """The expected end is read under the row's lock: of writers racing to one offset,
+    exactly one appends, however their transactions interleave."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await migrate(conn)
+        await conn.execute("INSERT INTO spool_logs (log_id, name) VALUES (3, 'meta')")
+    finally:
+        await conn.close()
+    p = await asyncpg.create_pool(pg_dsn, min_size=8, max_size=8)
+    try:
+        committers = [PgCommitter(p) for _ in range(8)]
+        for offset in range(20):
+            results = await asyncio.gather(
+                *(
+                    c._execute(
+                        [
+                            LogWrite(
+                                3, 0, "meta", [b(offset, b"%d" % i)], None, offset + 1, None, offset
+                            )
+                        ]
+                    )
+                    for i, c in enumerate(committers)
+                )
+            )
+            assert sorted(len(r) for r in results) == [0] + [1] * 7
+        got = await rows(p, 3)
+        assert [o for o, _ in got] == list(range(20))
     finally:
         await p.close()
