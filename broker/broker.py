@@ -22,6 +22,7 @@ from broker.config import BrokerConfig
 from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
+from broker.handlers.topics import apply_topic_change
 from broker.handlers.transactions import marker_writer
 from broker.listeners import ListenerConfig, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
@@ -43,7 +44,7 @@ from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
-from coordinator.metadata import MetadataStore
+from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
 from coordinator.share_persister import DurablePersister
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
@@ -78,6 +79,21 @@ async def retention_loop(logs: LogManager, clock: Clock, interval_ms: int) -> No
                 log.info("retention_deleted_segments", segments=deleted)
         except Exception:
             log.exception("retention_failed")
+
+
+async def metadata_poll_loop(metadata: MetadataStore, clock: Clock, interval_ms: int) -> None:
+    """Follow the cluster metadata other brokers of the database write (a shared log,
+    coordinator.metadata): every `storage.metadata.poll.interval.ms` on `clock`, append
+    and replay what they committed; `MetadataStore.on_replayed` acts on it. A failed read
+    (the database away: logged where the outage begins) is tried again next time."""
+    while True:
+        await sleep(clock, interval_ms)
+        try:
+            await metadata.catch_up()
+        except KafkaError as exc:
+            log.debug("metadata_poll_failed", error=exc.message)
+        except Exception:
+            log.exception("metadata_poll_failed")
 
 
 class Compactable(Protocol):
@@ -224,6 +240,9 @@ class Broker:
         apply_dynamic_broker_config(self)
         self._start_share_groups()
         self._start_transactions()
+        # What other brokers of the database change from now on is acted on as this
+        # broker's own changes are (the state up to here was opened above).
+        self.metadata.on_replayed = self._metadata_replayed
         first = self.listeners[0]
         self.server = Server(
             first.host,
@@ -261,6 +280,16 @@ class Broker:
                 )
             )
         )
+        if self.metadata.shared is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    metadata_poll_loop(
+                        self.metadata,
+                        self.clock,
+                        self.config.get("storage.metadata.poll.interval.ms"),
+                    )
+                )
+            )
         self.metrics.state = SERVING
         for lc in self.listeners:
             if lc.advertises_loopback_for_every_interface:
@@ -428,6 +457,18 @@ class Broker:
         as Kafka's share session cache does on disconnect."""
         for group_id, member_id, keys in self.share_service.connection_closed(str(connection_id)):
             self._spawn(self.share.release_member(group_id, member_id, keys))
+
+    def _metadata_replayed(self, changes: list[MetadataChange]) -> None:
+        """Another broker's metadata changes, replayed here: topics' logs opened or
+        removed (with the hooks run), configs applied, as for this broker's own."""
+        for change in changes:
+            try:
+                if isinstance(change, TopicChange):
+                    apply_topic_change(self, change)
+                else:
+                    apply_dynamic_broker_config(self)
+            except Exception:
+                log.exception("metadata_change_not_applied", change=repr(change))
 
     def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
         self.share.drop(None, topic_id)

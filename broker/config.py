@@ -528,6 +528,16 @@ STORAGE_KEYS = [
         "the URL or PGPASSWORD.",
         read_only=True,
     ),
+    ConfigDef(
+        "storage.metadata.poll.interval.ms",
+        LONG,
+        500,
+        "spool only: how often a broker on PostgreSQL reads the cluster metadata the "
+        "other brokers of its database wrote (topics, configs, ACLs, credentials), so "
+        "a change made on one broker is served by every broker within about this long.",
+        _at_least(1),
+        read_only=True,
+    ),
 ]
 BROKER_KEYS.update({k.name: k for k in STORAGE_KEYS})
 

@@ -15,11 +15,29 @@ DeleteTopics, CreatePartitions or IncrementalAlterConfigs is one controller even
 whose checks read the state every earlier event left (ReplicationControlManager,
 ConfigurationControlManager). A validate-only request runs the same operation and
 keeps no record (QuorumController: `result.withoutRecords()`).
+
+Shared by brokers (the PostgreSQL engine: every broker of one database writes the one
+`meta` log, persister.pg_storage's `PgSharedLog`): a write is optimistic. It goes in only
+if the log still ends, in the database, where this broker's copy ends; if another
+broker appended first the write is refused (`LogConflict`) and undone, and
+`MetadataStore.run` catches up (appends the others' batches to the local copy and
+replays them) and runs the operation again on the new state, so its checks see the
+other broker's change: of two brokers creating one topic name at once one creates it
+and the other answers TOPIC_ALREADY_EXISTS, and both hold the one topic id. This is
+Kafka's controller, serialising every change in one log, with the log's tail as the
+lock. After `MAX_CONFLICT_RETRIES` refusals in a row the change fails with
+NOT_CONTROLLER, which clients retry. An operation may therefore run more than once: it
+must compute its records and response from the state alone. Brokers follow each other
+by calling `catch_up` on a timer (broker.broker); `on_replayed` is told of the topics
+and broker configs another broker changed, for the broker to act on them as on its own
+(open or remove logs). The file engine has one writer and none of this runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import itertools
 import json
 import re
 import uuid
@@ -50,7 +68,7 @@ from persister.coordinator_log import (
     RecordLog,
     internal_log_config,
 )
-from persister.storage import FILE_STORAGE, StorageEngine
+from persister.storage import FILE_STORAGE, LogConflict, SharedLog, StorageEngine
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.cluster")
@@ -61,6 +79,8 @@ MAX_TOPIC_NAME = 249
 # Producer ids are handed out from durable blocks, so a restart never reuses one
 # without writing a record per InitProducerId.
 PRODUCER_ID_BLOCK = 1000
+# Attempts of one change refused because other brokers appended first, after the first.
+MAX_CONFLICT_RETRIES = 10
 
 Record = dict[str, Any]
 T = TypeVar("T")
@@ -348,6 +368,52 @@ class ClusterState:
         return records, results
 
 
+@dataclass(frozen=True, slots=True)
+class TopicChange:
+    """A topic as another broker's records changed it: created (`before` None), deleted
+    (`after` None), replaced by a topic of another id, grown or reconfigured."""
+
+    name: str
+    before: Topic | None
+    after: Topic | None
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfigsChange:
+    """The dynamic broker configs another broker set."""
+
+    configs: dict[str, str]
+
+
+MetadataChange = TopicChange | BrokerConfigsChange
+
+
+def replay_change(state: ClusterState, record: Record) -> MetadataChange | None:
+    """Replay `record` into `state`; what it changed that a broker acts on (logs to open
+    or remove, configs to apply), or None (ACLs, credentials, producer ids and the
+    cluster id are read from the state where they are used)."""
+    kind = record["type"]
+    name = record.get("name")
+    before = state.topics.get(name) if kind in ("topic", "topic_deleted") and name else None
+    state.replay(record)
+    if kind in ("topic", "topic_deleted") and name:
+        after = state.topics.get(name)
+        return None if after is before else TopicChange(name, before, after)
+    if kind == "broker_config":
+        return BrokerConfigsChange(dict(state.broker_configs))
+    return None
+
+
+def conflicted(exc: BaseException) -> bool:
+    """Whether `exc` (a failed write) was refused because another writer appended first."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, LogConflict):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 # (user, error code, error message) of one AlterUserScramCredentials result.
 ScramResult = tuple[str, ErrorCode, str | None]
 
@@ -402,7 +468,19 @@ class MetadataStore:
             compaction=KeyCompaction(_compaction_keys, clock),
         )
         count = self.runtime.load()
-        self._next_producer_id = self.state.producer_id_limit
+        # The producer id block this broker took (ids [next, end) are its to hand out);
+        # none yet: the first InitProducerId takes one past every block taken so far.
+        self._next_producer_id = 0
+        self._producer_id_block_end = 0
+        plog = self.runtime.record_log.partition_log
+        # Written by other brokers too (PostgreSQL): see the module docstring.
+        self.shared: SharedLog | None = plog if isinstance(plog, SharedLog) else None
+        # Metadata operations and catch-ups of a shared log, one at a time.
+        self._turn = asyncio.Lock()
+        # Told of what other brokers changed, after each catch-up that brought any.
+        self.on_replayed: Callable[[list[MetadataChange]], None] | None = None
+        # Changes refused because another broker appended first (tests, metrics).
+        self.conflicts = 0
         log.info("metadata_loaded", records=count, topics=len(self.state.topics))
 
     async def run(
@@ -414,10 +492,80 @@ class MetadataStore:
         """Run a metadata operation: `op` reads `state`, checks and returns (records,
         response) in one turn; the records are made durable, then replayed. `applied`
         (opening or removing logs, telling listeners) runs after the replay, before the
-        next metadata operation (`CoordinatorRuntime.run`)."""
-        return await self.runtime.run(METADATA_KEY, op, applied=applied)
+        next metadata operation (`CoordinatorRuntime.run`). On a shared log a write
+        another broker got in first is undone, the log caught up and `op` run again
+        (see the module docstring): `op` may run more than once. A caller cancelled
+        midway does not stop the operation, as with `CoordinatorRuntime.run`: the
+        retries and catch-ups go on, and no catch-up runs beside them."""
+        if self.shared is None:
+            return await self.runtime.run(METADATA_KEY, op, applied=applied)
+        task = asyncio.ensure_future(self._run_shared(op, applied))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_consume_result)
+            raise
+
+    async def _run_shared(
+        self, op: Callable[[], tuple[list[Record], T]], applied: Callable[[T], None] | None
+    ) -> T:
+        async with self._turn:
+            for attempt in itertools.count():
+                try:
+                    return await self.runtime.run(METADATA_KEY, op, applied=applied)
+                except KafkaError as exc:
+                    if not conflicted(exc):
+                        raise
+                    self.conflicts += 1
+                    if attempt >= MAX_CONFLICT_RETRIES:
+                        raise KafkaError(
+                            ErrorCode.not_controller,
+                            f"the cluster metadata changed under this request "
+                            f"{attempt + 1} times in a row (other brokers writing it); "
+                            "retry",
+                        ) from exc
+                await self._catch_up()
+            raise AssertionError("unreachable")
+
+    async def catch_up(self) -> int:
+        """Apply what other brokers appended to a shared metadata log since this broker
+        last looked (its timer's call); how many records. Raises KafkaError
+        (KAFKA_STORAGE_ERROR) if the storage cannot be read. Nothing on the file engine."""
+        if self.shared is None:
+            return 0
+        async with self._turn:
+            return await self._catch_up()
+
+    async def _catch_up(self) -> int:
+        assert self.shared is not None
+        try:
+            start = await self.shared.catch_up()
+        except OSError as exc:
+            raise KafkaError(
+                ErrorCode.kafka_storage_error,
+                f"could not read the cluster metadata other brokers wrote: {exc}",
+            ) from exc
+        changes: list[MetadataChange] = []
+        count = 0
+        for key, value in self.runtime.record_log.replay(start):
+            record = _decode(key, value)
+            if record is None:
+                continue
+            count += 1
+            change = replay_change(self.state, record)
+            if change is not None:
+                changes.append(change)
+        if count:
+            log.info("metadata_caught_up", records=count, offset=start)
+        if changes and self.on_replayed is not None:
+            self.on_replayed(changes)
+        return count
 
     async def ensure_cluster_id(self) -> str:
+        """The cluster id, written by the first broker of the cluster to start (on a
+        shared log, a second broker's write at the same time is refused, and it reads
+        the first one's)."""
+
         def op() -> tuple[list[Record], None]:
             if self.state.cluster_id is not None:
                 return [], None
@@ -430,20 +578,29 @@ class MetadataStore:
         return self.state.cluster_id
 
     async def allocate_producer_id(self) -> int:
-        def op() -> tuple[list[Record], int]:
-            records: list[Record] = []
-            if self._next_producer_id >= self.state.producer_id_limit:
-                limit = (
-                    max(self._next_producer_id, self.state.producer_id_limit) + PRODUCER_ID_BLOCK
-                )
-                records.append({"type": "producer_id_block", "limit": limit})
-            # Handed out under the metadata key, so no two callers get the same id; an
-            # id whose block failed to be written is skipped, never reused.
-            pid = self._next_producer_id
-            self._next_producer_id += 1
-            return records, pid
+        """A producer id no one got before: the next of this broker's block, or the
+        first of a new block past every block taken so far (by any broker: on a shared
+        log, two brokers taking a block at once cannot both write theirs, and the one
+        refused takes the block after). Kafka's ProducerIdControlManager hands out
+        blocks the same way."""
 
-        return await self.run(op)
+        def op() -> tuple[list[Record], tuple[int, int | None]]:
+            if self._next_producer_id < self._producer_id_block_end:
+                return [], (self._next_producer_id, None)
+            first = self.state.producer_id_limit
+            end = first + PRODUCER_ID_BLOCK
+            return [{"type": "producer_id_block", "limit": end}], (first, end)
+
+        def taken(result: tuple[int, int | None]) -> None:
+            # Handed out under the metadata key, so no two callers get the same id; a
+            # block whose record failed to be written is never used.
+            pid, block_end = result
+            if block_end is not None:
+                self._producer_id_block_end = block_end
+            self._next_producer_id = pid + 1
+
+        pid, _ = await self.run(op, applied=taken)
+        return pid
 
     async def alter_scram_credentials(
         self, deletions: Sequence[ScramDeletion], upsertions: Sequence[ScramUpsertion]
@@ -474,6 +631,12 @@ class MetadataStore:
 
 
 METADATA_KEY = "cluster-metadata"
+
+
+def _consume_result(task: asyncio.Task[Any]) -> None:
+    # The caller went away (cancelled); its operation still finished or failed.
+    if not task.cancelled():
+        task.exception()
 
 
 def _encode(record: Record) -> list[KeyValue]:

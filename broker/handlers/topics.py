@@ -25,7 +25,7 @@ from broker.handlers.responses import NO_THROTTLE
 from broker.partitions import LogManager
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
-from coordinator.metadata import MetadataStore, Record, Topic, validate_topic_name
+from coordinator.metadata import MetadataStore, Record, Topic, TopicChange, validate_topic_name
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
@@ -134,19 +134,70 @@ def _open_created(
         topic = outcomes[i]
         assert isinstance(topic, Topic)
         try:
-            broker.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
+            open_topic_logs(broker, topic, "topic_created")
         except KafkaError as exc:
             outcomes[i] = exc
             failed.append(topic)
-            continue
-        log.info(
-            "topic_created",
+
+
+def open_topic_logs(broker: TopicStores, topic: Topic, event: str) -> None:
+    """Open the logs of `topic`'s partitions not open yet (a topic created, or grown,
+    here or by another broker), log `event` and tell the topic_changed_hooks. Raises
+    KafkaError if they cannot be opened (those this call opened are closed again)."""
+    broker.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
+    log.info(event, topic=topic.name, topic_id=str(topic.topic_id), partitions=topic.partitions)
+    for hook in broker.topic_changed_hooks:
+        hook(topic.name)
+
+
+def remove_topic_logs(broker: TopicsBroker, topic: Topic) -> None:
+    """A topic is deleted (here or by another broker): remove its logs and run the
+    topic_deleted_hooks. A topic whose logs cannot be removed (an I/O error) is logged
+    and the hooks run all the same (the broker's restart removes what is left)."""
+    try:
+        broker.logs.remove_topic(topic.name)
+    except OSError as exc:
+        log.error(
+            "topic_logs_not_removed",
             topic=topic.name,
             topic_id=str(topic.topic_id),
-            partitions=topic.partitions,
+            error=repr(exc),
+            hint="the topic is deleted; its log directories are removed on restart",
         )
-        for hook in broker.topic_changed_hooks:
-            hook(topic.name)
+    log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
+    for hook in broker.topic_deleted_hooks:
+        hook(topic.name, topic.topic_id)
+
+
+def apply_topic_change(broker: TopicsBroker, change: TopicChange) -> None:
+    """A topic another broker created, deleted, grew or reconfigured, as this broker's
+    copy of the metadata replayed it (`MetadataStore.on_replayed`): act on it as on a
+    change of this broker's own, with the same code. Logs that cannot be opened are
+    logged (the topic exists all the same, as the other broker answered)."""
+    before, after = change.before, change.after
+    if before is not None and (after is None or after.topic_id != before.topic_id):
+        remove_topic_logs(broker, before)
+    if after is None:
+        return
+    if before is None or before.topic_id != after.topic_id:
+        event = "topic_created"
+    elif after.partitions > before.partitions:
+        event = "partitions_created"
+    else:
+        if after.configs != before.configs:
+            broker.logs.reconfigure_topic(after.name, after.configs)
+            log.info("topic_config_altered", topic=after.name, configs=after.configs)
+        return
+    try:
+        open_topic_logs(broker, after, event)
+    except KafkaError as exc:
+        log.error(
+            "topic_logs_not_opened",
+            topic=after.name,
+            topic_id=str(after.topic_id),
+            error=exc.message,
+            hint="the topic was changed by another broker; this one serves it after a restart",
+        )
 
 
 async def _undo_creations(broker: TopicStores, topics: list[Topic]) -> None:
@@ -250,6 +301,9 @@ async def create_topics(
         return any_topic or az.allows(ctx, AclOperation.CREATE, ResourceType.TOPIC, name)
 
     def op() -> tuple[list[Record], list[Outcome]]:
+        # Run again when another broker changed the metadata first (MetadataStore.run).
+        outcomes.clear()
+        created.clear()
         records: list[Record] = []
         pending = 0
         for t in entries:
@@ -367,6 +421,7 @@ async def delete_topics(
         return any_topic or az.allows(ctx, AclOperation.DELETE, ResourceType.TOPIC, name)
 
     def op() -> tuple[list[Record], list[Outcome]]:
+        outcomes.clear()  # run again after another broker's change (MetadataStore.run)
         records: list[Record] = []
         deleted: set[uuid.UUID] = set()
         for name, topic_id in wanted:
@@ -442,21 +497,8 @@ def _remove_deleted(broker: TopicsBroker, outcomes: list[Outcome]) -> None:
     is logged and still answered deleted, the other topics' logs are removed and the
     deletion hooks run for every topic (the broker's restart removes what is left)."""
     for topic in outcomes:
-        if isinstance(topic, KafkaError):
-            continue
-        try:
-            broker.logs.remove_topic(topic.name)
-        except OSError as exc:
-            log.error(
-                "topic_logs_not_removed",
-                topic=topic.name,
-                topic_id=str(topic.topic_id),
-                error=repr(exc),
-                hint="the topic is deleted; its log directories are removed on restart",
-            )
-        log.info("topic_deleted", topic=topic.name, topic_id=str(topic.topic_id))
-        for hook in broker.topic_deleted_hooks:
-            hook(topic.name, topic.topic_id)
+        if not isinstance(topic, KafkaError):
+            remove_topic_logs(broker, topic)
 
 
 # What one CreatePartitions entry came to: (the topic before, the topic grown), or why not.
@@ -479,6 +521,7 @@ async def create_partitions(
     az = broker.authorizer
 
     def op() -> tuple[list[Record], list[Growth]]:
+        outcomes.clear()  # run again after another broker's change (MetadataStore.run)
         records: list[Record] = []
         pending = 0
         for t in req.topics:
@@ -545,14 +588,10 @@ def _open_grown(
             continue
         _, grown = outcome
         try:
-            broker.logs.open_topic(grown.name, grown.topic_id, grown.partitions, grown.configs)
+            open_topic_logs(broker, grown, "partitions_created")
         except KafkaError as exc:
             outcomes[i] = exc
             failed.append(outcome)
-            continue
-        log.info("partitions_created", topic=grown.name, partitions=grown.partitions)
-        for hook in broker.topic_changed_hooks:
-            hook(grown.name)
 
 
 async def _undo_growths(broker: TopicsBroker, failed: list[tuple[Topic, Topic]]) -> None:
