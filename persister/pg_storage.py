@@ -87,7 +87,7 @@ from persister.pg_schema import migrate
 from persister.pg_url import mask_password
 from persister.producer_state import ProducerStateManager
 from persister.segment import LOG_SUFFIX
-from persister.storage import CoordinatorLog, Fenced, TopicLog
+from persister.storage import CoordinatorLog, Fenced, StorageUnavailable, TopicLog
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +109,8 @@ KEEPALIVE_IDLE_S = 5
 KEEPALIVE_INTERVAL_S = 2
 KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT_MS = 10_000
+# How long a shared log's catch-up may take before it counts as failed.
+CATCH_UP_TIMEOUT_S = 10.0
 # How long a stop waits for pending claims and drops, then for the pool to close.
 STOP_TIMEOUT_S = 5.0
 
@@ -252,30 +254,39 @@ class PgSharedLog(PgPartitionLog):
         await self._fsync_rolled()
 
     async def catch_up(self) -> int:
-        """`SharedLog.catch_up`: append the batches committed past the local end."""
+        """`SharedLog.catch_up`: append the batches committed past the local end. Not
+        tried during a storage outage (the committer's probe ends it), and bounded by
+        CATCH_UP_TIMEOUT_S: a database that does not answer fails it (StorageUnavailable
+        or TimeoutError, OSErrors both) rather than holding the metadata's turn."""
         start = self.log_end_offset
         if self._pending:
             return start  # a write of this broker is in flight: its commit goes first
-        claim = await self._claimed()
-        now = SYSTEM_CLOCK.now_ms()
+        unavailable = self._engine.unavailable
+        if unavailable is not None:
+            raise StorageUnavailable(errno.EIO, unavailable)
         try:
-            async for base, last, data in self._engine._rows(claim.log_id, start):
-                end = self.log_end_offset
-                if last < end:
-                    continue
-                if base != end:
-                    raise OSError(
-                        errno.EIO,
-                        f"the storage database's copy of {self._name} has a batch at "
-                        f"offset {base} where the local copy ends at {end}",
-                    )
-                PartitionLog.append_raw(self, bytearray(data), now)
+            await asyncio.wait_for(self._append_committed(), CATCH_UP_TIMEOUT_S)
         except OSError:
             raise
         except Exception as exc:
             raise storage_error(exc) from exc
         await self._fsync_rolled()
         return start
+
+    async def _append_committed(self) -> None:
+        claim = await self._claimed()
+        now = SYSTEM_CLOCK.now_ms()
+        async for base, last, data in self._engine._rows(claim.log_id, self.log_end_offset):
+            end = self.log_end_offset
+            if last < end:
+                continue
+            if base != end:
+                raise OSError(
+                    errno.EIO,
+                    f"the storage database's copy of {self._name} has a batch at "
+                    f"offset {base} where the local copy ends at {end}",
+                )
+            PartitionLog.append_raw(self, bytearray(data), now)
 
     async def _fsync_rolled(self) -> None:
         if self._unflushed:
