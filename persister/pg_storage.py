@@ -311,6 +311,9 @@ class PgStorage:
         # Claims and drops of a log name, in the order they were asked for.
         self._name_ops: dict[str, asyncio.Task[Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # The topic id each open partition log was opened with, by name: a log is
+        # dropped only while its row is still that topic's (`forget_log`).
+        self._topic_ids: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"PgStorage({mask_password(self.url)})"
@@ -410,7 +413,10 @@ class PgStorage:
         kind = PgSharedLog if self._name(directory) in SHARED_LOGS else PgPartitionLog
         plog = kind.open(directory, config, now_ms)
         assert isinstance(plog, PgPartitionLog)
-        plog._attach(self, self._name(directory), read_topic_id(directory))
+        name, topic_id = self._name(directory), read_topic_id(directory)
+        if topic_id is not None:
+            self._topic_ids[name] = topic_id
+        plog._attach(self, name, topic_id)
         return plog
 
     def open_log(self, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
@@ -430,11 +436,15 @@ class PgStorage:
         return RecordLog(directory, commit, config, clock=clock, open_log=self.open_log)
 
     def forget_log(self, directory: Path) -> None:
+        """Drop the log's row (and so its batches), if it is still of the topic id the
+        log was opened with: brokers sharing the database each forget a deleted topic's
+        logs when they learn of the deletion, and one that learns late must not drop
+        the logs of a topic created again under the name meanwhile."""
         try:
             name = self._name(directory)
         except ValueError:
             return
-        self._after(name, self._drop(name))
+        self._after(name, self._drop(name, self._topic_ids.pop(name, None)))
 
     def discard_log(self, directory: Path) -> None:
         """A log another broker claimed, closed: its local files are a cache of rows
@@ -519,9 +529,17 @@ class PgStorage:
             )
         return _Claim(int(row["log_id"]), int(row["leader_epoch"]))
 
-    async def _drop(self, name: str) -> None:
+    async def _drop(self, name: str, topic_id: str | None = None) -> None:
         async with self._pool.acquire() as conn:
-            await conn.execute("DELETE FROM spool_logs WHERE name = $1", name)
+            if topic_id is None:
+                await conn.execute("DELETE FROM spool_logs WHERE name = $1", name)
+            else:
+                await conn.execute(
+                    "DELETE FROM spool_logs WHERE name = $1 "
+                    "AND (topic_id IS NULL OR topic_id = $2)",
+                    name,
+                    topic_id,
+                )
         log.info("log_dropped", log=name)
 
     # -- restore -------------------------------------------------------------------

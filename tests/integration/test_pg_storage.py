@@ -379,3 +379,42 @@ async def test_a_batch_larger_than_the_default_max_message_bytes_is_restored(
     assert values(plog) == [b"x" * (2 << 20)]
     plog.close()
     await engine.stop()
+
+
+async def test_a_late_forget_of_a_deleted_topic_leaves_the_topic_created_again(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Brokers sharing the database each forget a deleted topic's logs: one that learns
+    of the deletion after another broker created the topic again (the row holds the
+    new topic id by then) leaves the new topic's row and batches alone."""
+    engine = PgStorage(pg_dsn)
+    await engine.start(tmp_path)
+    directory = tmp_path / "topics" / "t-0"
+
+    async def open_forget(created_again: bool) -> int:
+        """Open t-0 of topic id-old, write, delete it; the rows of t-0 left after."""
+        directory.mkdir(parents=True)
+        (directory / "partition.metadata").write_text("version: 0\ntopic_id: id-old\n")
+        plog = await open_topic(engine, tmp_path, "t-0")
+        plog.append(batch(b"old"), NOW)
+        await plog.flush_async()
+        plog.close()
+        if created_again:
+            async with engine._pool.acquire() as conn:
+                await conn.execute("UPDATE spool_logs SET topic_id = 'id-new'")
+        shutil.rmtree(directory)
+        engine.forget_log(directory)
+        await asyncio.gather(*engine._background)
+        async with engine._pool.acquire() as conn:
+            return int(
+                await conn.fetchval("SELECT count(*) FROM spool_logs WHERE name = $1", "topics/t-0")
+            )
+
+    try:
+        assert await open_forget(created_again=True) == 1
+        async with engine._pool.acquire() as conn:
+            await conn.execute("DELETE FROM spool_logs WHERE name = 'topics/t-0'")
+        # Still the deleted topic's row: dropped.
+        assert await open_forget(created_again=False) == 0
+    finally:
+        await engine.stop()
