@@ -118,3 +118,34 @@ class SingleNode:
 
     def coordinator(self, log: str) -> Leader | None:
         return Leader(self._node_id, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A broker as a response names it on one listener (Kafka's `Node`)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+def alive_node(cluster: ClusterView, node_id: int, listener: str) -> Node | None:
+    """A live broker's endpoint on `listener`, or None when it is not live or has no such
+    listener (Kafka's MetadataCache.getAliveBrokerNode)."""
+    info = cluster.broker(node_id)
+    endpoint = None if info is None else info.endpoint(listener)
+    if info is None or endpoint is None:
+        return None
+    return Node(node_id, endpoint.host, endpoint.port, info.rack)
+
+
+def alive_nodes(cluster: ClusterView, listener: str) -> list[Node]:
+    """The live brokers with an endpoint on `listener`, by node id; a broker without that
+    listener is left out (Kafka's MetadataCache.getAliveBrokerNodes)."""
+    nodes = []
+    for info in cluster.live_brokers():
+        endpoint = info.endpoint(listener)
+        if endpoint is not None:
+            nodes.append(Node(info.node_id, endpoint.host, endpoint.port, info.rack))
+    return sorted(nodes, key=lambda n: n.node_id)

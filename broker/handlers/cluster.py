@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import random
 import uuid
 from typing import TYPE_CHECKING, Protocol
 
@@ -11,6 +12,7 @@ import structlog
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import i8, i16, i32, i64, i64Timedelta
 
+from broker.cluster import ClusterView, Node, alive_node, alive_nodes
 from broker.handlers import responses as resp
 from broker.handlers.access import (
     CLUSTER_DENIED,
@@ -57,6 +59,8 @@ class ClusterBroker(TopicStores, TxnBroker, Guarded, Protocol):
     def node_id(self) -> int: ...
     @property
     def cluster_id(self) -> str: ...
+    @property
+    def cluster(self) -> ClusterView: ...
     def advertised_for(self, listener: str) -> Endpoint: ...
     def api_version_entries(self) -> tuple[resp.api_versions_v4.ApiVersion, ...]: ...
 
@@ -192,20 +196,17 @@ async def metadata(
         operations = AUTHORIZED_OPERATIONS_OMITTED
         if topic_ops:
             operations = authorized_operations(az, ctx, ResourceType.TOPIC, topic.name)
-        topics.append(_topic_entry(broker.node_id, topic, operations))
-    ep = broker.advertised_for(ctx.listener)
+        topics.append(_topic_entry(broker.cluster, ctx.listener, version, topic, operations))
     answer = m.MetadataResponse(
         throttle_time=NO_THROTTLE,
-        brokers=(
+        brokers=tuple(
             m.MetadataResponseBroker(
-                node_id=BrokerId(broker.node_id),
-                host=ep.host,
-                port=i32(ep.port),
-                rack=broker.config.get("broker.rack"),
-            ),
+                node_id=BrokerId(n.node_id), host=n.host, port=i32(n.port), rack=n.rack
+            )
+            for n in alive_nodes(broker.cluster, ctx.listener)
         ),
         cluster_id=broker.cluster_id,
-        controller_id=BrokerId(broker.node_id),
+        controller_id=BrokerId(_random_live_broker(broker.cluster)),
         topics=tuple(topics),
         error_code=ErrorCode.none,
     )
@@ -239,21 +240,27 @@ async def describe_cluster(
             cluster_id="",
             brokers=(),
         )
-    ep = broker.advertised_for(ctx.listener)
+    nodes = alive_nodes(broker.cluster, ctx.listener)
+    controller_id = _random_live_broker(broker.cluster)
+    if all(n.node_id != controller_id for n in nodes):
+        controller_id = -1  # not listed: Kafka answers -1 rather than an unknown id
     return m.DescribeClusterResponse(
         throttle_time=NO_THROTTLE,
         error_code=ErrorCode.none,
         endpoint_type=i8(endpoint_type),
         cluster_id=broker.cluster_id,
-        controller_id=BrokerId(broker.node_id),
-        brokers=(
+        controller_id=BrokerId(controller_id),
+        # Every listed broker is live: a broker whose lease expired is out of the cluster
+        # (Kafka would list a fenced one only when IncludeFencedBrokers asks).
+        brokers=tuple(
             m.DescribeClusterBroker(
-                broker_id=BrokerId(broker.node_id),
-                host=ep.host,
-                port=i32(ep.port),
-                rack=broker.config.get("broker.rack"),
+                broker_id=BrokerId(n.node_id),
+                host=n.host,
+                port=i32(n.port),
+                rack=n.rack,
                 is_fenced=False,
-            ),
+            )
+            for n in nodes
         ),
         cluster_authorized_operations=i32(
             _cluster_operations(ctx, broker)
@@ -377,27 +384,75 @@ def _init_producer_id_refused(code: ErrorCode) -> resp.init_producer_id_v5.InitP
     )
 
 
+def _random_live_broker(cluster: ClusterView) -> int:
+    """The controller id a KRaft broker answers: a live broker picked at random (Kafka's
+    MetadataCache.getRandomAliveBrokerId; clients send it controller-bound requests,
+    which any broker forwards), -1 with none."""
+    live = [b.node_id for b in cluster.live_brokers()]
+    return random.choice(live) if live else -1
+
+
 def _topic_entry(
-    node: int, topic: Topic, operations: int = AUTHORIZED_OPERATIONS_OMITTED
+    cluster: ClusterView,
+    listener: str,
+    version: int,
+    topic: Topic,
+    operations: int = AUTHORIZED_OPERATIONS_OMITTED,
 ) -> resp.metadata_v13.MetadataResponseTopic:
     m = resp.metadata_v13
-    leader = BrokerId(node)
     return m.MetadataResponseTopic(
         error_code=ErrorCode.none,
         name=TopicName(topic.name),
         topic_id=topic.topic_id,
         is_internal=False,
         partitions=tuple(
-            m.MetadataResponsePartition(
-                error_code=ErrorCode.none,
-                partition_index=i32(i),
-                leader_id=leader,
-                leader_epoch=i32(0),
-                replica_nodes=(leader,),
-                isr_nodes=(leader,),
-                offline_replicas=(),
-            )
+            _partition_entry(cluster, listener, version, topic.topic_id, i)
             for i in range(topic.partitions)
         ),
         topic_authorized_operations=i32(operations),
+    )
+
+
+def _partition_entry(
+    cluster: ClusterView, listener: str, version: int, topic_id: uuid.UUID, index: int
+) -> resp.metadata_v13.MetadataResponsePartition:
+    """One partition as Kafka's KRaftMetadataCache.getPartitionMetadata answers it: its
+    one replica is its leader (spool keeps no follower copies: replication factor 1).
+    Without a leader, or with one that is not live: LEADER_NOT_AVAILABLE and leader -1;
+    a live leader without the request's listener: LISTENER_NOT_FOUND (v6+). Metadata
+    v0 lists only the replicas a client can reach."""
+    m = resp.metadata_v13
+    leader = cluster.leader(topic_id, index)
+    if leader is None:
+        return m.MetadataResponsePartition(
+            error_code=ErrorCode.leader_not_available,
+            partition_index=i32(index),
+            leader_id=BrokerId(-1),
+            leader_epoch=i32(-1),
+            replica_nodes=(),
+            isr_nodes=(),
+            offline_replicas=(),
+        )
+    node: Node | None = alive_node(cluster, leader.node_id, listener)
+    replicas = (BrokerId(leader.node_id),)
+    offline: tuple[BrokerId, ...]
+    if node is not None:
+        code, leader_id, offline = ErrorCode.none, BrokerId(leader.node_id), ()
+    else:
+        live = cluster.broker(leader.node_id) is not None
+        code = (
+            ErrorCode.listener_not_found
+            if live and version >= 6
+            else ErrorCode.leader_not_available
+        )
+        leader_id, offline = BrokerId(-1), replicas
+    listed = () if version == 0 and node is None else replicas
+    return m.MetadataResponsePartition(
+        error_code=code,
+        partition_index=i32(index),
+        leader_id=leader_id,
+        leader_epoch=i32(leader.epoch),
+        replica_nodes=listed,
+        isr_nodes=listed,
+        offline_replicas=offline,
     )

@@ -38,6 +38,7 @@ from persister.commit import GroupCommit
 from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
+from tests.unit.cluster_fakes import alone
 from tests.unit.test_metadata_ops import Logs
 from tests.unit.test_share_fetch_service import BOUND_S, TP, params, service
 
@@ -168,6 +169,7 @@ def metadata_broker(az: Authorizer, names: list[str]) -> Any:
         node_id=1,
         cluster_id="c",
         advertised_for=lambda listener: Endpoint("h", 9092),
+        cluster=alone(1, "SASL_PLAINTEXT"),
     )
 
 
@@ -311,6 +313,7 @@ async def data(tmp_path: Path) -> AsyncIterator[Any]:
         ),
         transactions=untouchable(),
         authorizer=authorizer(),
+        cluster=alone(1, "SASL_PLAINTEXT"),
     )
     try:
         yield broker
@@ -648,6 +651,7 @@ def share_broker(az: Authorizer) -> Any:
         metadata=SimpleNamespace(state=SimpleNamespace(topics={}, topics_by_id={})),
         share_service=untouchable(),
         log_partition=lambda tid, p: None,
+        cluster=alone(1, "SASL_PLAINTEXT"),
     )
 
 
