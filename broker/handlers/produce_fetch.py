@@ -8,16 +8,20 @@ partitions get TOPIC_AUTHORIZATION_FAILED, checked before whether they exist."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import structlog
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.static.primitive import Records, TZAware, i32, i64
 
+from broker.cluster import ClusterView
 from broker.handlers import responses as resp
 from broker.handlers.access import Guarded
+from broker.handlers.leaders import MOVED, NOT_LEADER, CurrentLeaders, not_leader_message
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.transactions import verify_produce
 from broker.partitions import LogManager, Partition, validate_produce_data, wait_for_any
@@ -44,6 +48,7 @@ log = structlog.get_logger("spool.data")
 
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
 READ_COMMITTED = 1
+NO_EPOCH = -1  # a request's current leader epoch that asks for no check
 
 
 class DataBroker(Guarded, Protocol):
@@ -55,6 +60,8 @@ class DataBroker(Guarded, Protocol):
     def logs(self) -> LogManager: ...
     @property
     def transactions(self) -> TransactionCoordinator: ...
+    @property
+    def cluster(self) -> ClusterView: ...
 
 
 class _Wanted(NamedTuple):
@@ -66,6 +73,7 @@ class _Wanted(NamedTuple):
     fetch_offset: int
     partition_max_bytes: int
     denied: bool = False  # no READ on the topic: TOPIC_AUTHORIZATION_FAILED
+    current_leader_epoch: int = NO_EPOCH  # v9+; checked against the leader's (KIP-320)
 
 
 def _topic_name(broker: DataBroker, entry: object) -> tuple[str | None, uuid.UUID | None]:
@@ -87,6 +95,36 @@ def _unknown_topic_error(name: str | None) -> ErrorCode:
     return ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
 
 
+def _not_led(
+    broker: DataBroker, name: str | None, partition: int, current_leader_epoch: int = NO_EPOCH
+) -> KafkaError | None:
+    """Why this broker may not serve a partition of a known topic: NOT_LEADER_OR_FOLLOWER
+    when it does not lead it; for one it leads, a request's current leader epoch other
+    than the leader's (Kafka's Partition.checkCurrentLeaderEpoch: older is
+    FENCED_LEADER_EPOCH, newer UNKNOWN_LEADER_EPOCH, -1 is not checked). None for an
+    unknown partition (the caller's UNKNOWN_TOPIC_OR_PARTITION) or one it may serve."""
+    topic = broker.metadata.state.topics.get(name) if name is not None else None
+    if topic is None or not 0 <= partition < topic.partitions:
+        return None
+    cluster = broker.cluster
+    leader = cluster.leader(topic.topic_id, partition)
+    if leader is None or not cluster.is_local(leader):
+        return KafkaError(NOT_LEADER, not_leader_message(cluster.node_id, name, partition))
+    if current_leader_epoch == NO_EPOCH or current_leader_epoch == leader.epoch:
+        return None
+    if current_leader_epoch < leader.epoch:
+        return KafkaError(
+            ErrorCode.fenced_leader_epoch,
+            f"The request's leader epoch {current_leader_epoch} of {name}-{partition} is "
+            f"older than the leader's, {leader.epoch}: refresh the metadata",
+        )
+    return KafkaError(
+        ErrorCode.unknown_leader_epoch,
+        f"The request's leader epoch {current_leader_epoch} of {name}-{partition} is "
+        f"newer than the leader's, {leader.epoch}",
+    )
+
+
 class _Produced:
     """One partition's Produce outcome while the request is served (the acks=all
     wait may still turn it into an error)."""
@@ -96,6 +134,7 @@ class _Produced:
         "error_code",
         "error_message",
         "index",
+        "leader",
         "log_append_time",
         "log_start_offset",
     )
@@ -107,15 +146,26 @@ class _Produced:
         self.base_offset = -1
         self.log_append_time = -1
         self.log_start_offset = -1
+        # KIP-951's CurrentLeader (v10+), for NOT_LEADER_OR_FOLLOWER.
+        self.leader = (-1, -1)
 
     def failed(self, exc: KafkaError) -> None:
         self.error_code, self.error_message = exc.code, exc.message
 
 
 def _produce_response(
-    version: int, topics: list[tuple[str | None, uuid.UUID | None, list[_Produced]]]
+    version: int,
+    topics: list[tuple[str | None, uuid.UUID | None, list[_Produced]]],
+    leaders: CurrentLeaders,
 ) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse:
-    """Produce names its topics before v13 and gives their ids from v13 (KIP-516)."""
+    """Produce names its topics before v13 and gives their ids from v13 (KIP-516). From
+    v10 (KIP-951) a partition answered NOT_LEADER_OR_FOLLOWER names its current leader,
+    and NodeEndpoints where it is, as Kafka's KafkaApis.handleProduceRequest."""
+    if version >= 10:
+        for _, topic_id, parts in topics:
+            for p in parts:
+                if p.error_code == NOT_LEADER:
+                    p.leader = leaders.current(topic_id, p.index)
     if version >= 13:
         m = resp.produce_v13
         return m.ProduceResponse(
@@ -123,12 +173,21 @@ def _produce_response(
                 m.TopicProduceResponse(
                     topic_id=topic_id,
                     partition_responses=tuple(
-                        _produced_entry(m.PartitionProduceResponse, p) for p in parts
+                        _produced_entry(m.PartitionProduceResponse, p)
+                        if p.error_code != NOT_LEADER
+                        else dataclasses.replace(
+                            _produced_entry(m.PartitionProduceResponse, p),
+                            current_leader=m.LeaderIdAndEpoch(
+                                leader_id=BrokerId(p.leader[0]), leader_epoch=i32(p.leader[1])
+                            ),
+                        )
+                        for p in parts
                     ),
                 )
                 for _, topic_id, parts in topics
             ),
             throttle_time=NO_THROTTLE,
+            node_endpoints=leaders.endpoints(m.NodeEndpoint),
         )
     old = resp.produce_v12
     return old.ProduceResponse(
@@ -136,12 +195,21 @@ def _produce_response(
             old.TopicProduceResponse(
                 name=TopicName(name or ""),
                 partition_responses=tuple(
-                    _produced_entry(old.PartitionProduceResponse, p) for p in parts
+                    _produced_entry(old.PartitionProduceResponse, p)
+                    if p.error_code != NOT_LEADER
+                    else dataclasses.replace(
+                        _produced_entry(old.PartitionProduceResponse, p),
+                        current_leader=old.LeaderIdAndEpoch(
+                            leader_id=BrokerId(p.leader[0]), leader_epoch=i32(p.leader[1])
+                        ),
+                    )
+                    for p in parts
                 ),
             )
             for name, _, parts in topics
         ),
         throttle_time=NO_THROTTLE,
+        node_endpoints=leaders.endpoints(old.NodeEndpoint),
     )
 
 
@@ -207,7 +275,7 @@ async def produce(
             for entry in parts:
                 entry.failed(denied)
             responses.append((name, topic_id, parts))
-        return _produce_answer(ctx, acks, responses)
+        return _produce_answer(ctx, acks, responses, broker.cluster)
     writable: dict[str, bool] = {}
     for t in req.topic_data:
         name, topic_id = _topic_name(broker, t)
@@ -223,6 +291,10 @@ async def produce(
                     )
                 if name is not None and not writable[name]:
                     raise KafkaError(ErrorCode.topic_authorization_failed)
+                # Before the records are read: Kafka's leader checks them (LogValidator).
+                not_led = _not_led(broker, name, p.index)
+                if not_led is not None:
+                    raise not_led
                 part = broker.logs.get(name, p.index) if name else None
                 if part is None:
                     raise broker.logs.not_leader(name, p.index) or KafkaError(
@@ -274,19 +346,21 @@ async def produce(
                 entry.failed(result)
             elif isinstance(result, BaseException):
                 raise result
-    return _produce_answer(ctx, acks, responses)
+    return _produce_answer(ctx, acks, responses, broker.cluster)
 
 
 def _produce_answer(
     ctx: RequestContext,
     acks: int,
     responses: list[tuple[str | None, uuid.UUID | None, list[_Produced]]],
+    cluster: ClusterView,
 ) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse | None:
     """The response; None for acks=0, unless a partition failed: then, as Kafka's
     KafkaApis.handleProduceRequest, the connection closes so that the producer, which
     waits for no answer, notices (and refreshes its metadata)."""
+    leaders = CurrentLeaders(cluster, ctx.listener)
     if acks != 0:
-        return _produce_response(ctx.api_version, responses)
+        return _produce_response(ctx.api_version, responses, leaders)
     failed = [
         f"{topic_id if name is None else name}-{p.index}: {ErrorCode(p.error_code).name.upper()}"
         for name, topic_id, parts in responses
@@ -296,7 +370,7 @@ def _produce_answer(
     if failed:
         raise CloseConnection(
             "error during a produce request with acks=0: " + ", ".join(failed),
-            _produce_response(ctx.api_version, responses),
+            _produce_response(ctx.api_version, responses, leaders),
         )
     return None
 
@@ -343,19 +417,33 @@ async def fetch(
         denied = name is not None and not readable[name]
         for p in t.partitions:
             wanted.append(
-                _Wanted(name, topic_id, p.partition, p.fetch_offset, p.partition_max_bytes, denied)
+                _Wanted(
+                    name,
+                    topic_id,
+                    p.partition,
+                    p.fetch_offset,
+                    p.partition_max_bytes,
+                    denied,
+                    getattr(p, "current_leader_epoch", NO_EPOCH),  # v9+
+                )
             )
     # Denied partitions are answered at once and wait for nothing: the others may still
     # wait for MinBytes, as Kafka waits for the partitions it may read.
     readable_any = any(not w.denied for w in wanted)
     while True:
-        responses, total, errors = _fetch_once(broker.logs, req.max_bytes, wanted, committed_only)
+        responses, total, errors = _fetch_once(
+            broker.logs,
+            req.max_bytes,
+            wanted,
+            committed_only,
+            lambda w: _not_led(broker, w.name, w.partition, w.current_leader_epoch),
+        )
         remaining_ms = deadline_ms - clock.now_ms()
         stopping = broker.logs.stopping  # shutdown: answer now, don't hold it up
         if total >= req.min_bytes or errors or remaining_ms <= 0 or not readable_any or stopping:
             break
         await _wait_for_data(broker.logs, wanted, remaining_ms / 1000)
-    return _fetch_response(ctx.api_version, responses)
+    return _fetch_response(ctx.api_version, responses, CurrentLeaders(broker.cluster, ctx.listener))
 
 
 def _replica_id(req: FetchRequest) -> int:
@@ -371,11 +459,18 @@ FetchedTopics = dict[tuple[str | None, uuid.UUID | None], list["resp.fetch_v18.P
 
 
 def _fetch_response(
-    version: int, topics: FetchedTopics
+    version: int, topics: FetchedTopics, leaders: CurrentLeaders
 ) -> resp.fetch_v12.FetchResponse | resp.fetch_v18.FetchResponse:
-    """Fetch names its topics before v13 and gives their ids from v13 (KIP-516)."""
+    """Fetch names its topics before v13 and gives their ids from v13 (KIP-516). From
+    v16 (KIP-951) a partition answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH
+    names its current leader, and NodeEndpoints where it is (KafkaApis.handleFetchRequest)."""
     if version >= 13:
         m = resp.fetch_v18
+        if version >= 16:
+            topics = {
+                key: [_with_leader(leaders, key[1], p) for p in parts]
+                for key, parts in topics.items()
+            }
         return m.FetchResponse(
             throttle_time=NO_THROTTLE,
             error_code=ErrorCode.none,
@@ -384,6 +479,7 @@ def _fetch_response(
                 m.FetchableTopicResponse(topic_id=topic_id, partitions=tuple(parts))
                 for (_, topic_id), parts in topics.items()
             ),
+            node_endpoints=leaders.endpoints(m.NodeEndpoint),
         )
     old = resp.fetch_v12
     return old.FetchResponse(
@@ -396,6 +492,20 @@ def _fetch_response(
                 partitions=tuple(api.convert(p, old.PartitionData) for p in parts),
             )
             for (name, _), parts in topics.items()
+        ),
+    )
+
+
+def _with_leader(
+    leaders: CurrentLeaders, topic_id: uuid.UUID | None, p: resp.fetch_v18.PartitionData
+) -> resp.fetch_v18.PartitionData:
+    if p.error_code not in MOVED:
+        return p
+    leader_id, epoch = leaders.current(topic_id, p.partition_index, p.error_code)
+    return dataclasses.replace(
+        p,
+        current_leader=resp.fetch_v18.LeaderIdAndEpoch(
+            leader_id=BrokerId(leader_id), leader_epoch=i32(epoch)
         ),
     )
 
@@ -415,9 +525,16 @@ async def list_offsets(
         for p in t.partitions:
             code, offset, ts, epoch = ErrorCode.none, -1, -1, 0
             part = broker.logs.get(t.name, p.partition_index)
+            not_led = None
+            if describable:
+                # v4+ carries the client's leader epoch (KIP-320), checked as Fetch's.
+                current = getattr(p, "current_leader_epoch", NO_EPOCH)
+                not_led = _not_led(broker, t.name, p.partition_index, current)
             if not describable:
                 # Kafka's error entry leaves the leader epoch unknown (-1).
                 code, epoch = ErrorCode.topic_authorization_failed, -1
+            elif not_led is not None:
+                code, epoch = not_led.code, -1
             elif part is None:
                 moved = broker.logs.not_leader(t.name, p.partition_index)
                 code = ErrorCode.unknown_topic_or_partition if moved is None else moved.code
@@ -450,6 +567,9 @@ async def delete_records(
             try:
                 if not deletable:
                     raise KafkaError(ErrorCode.topic_authorization_failed)
+                not_led = _not_led(broker, t.name, p.partition_index)
+                if not_led is not None:
+                    raise not_led
                 if part is None:
                     raise broker.logs.not_leader(t.name, p.partition_index) or KafkaError(
                         ErrorCode.unknown_topic_or_partition
@@ -478,16 +598,37 @@ _NO_RECORDS = Records(b"")
 
 
 def _fetch_once(
-    logs: LogManager, max_bytes: int, wanted: list[_Wanted], committed_only: bool
+    logs: LogManager,
+    max_bytes: int,
+    wanted: list[_Wanted],
+    committed_only: bool,
+    refused: Callable[[_Wanted], KafkaError | None] = lambda _: None,
 ) -> tuple[FetchedTopics, int, bool]:
+    """One read of every wanted partition; `refused` says why one may not be read here
+    (another broker leads it, or the request's leader epoch is not the leader's)."""
     m = resp.fetch_v18
     budget = max_bytes
     total = 0
     errors = False
     by_topic: FetchedTopics = {}
     for w in wanted:
+        # Leadership is looked at each round: a long poll woken later sees a move.
+        not_led = None if w.denied else refused(w)
         part = logs.get(w.name, w.partition) if w.name and not w.denied else None
-        if part is None:
+        if not_led is not None:
+            # As Kafka's ReplicaManager.readFromLog answers an error: nothing known.
+            entry = m.PartitionData(
+                partition_index=i32(w.partition),
+                error_code=not_led.code,
+                high_watermark=i64(-1),
+                last_stable_offset=i64(-1),
+                log_start_offset=i64(-1),
+                aborted_transactions=None,
+                preferred_read_replica=BrokerId(-1),
+                records=_NO_RECORDS,
+            )
+            errors = True
+        elif part is None:
             moved = None if w.denied else logs.not_leader(w.name, w.partition)
             entry = m.PartitionData(
                 partition_index=i32(w.partition),

@@ -16,7 +16,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +25,7 @@ import pytest
 
 from broker.authorizer import NO_AUTHORIZER, Authorizer
 from broker.broker import compaction_loop, retention_loop
+from broker.cluster import ClusterView
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import fetch, produce
 from broker.metrics import BrokerMetrics
@@ -37,6 +38,7 @@ from persister.coordinator_log import MemoryRecordLog
 from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
+from tests.unit.cluster_fakes import alone
 
 TOPIC = "clocked"
 # 2001-09-09: far from any wall clock a test runs under.
@@ -57,6 +59,7 @@ class Setup:
     metadata: Any
     transactions: TransactionCoordinator
     authorizer: Authorizer = NO_AUTHORIZER
+    cluster: ClusterView = field(default_factory=alone)
 
     @property
     def part(self) -> Partition:
@@ -97,7 +100,9 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
 
 
 def ctx(version: int) -> Any:
-    return SimpleNamespace(api_version=version, header=SimpleNamespace(client_id="unit"))
+    return SimpleNamespace(
+        api_version=version, header=SimpleNamespace(client_id="unit"), listener="PLAINTEXT"
+    )
 
 
 def batch(clock: ManualClock) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from broker.authorizer import NO_AUTHORIZER, Authorizer
+from broker.cluster import ClusterView
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import produce
 from broker.partitions import LogManager, Partition
@@ -24,6 +25,7 @@ from persister.coordinator_log import MemoryRecordLog
 from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
+from tests.unit.cluster_fakes import alone
 
 TOPIC = "orders"
 TID = "txn-produce"
@@ -36,6 +38,7 @@ class Setup:
     transactions: TransactionCoordinator
     metadata: Any
     authorizer: Authorizer = NO_AUTHORIZER
+    cluster: ClusterView = field(default_factory=alone)
 
     def part(self, index: int) -> Partition:
         part = self.logs.get(TOPIC, index)
@@ -97,7 +100,9 @@ async def send(
             ],
         },
     )
-    ctx = SimpleNamespace(api_version=version, header=SimpleNamespace(client_id="unit"))
+    ctx = SimpleNamespace(
+        api_version=version, header=SimpleNamespace(client_id="unit"), listener="PLAINTEXT"
+    )
     answer = await produce(ctx, req, s)  # type: ignore[arg-type]
     assert answer is not None
     [topic] = answer.responses
