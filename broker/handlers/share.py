@@ -25,8 +25,10 @@ import structlog
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
+from broker.cluster import ClusterView
 from broker.handlers import responses as resp
 from broker.handlers.access import GROUP_DENIED, Guarded, authorized_operations
+from broker.handlers.leaders import MOVED, CurrentLeaders
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from broker.share.delayed_fetch import FetchEntry
@@ -65,6 +67,8 @@ class ShareBroker(Guarded, Protocol):
     def groups(self) -> GroupCoordinator: ...
     @property
     def share_service(self) -> ShareFetchService: ...
+    @property
+    def cluster(self) -> ClusterView: ...
 
 
 SHARE_GROUP_TYPE = "share"
@@ -305,6 +309,31 @@ def _readable(ctx: RequestContext, broker: ShareBroker) -> Callable[[uuid.UUID],
     return readable
 
 
+def _leads(broker: ShareBroker) -> Callable[[uuid.UUID, int], bool]:
+    """Whether this broker leads a partition, and so its share partition (the partition
+    leader is the share-partition leader, as in Kafka). An unknown topic is left to the
+    UNKNOWN_TOPIC_ID answer."""
+    cluster = broker.cluster
+    topics = broker.metadata.state.topics_by_id
+
+    def leads(topic_id: uuid.UUID, partition: int) -> bool:
+        topic = topics.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions:
+            return True
+        return cluster.is_local(cluster.leader(topic_id, partition))
+
+    return leads
+
+
+def _current_leader(
+    leaders: CurrentLeaders, tp: TopicIdPartition, code: ErrorCode
+) -> tuple[int, int]:
+    """A partition's CurrentLeader: for NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH
+    the partition's leader, its endpoint listed in NodeEndpoints (KIP-951, as Kafka's
+    KafkaApis fills them); otherwise this broker when it leads it."""
+    return leaders.current(*tp) if code in MOVED else leaders.local(*tp)
+
+
 async def share_fetch(
     ctx: RequestContext, req: ShareFetchRequest, broker: ShareBroker
 ) -> resp.share_fetch_v2.ShareFetchResponse:
@@ -340,18 +369,20 @@ async def share_fetch(
         version=ctx.api_version,
         connection_id=str(ctx.connection_id),
         readable=_readable(ctx, broker),
+        leads=_leads(broker),
     )
     result = await broker.share_service.share_fetch(params)
-    leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
+    leaders = CurrentLeaders(broker.cluster, ctx.listener)
 
     def partition(tp: TopicIdPartition, e: FetchEntry) -> resp.share_fetch_v2.PartitionData:
+        leader_id, epoch = _current_leader(leaders, tp, e.error_code)
         return m.PartitionData(
             partition_index=i32(tp[1]),
             error_code=e.error_code,
             error_message=e.error_message,
             acknowledge_error_code=i16(e.acknowledge_error_code),
             acknowledge_error_message=e.acknowledge_error_message,
-            current_leader=leader,
+            current_leader=m.LeaderIdAndEpoch(leader_id=i32(leader_id), leader_epoch=i32(epoch)),
             records=Records(e.records),
             acquired_records=tuple(
                 m.AcquiredRecords(
@@ -363,18 +394,17 @@ async def share_fetch(
             ),
         )
 
+    responses = tuple(
+        m.ShareFetchableTopicResponse(topic_id=tid, partitions=tuple(parts))
+        for tid, parts in _by_topic((tp, partition(tp, e)) for tp, e in result.partitions.items())
+    )
     return m.ShareFetchResponse(
         throttle_time=NO_THROTTLE,
         error_code=result.error_code,
         error_message=result.error_message,
         acquisition_lock_timeout=_ms(result.acquisition_lock_timeout_ms),
-        responses=tuple(
-            m.ShareFetchableTopicResponse(topic_id=tid, partitions=tuple(parts))
-            for tid, parts in _by_topic(
-                (tp, partition(tp, e)) for tp, e in result.partitions.items()
-            )
-        ),
-        node_endpoints=(),
+        responses=responses,
+        node_endpoints=leaders.endpoints(m.NodeEndpoint),
     )
 
 
@@ -400,31 +430,34 @@ async def share_acknowledge(
         renew=getattr(req, "is_renew_ack", False),  # v2+
         version=ctx.api_version,
         readable=_readable(ctx, broker),
+        leads=_leads(broker),
     )
     result = await broker.share_service.share_acknowledge(params)
-    leader = m.LeaderIdAndEpoch(leader_id=i32(broker.node_id), leader_epoch=i32(0))
+    leaders = CurrentLeaders(broker.cluster, ctx.listener)
 
     def partition(
         tp: TopicIdPartition, outcome: AckOutcome
     ) -> resp.share_acknowledge_v2.PartitionData:
         code, message = outcome
+        leader_id, epoch = _current_leader(leaders, tp, code)
         return m.PartitionData(
             partition_index=i32(tp[1]),
             error_code=code,
             error_message=message,
-            current_leader=leader,
+            current_leader=m.LeaderIdAndEpoch(leader_id=i32(leader_id), leader_epoch=i32(epoch)),
         )
 
+    responses = tuple(
+        m.ShareAcknowledgeTopicResponse(topic_id=tid, partitions=tuple(parts))
+        for tid, parts in _by_topic(
+            (tp, partition(tp, outcome)) for tp, outcome in result.partitions.items()
+        )
+    )
     return m.ShareAcknowledgeResponse(
         throttle_time=NO_THROTTLE,
         error_code=result.error_code,
         error_message=result.error_message,
         acquisition_lock_timeout=_ms(result.acquisition_lock_timeout_ms),
-        responses=tuple(
-            m.ShareAcknowledgeTopicResponse(topic_id=tid, partitions=tuple(parts))
-            for tid, parts in _by_topic(
-                (tp, partition(tp, outcome)) for tp, outcome in result.partitions.items()
-            )
-        ),
-        node_endpoints=(),
+        responses=responses,
+        node_endpoints=leaders.endpoints(m.NodeEndpoint),
     )

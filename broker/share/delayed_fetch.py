@@ -39,6 +39,14 @@ class FetchHost(Protocol):
     def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None: ...
 
 
+def not_leader(topic_id: uuid.UUID, partition: int) -> tuple[ErrorCode, str]:
+    """A partition this broker does not lead: its share partition lives on the leader."""
+    return (
+        ErrorCode.not_leader_or_follower,
+        f"This broker is not the leader of partition {partition} of topic id {topic_id}",
+    )
+
+
 @dataclass(slots=True)
 class FetchEntry:
     """One partition of a ShareFetch's answer."""
@@ -64,6 +72,7 @@ class DelayedShareFetch:
         mode: ShareAcquireMode,
         entries: dict[TopicIdPartition, FetchEntry],
         readable: Callable[[uuid.UUID], bool] = lambda _: True,
+        leads: Callable[[uuid.UUID, int], bool] = lambda _t, _p: True,
     ) -> None:
         self.service = service
         self.session = session
@@ -76,6 +85,9 @@ class DelayedShareFetch:
         # A partition of a topic the requester may not READ is answered
         # TOPIC_AUTHORIZATION_FAILED, and the fetch waits for the others.
         self.readable = readable
+        # A partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER
+        # (looked at each round: leadership may move while the fetch waits).
+        self.leads = leads
 
     async def run(
         self,
@@ -137,8 +149,13 @@ class DelayedShareFetch:
                 entry.error_message = "Topic authorization failed."
                 denied = True
                 continue
+            if not self.leads(tid, p):
+                entry = self.entries.setdefault((tid, p), FetchEntry())
+                entry.error_code, entry.error_message = not_leader(tid, p)
+                denied = True
+                continue
             keys.append(ShareStateKey(group_id, tid, p))
-        # Nothing readable to wait for: answer now (Kafka answers at once when no
+        # Nothing readable and led here to wait for: answer now (Kafka answers at once when no
         # partition is left to fetch).
         got_any |= denied and not keys
         # Every partition's acknowledgements and acquisitions: one share-state write.

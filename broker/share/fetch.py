@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from broker.partitions import Partition
-from broker.share.delayed_fetch import DelayedShareFetch, FetchEntry
+from broker.share.delayed_fetch import DelayedShareFetch, FetchEntry, not_leader
 from broker.share.manager import AckBatches, AckOutcome, SharePartitionManager
 from broker.share.partition import ShareAcquireMode
 from broker.share.session import ShareSessionCache, TopicIdPartition
@@ -39,6 +39,10 @@ DEFAULT_MAX_RECORDS = 500
 
 
 def _readable(topic_id: uuid.UUID) -> bool:
+    return True
+
+
+def _leads(topic_id: uuid.UUID, partition: int) -> bool:
     return True
 
 
@@ -65,6 +69,10 @@ class ShareFetchParams:
     # May the requester READ the topic? A partition of a topic it may not is answered
     # TOPIC_AUTHORIZATION_FAILED (fetch and acknowledgement alike), as Kafka 4.2 does.
     readable: Callable[[uuid.UUID], bool] = _readable
+    # Does this broker lead the partition (and so its share partition)? One it does not
+    # is answered NOT_LEADER_OR_FOLLOWER (fetch and acknowledgement alike): nothing of it
+    # is acquired or acknowledged here.
+    leads: Callable[[uuid.UUID, int], bool] = _leads
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,7 @@ class ShareAcknowledgeParams:
     renew: bool = False  # v2+ IsRenewAck
     version: int = 1
     readable: Callable[[uuid.UUID], bool] = _readable
+    leads: Callable[[uuid.UUID, int], bool] = _leads
 
 
 @dataclass(slots=True)
@@ -215,7 +224,12 @@ class ShareFetchService:
             _refused(result, "share_fetch_refused", group_id, member_id, req.epoch, exc)
             return result
         ack_results, acks = self._acknowledgements(
-            group_id, req.acks, req.version, is_renew_ack=req.renew_only, readable=req.readable
+            group_id,
+            req.acks,
+            req.version,
+            is_renew_ack=req.renew_only,
+            readable=req.readable,
+            leads=req.leads,
         )
         entries = result.partitions
 
@@ -249,6 +263,7 @@ class ShareFetchService:
             mode=mode,
             entries=entries,
             readable=req.readable,
+            leads=req.leads,
         )
         # The first round applies the acknowledgements as well: they and the acquisitions
         # are made durable by one share-state write (one fsync), since a ShareFetch
@@ -315,7 +330,12 @@ class ShareFetchService:
         # Every partition's acknowledgements, made durable by one share-state write; each
         # partition gets its own result.
         results, valid = self._acknowledgements(
-            group_id, req.acks, req.version, is_renew_ack=req.renew, readable=req.readable
+            group_id,
+            req.acks,
+            req.version,
+            is_renew_ack=req.renew,
+            readable=req.readable,
+            leads=req.leads,
         )
         if valid:
             self._ack_outcomes(results, await self.manager.acknowledge_many(valid, member_id))
@@ -358,10 +378,11 @@ class ShareFetchService:
         *,
         is_renew_ack: bool,
         readable: Callable[[uuid.UUID], bool] = _readable,
+        leads: Callable[[uuid.UUID, int], bool] = _leads,
     ) -> tuple[dict[TopicIdPartition, AckOutcome], dict[ShareStateKey, AckBatches]]:
         """The request's acknowledgements: the results of those refused before reaching a
-        share partition (unknown topic, no READ on it, malformed batches), and the rest,
-        per partition."""
+        share partition (unknown topic, no READ on it, malformed batches, a partition
+        led by another broker), and the rest, per partition."""
         results: dict[TopicIdPartition, AckOutcome] = {}
         valid: dict[ShareStateKey, AckBatches] = {}
         for (topic_id, partition), batches in acks.items():
@@ -382,6 +403,9 @@ class ShareFetchService:
             )
             if invalid is not None:
                 results[(topic_id, partition)] = (ErrorCode.invalid_request, invalid)
+                continue
+            if not leads(topic_id, partition):
+                results[(topic_id, partition)] = not_leader(topic_id, partition)
                 continue
             valid[ShareStateKey(group_id, topic_id, partition)] = batches
         return results, valid

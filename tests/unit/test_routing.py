@@ -4,7 +4,7 @@ answer as Kafka 4.2 does a partition this broker does not lead.
 A fake ClusterView: this broker is node 1; node 2 leads some partitions, at epoch 5,
 with an endpoint on both listeners (PLAINTEXT, SSL); node 3 has a PLAINTEXT endpoint
 only. Checked per API: the error, KIP-951's CurrentLeader and NodeEndpoints (only in
-the versions that carry them), and that nothing reached the log.
+the versions that carry them), and that nothing reached the log or a share partition.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from broker.authorizer import NO_AUTHORIZER
 from broker.cluster import BrokerEndpoint, BrokerInfo, Leader
 from broker.config import BrokerConfig
 from broker.handlers import cluster as cluster_handlers
+from broker.handlers import share
 from broker.handlers.produce_fetch import delete_records, fetch, list_offsets, produce
 from broker.partitions import LogManager
 from broker.server import CloseConnection
@@ -31,7 +32,8 @@ from protocol import api
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 from tests.unit.cluster_fakes import FakeCluster
-from tests.unit.test_share_fetch_service import BOUND_S
+from tests.unit.test_share_fetch_service import BOUND_S, service
+from tests.unit.test_share_manager import ACCEPT, KEY, TOPIC_ID
 
 NLF = ErrorCode.not_leader_or_follower
 TOPIC = "routed"
@@ -409,3 +411,147 @@ async def test_delete_records_on_a_partition_led_elsewhere_deletes_nothing(data:
     answer = await delete_records(ctx(2), req, data)
     assert answer.topics[0].partitions[0].error_code == NLF
     assert data.logs.get(TOPIC, 1).log_start_offset == 0
+
+
+# -- ShareFetch, ShareAcknowledge -------------------------------------------------------
+
+
+def share_broker(leader: Leader | None) -> Any:
+    svc, _, _ = service()
+    topic = Topic(TOPIC, TOPIC_ID, 1)
+    return SimpleNamespace(
+        authorizer=NO_AUTHORIZER,
+        node_id=ME,
+        metadata=SimpleNamespace(
+            state=SimpleNamespace(topics={TOPIC: topic}, topics_by_id={TOPIC_ID: topic})
+        ),
+        share_service=svc,
+        cluster=FakeCluster(ME, BROKERS, {(TOPIC_ID, 0): leader}),
+    )
+
+
+def share_fetch_request(version: int, epoch: int, acks: list[Any] | None = None) -> Any:
+    return request(
+        78,
+        version,
+        {
+            "group_id": "g",
+            "member_id": "m",
+            "share_session_epoch": epoch,
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 500,
+            "batch_size": 500,
+            "topics": [
+                {
+                    "topic_id": TOPIC_ID,
+                    "partitions": [{"partition_index": 0, "acknowledgement_batches": acks or []}],
+                }
+            ],
+        },
+    )
+
+
+def share_partition(answer: Any) -> Any:
+    ((part,),) = [t.partitions for t in answer.responses]
+    return part
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_share_fetch_from_a_partition_another_broker_leads_acquires_nothing(
+    version: int,
+) -> None:
+    broker = share_broker(Leader(OTHER, OTHER_EPOCH))
+    answer = await asyncio.wait_for(
+        share.share_fetch(ctx(version, "SSL"), share_fetch_request(version, 0), broker), BOUND_S
+    )
+    part = share_partition(answer)
+    assert (part.error_code, part.acquired_records) == (NLF, ())
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (
+        OTHER,
+        OTHER_EPOCH,
+    )
+    assert endpoints(answer) == [(OTHER, "two", 9193, "r2")]
+    # No share partition was loaded, nothing acquired.
+    assert KEY not in broker.share_service.manager.partitions
+    api.at_version(78, version, answer)
+    # Once this broker leads it, the same session's next fetch acquires.
+    broker.cluster.leaders[(TOPIC_ID, 0)] = Leader(ME, MY_EPOCH)
+    answer = await asyncio.wait_for(
+        share.share_fetch(ctx(version), share_fetch_request(version, 1), broker), BOUND_S
+    )
+    part = share_partition(answer)
+    assert part.error_code == ErrorCode.none and part.acquired_records
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (ME, MY_EPOCH)
+    assert answer.node_endpoints == ()
+    broker.share_service.manager.stop()
+
+
+async def test_share_fetch_from_a_partition_without_a_leader_names_none() -> None:
+    broker = share_broker(None)
+    answer = await asyncio.wait_for(
+        share.share_fetch(ctx(1), share_fetch_request(1, 0), broker), BOUND_S
+    )
+    part = share_partition(answer)
+    assert part.error_code == NLF
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (-1, -1)
+    assert answer.node_endpoints == ()
+    broker.share_service.manager.stop()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_share_acknowledge_to_a_partition_another_broker_leads_applies_nothing(
+    version: int,
+) -> None:
+    broker = share_broker(Leader(ME, MY_EPOCH))
+    got = await asyncio.wait_for(
+        share.share_fetch(ctx(version), share_fetch_request(version, 0), broker), BOUND_S
+    )
+    assert share_partition(got).acquired_records
+    sp = broker.share_service.manager.partitions[KEY]
+    before = (sp.spso, sp.acquired_count)
+    # Leadership moves to node 2: the member's acknowledgement is not applied here.
+    broker.cluster.leaders[(TOPIC_ID, 0)] = Leader(OTHER, OTHER_EPOCH + 1)
+    ack = request(
+        79,
+        version,
+        {
+            "group_id": "g",
+            "member_id": "m",
+            "share_session_epoch": 1,
+            "topics": [
+                {
+                    "topic_id": TOPIC_ID,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "acknowledgement_batches": [
+                                {"first_offset": 0, "last_offset": 0, "acknowledge_types": [ACCEPT]}
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    answer = await share.share_acknowledge(ctx(version), ack, broker)
+    part = share_partition(answer)
+    assert part.error_code == NLF
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (
+        OTHER,
+        OTHER_EPOCH + 1,
+    )
+    assert endpoints(answer) == [(OTHER, "two", 9192, "r2")]
+    assert (sp.spso, sp.acquired_count) == before
+    api.at_version(79, version, answer)
+    # A ShareFetch carrying the acknowledgement: refused the same way, in both codes.
+    fetch_ack = share_fetch_request(
+        version, 2, [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [ACCEPT]}]
+    )
+    answer = await asyncio.wait_for(share.share_fetch(ctx(version), fetch_ack, broker), BOUND_S)
+    part = share_partition(answer)
+    assert (part.error_code, part.acknowledge_error_code) == (NLF, NLF)
+    assert part.current_leader.leader_id == OTHER
+    assert (sp.spso, sp.acquired_count) == before
+    broker.share_service.manager.stop()
