@@ -331,7 +331,7 @@ def _current_leader(
     """A partition's CurrentLeader: for NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH
     the partition's leader, its endpoint listed in NodeEndpoints (KIP-951, as Kafka's
     KafkaApis fills them); otherwise this broker when it leads it."""
-    return leaders.current(*tp) if code in MOVED else leaders.local(*tp)
+    return leaders.current(tp[0], tp[1], code) if code in MOVED else leaders.local(*tp)
 
 
 async def share_fetch(
