@@ -8,10 +8,11 @@ was taken is fenced when it resumes and stops.
 
 Each broker has its own node id, data dir and ports; leases are short
 (broker.session.timeout.ms 3000, broker.heartbeat.interval.ms 500) to keep it fast.
-What each broker sees is read from its /metrics (ActiveBrokerCount), what the registry
-holds from the `spool_brokers` table. Every broker on one database claims every log it
-opens, fencing the others' writes (until the shared metadata lands): no test here relies
-on writes from more than one broker.
+What each broker sees is read from its /metrics (ActiveBrokerCount) and asked of it in
+DescribeCluster and Metadata, what the registry holds from the `spool_brokers` table.
+Until partitions are led by lease, every broker on one database claims every log it
+opens, fencing the others' writes: no test here relies on writes from more than one
+broker.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pytest
 
 from persister.pg_registry import PgRegistryStore
 from persister.pg_schema import migrate
+from protocol.client import KafkaClient
 from tests.integration.conftest import Broker, BrokerError, free_port
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 
@@ -120,6 +122,34 @@ def registrations(dsn: str) -> dict[int, dict[str, object]]:
     return {r["node_id"]: dict(r) for r in rows}
 
 
+def listed(b: Broker) -> tuple[dict[int, int], dict[int, int]]:
+    """The brokers `b` lists, node id -> port, in DescribeCluster and in Metadata."""
+
+    async def ask() -> tuple[dict[int, int], dict[int, int]]:
+        client = await KafkaClient.connect(b.host, b.port, "spool-it-registry")
+        try:
+            described = await client.request(
+                60, 0, {"include_cluster_authorized_operations": False}
+            )
+            metadata = await client.request(
+                3,
+                12,
+                {
+                    "topics": [],
+                    "allow_auto_topic_creation": False,
+                    "include_topic_authorized_operations": False,
+                },
+            )
+        finally:
+            await client.close()
+        return (
+            {int(n.broker_id): int(n.port) for n in described.brokers},
+            {int(n.node_id): int(n.port) for n in metadata.brokers},
+        )
+
+    return asyncio.run(ask())
+
+
 def exit_code(b: Broker, timeout: float = WAIT_S) -> int:
     assert b.process is not None
     return b.process.wait(timeout=timeout)
@@ -140,6 +170,9 @@ def test_three_brokers_see_each_other_and_see_them_leave(
     for b in brokers:
         assert f'"port": {b.port}' in str(held[b.node_id]["endpoints"])
     one, two, three = brokers
+    ports = {b.node_id: b.port for b in brokers}
+    for b in brokers:
+        assert listed(b) == (ports, ports)
 
     # A graceful stop deregisters: gone from the registry as the process exits, and
     # from the others' view at their next heartbeat.
@@ -147,6 +180,8 @@ def test_three_brokers_see_each_other_and_see_them_leave(
     assert sorted(registrations(pg_dsn)) == [1, 2]
     for b in (one, two):
         wait_for(lambda b=b: b.sees() == 2, f"broker {b.node_id} to see broker 3 gone", 5.0)
+    del ports[3]
+    assert listed(one) == (ports, ports)
 
     # kill -9: the row stays until its lease runs out; then the others drop it.
     two.kill9()
@@ -159,6 +194,7 @@ def test_three_brokers_see_each_other_and_see_them_leave(
     # Not before its lease ran out; within a heartbeat of broker 1 after (and slack).
     assert lease_left_s - 0.1 <= took <= lease_left_s + INTERVAL_MS / 1000 + 5.0, took
     assert not registrations(pg_dsn)[2]["live"]
+    assert listed(one) == ({1: one.port}, {1: one.port})
     assert (one.metric("spool_broker_lease_renewals_total") or 0) > 0
 
 
