@@ -12,8 +12,10 @@ comes later), so nothing here produces or fetches across brokers.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -28,7 +30,7 @@ from tests.integration.conftest import (
     create_topic,
     wait_for_partitions,
 )
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import run_wire
 from tests.integration.test_metadata_races import (
     _at_once,
@@ -68,6 +70,36 @@ def eventually(check: Callable[[], Any], what: str) -> Any:
 def listed(broker: Broker, topic: str) -> bool:
     md = AdminClient(admin_config(broker)).list_topics(timeout=ADMIN_TIMEOUT_S)
     return topic in md.topics
+
+
+def test_brokers_started_at_once_on_an_empty_database_share_one_cluster_id(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    brokers = [
+        Broker(
+            tmp_path / f"data{i}",
+            tmp_path / f"broker{i}.log",
+            {"storage": pg_dsn, "node.id": str(i + 1)},
+        )
+        for i in range(3)
+    ]
+    threads = [threading.Thread(target=b.start) for b in brokers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=2 * ADMIN_TIMEOUT_S)
+        assert all(b.running for b in brokers)
+        admins = [AdminClient(admin_config(b)) for b in brokers]
+        ids = {a.describe_cluster().result(timeout=ADMIN_TIMEOUT_S).cluster_id for a in admins}
+        assert len(ids) == 1, ids
+        # One record in the metadata log: the first broker's cluster id.
+        [row] = db_rows(pg_dsn, "SELECT next_offset FROM spool_logs WHERE name = 'meta'")
+        assert row["next_offset"] == 1
+    finally:
+        for b in brokers:
+            if b.running:
+                b.stop()
 
 
 def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_all(
