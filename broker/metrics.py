@@ -578,6 +578,25 @@ def collect(broker: Observed) -> list[Metric]:
             "Lease renewals that failed (the storage database did not answer).",
             registry.renewal_failures,
         )
+    metadata = getattr(broker, "metadata", None)
+    if metadata is not None and getattr(metadata, "shared", None) is not None:
+        # Kafka's broker-metadata-metrics (last-applied-record-offset), and the changes
+        # refused because another broker of the database wrote first (coordinator.metadata).
+        gauge(
+            "kafka_server_broker_metadata_metrics_last_applied_record_offset",
+            "Offset of the last cluster metadata record this broker applied.",
+            metadata.runtime.record_log.end_offset - 1,
+        )
+        counter(
+            "spool_metadata_conflicts",
+            "Metadata changes refused because another broker wrote first (then retried).",
+            metadata.conflicts,
+        )
+        counter(
+            "spool_metadata_records_followed",
+            "Cluster metadata records other brokers wrote, applied by this one.",
+            metadata.followed,
+        )
     counter(
         "spool_share_state_compaction_runs",
         "Share-state log compaction runs.",

@@ -479,8 +479,10 @@ class MetadataStore:
         self._turn = asyncio.Lock()
         # Told of what other brokers changed, after each catch-up that brought any.
         self.on_replayed: Callable[[list[MetadataChange]], None] | None = None
-        # Changes refused because another broker appended first (tests, metrics).
+        # Changes refused because another broker appended first, and records of other
+        # brokers replayed (tests, metrics).
         self.conflicts = 0
+        self.followed = 0
         log.info("metadata_loaded", records=count, topics=len(self.state.topics))
 
     async def run(
@@ -556,6 +558,7 @@ class MetadataStore:
             if change is not None:
                 changes.append(change)
         if count:
+            self.followed += count
             log.info("metadata_caught_up", records=count, offset=start)
         if changes and self.on_replayed is not None:
             self.on_replayed(changes)

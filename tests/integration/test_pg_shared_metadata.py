@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, ConfigResource
+from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
@@ -28,6 +31,7 @@ from tests.integration.conftest import (
     Broker,
     admin_config,
     create_topic,
+    free_port,
     wait_for_partitions,
 )
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
@@ -137,10 +141,54 @@ def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_
         eventually(lambda other=other: _topic_id(other, "orders") == new_id, "the new id")
 
 
+class MetricsBroker(Broker):
+    """A broker of the cluster serving /metrics too."""
+
+    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str | None]) -> None:
+        super().__init__(data_dir, log_path, settings)
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read().decode()
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        raise AssertionError(f"no {name} in /metrics")
+
+
+@pytest.fixture
+def metrics_cluster(pg_dsn: str, tmp_path: Path) -> Iterator[list[MetricsBroker]]:
+    brokers = [
+        MetricsBroker(
+            tmp_path / f"data{i}",
+            tmp_path / f"broker{i}.log",
+            {"storage": pg_dsn, "node.id": str(i + 1)},
+        )
+        for i in range(3)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            if b.running:
+                b.stop()
+
+
+LAST_APPLIED = "kafka_server_broker_metadata_metrics_last_applied_record_offset"
+
+
 def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
-    broker_factory: Callable[..., Broker], pg_dsn: str
+    metrics_cluster: list[MetricsBroker],
 ) -> None:
-    brokers = cluster(broker_factory, pg_dsn, 3)
+    brokers = metrics_cluster
     clients = [AdminClient(admin_config(b)) for b in brokers for _ in range(2)]
     for client in clients:
         client.list_topics(timeout=ADMIN_TIMEOUT_S)
@@ -161,6 +209,11 @@ def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
         assert sorted(t for t in topics if t.startswith("race-")) == sorted(
             f"race-{r}" for r in range(ROUNDS)
         )
+    # The races were run: brokers wrote at once and were refused, then retried.
+    assert sum(b.metric("spool_metadata_conflicts_total") for b in brokers) > 0
+    offsets = [b.metric(LAST_APPLIED) for b in brokers]
+    assert len(set(offsets)) == 1 and offsets[0] >= ROUNDS, offsets
+    assert sum(b.metric("spool_metadata_records_followed_total") for b in brokers) > 0
 
 
 def test_configs_altered_on_one_broker_are_described_by_another(
