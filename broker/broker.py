@@ -24,6 +24,7 @@ from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import apply_topic_change
 from broker.handlers.transactions import marker_writer
+from broker.leadership import Leadership, LogManagerHost, TopicRef
 from broker.listeners import ListenerConfig, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
 from broker.partitions import LogManager, Partition
@@ -57,6 +58,9 @@ from protocol import api, request_check
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.broker")
+
+# How long a graceful stop waits for its partitions to be handed over.
+RELEASE_TIMEOUT_S = 10.0
 
 
 def _offset_for_timestamp(part: LogPartition, timestamp: int) -> int | None:
@@ -155,6 +159,8 @@ class Broker:
         # This broker's lease among the brokers of its storage database (PostgreSQL
         # only; broker.registry): made at start, then it is `cluster` as well.
         self.registry: BrokerRegistry | None = None
+        # Partition leadership by lease among those brokers (broker.leadership).
+        self.leadership: Leadership | None = None
         # Why the broker must stop on its own (fenced: another broker took its node id),
         # and who is told (`spool serve` stops the broker and exits with 1).
         self.fatal: str | None = None
@@ -209,6 +215,8 @@ class Broker:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._dir_lock.acquire()  # before anything is opened: one broker per data dir
+        if isinstance(self.storage, PgStorage):
+            self.storage.node_id = self.node_id  # recorded as the holder of its claims
         try:
             # PostgreSQL: connect, migrate, bring the data dir up to date (restore).
             await self.storage.start(self.data_dir)
@@ -233,6 +241,8 @@ class Broker:
         self.logs = LogManager(
             self.data_dir / "topics", self.config, self.commit, self.clock, self.storage
         )
+        if self.registry is not None and isinstance(self.storage, PgStorage):
+            self._lead_by_lease(self.registry, self.storage)
         live = set(self.metadata.state.topics)
         self.logs.cleanup_stale(live)
         for topic in self.metadata.state.topics.values():
@@ -243,6 +253,11 @@ class Broker:
         # What other brokers of the database change from now on is acted on as this
         # broker's own changes are (the state up to here was opened above).
         self.metadata.on_replayed = self._metadata_replayed
+        if self.leadership is not None:
+            # The partitions this broker leads are claimed and opened before it serves
+            # (all of them for a broker alone); the rest follows its heartbeats.
+            with contextlib.suppress(Exception):
+                await self.leadership.reconcile()
         first = self.listeners[0]
         self.server = Server(
             first.host,
@@ -337,6 +352,31 @@ class Broker:
             raise
         self.registry = registry
         self.cluster = registry
+
+    def _lead_by_lease(self, registry: BrokerRegistry, storage: PgStorage) -> None:
+        """Lead partitions by lease among the brokers of the database (broker.leadership):
+        LogManager opens only the partitions claimed; reconciled at each heartbeat and
+        topic change."""
+        leadership = Leadership(
+            storage.leadership_store(),
+            self.node_id,
+            lambda: [b.node_id for b in registry.live_brokers()],
+            lambda: [
+                TopicRef(t.name, t.topic_id, t.partitions)
+                for t in self.metadata.state.topics.values()
+            ],
+            LogManagerHost(self.logs, storage.restore_claimed, self._topic_configs),
+        )
+        self.leadership = leadership
+        self.logs.leads = leadership.leads
+        registry.leadership = leadership
+        registry.on_heartbeat = leadership.request
+        self.topic_changed_hooks.append(lambda _name: leadership.request())
+        self.topic_deleted_hooks.append(lambda _name, _id: leadership.request())
+
+    def _topic_configs(self, name: str) -> dict[str, str] | None:
+        topic = self.metadata.state.topics.get(name)
+        return None if topic is None else dict(topic.configs)
 
     def _fenced(self, reason: str) -> None:
         self.fatal = reason
@@ -494,6 +534,13 @@ class Broker:
         self.logs.wake_fetches()
         if self.server is not None:
             await self.server.stop()
+        if self.leadership is not None:
+            # Hand every partition over before deregistering: the others claim them at
+            # their next heartbeat, not after this broker's lease expired.
+            try:
+                await asyncio.wait_for(self.leadership.stop(), RELEASE_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("leadership_release_failed", error=str(exc) or type(exc).__name__)
         if self.registry is not None:
             await self.registry.stop()  # the others see this broker gone at once
         await self.groups.stop()

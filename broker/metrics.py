@@ -597,6 +597,32 @@ def collect(broker: Observed) -> list[Metric]:
             "Cluster metadata records other brokers wrote, applied by this one.",
             metadata.followed,
         )
+    # Partition leadership (kafka.server:type=ReplicaManager,name=LeaderCount) and its
+    # claims and releases by lease (broker.leadership).
+    logs = getattr(broker, "logs", None)
+    if logs is not None:
+        gauge(
+            "kafka_server_replicamanager_leadercount",
+            "Partitions this broker leads (LeaderCount).",
+            len(logs.partitions),
+        )
+    leadership = getattr(broker, "leadership", None)
+    if leadership is not None:
+        counter(
+            "spool_leadership_claims",
+            "Logs this broker claimed the leadership of (epoch + 1 in the storage database).",
+            leadership.claims,
+        )
+        counter(
+            "spool_leadership_claims_refused",
+            "Claims refused because a live broker still held the log (tried again later).",
+            leadership.claims_refused,
+        )
+        counter(
+            "spool_leadership_releases",
+            "Logs this broker handed over (a broker joined, or this one stopped).",
+            leadership.releases,
+        )
     counter(
         "spool_share_state_compaction_runs",
         "Share-state log compaction runs.",

@@ -145,11 +145,14 @@ class Partition:
         self.on_fenced: Callable[[Partition, Fenced], None] | None = None
         # Why LogManager dropped the partition (`drop_partition`), or None while served.
         self.dropped: str | None = None
+        # Set while the partition is handed over (`LogManager.release_partition`): new
+        # writes are refused NOT_LEADER_OR_FOLLOWER while the in-flight ones commit.
+        self.releasing: str | None = None
 
     def check_leader(self) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER if the partition's log was claimed by another
-        broker (see `fenced`) or the partition was dropped."""
-        why = self.fenced if self.fenced is not None else self.dropped
+        broker (see `fenced`), the partition was dropped or is being handed over."""
+        why = self.fenced if self.fenced is not None else self.dropped or self.releasing
         if why is not None:
             raise KafkaError(
                 ErrorCode.not_leader_or_follower,
@@ -596,6 +599,9 @@ class LogManager:
         # Set when the broker begins to stop: long-polled Fetches answer at once with what
         # they have instead of holding the shutdown for up to their MaxWaitMs.
         self.stopping = False
+        # Leadership by lease (broker.leadership): whether this broker leads a partition;
+        # `open_topic` opens only those. None: it leads every partition.
+        self.leads: Callable[[str, int], bool] | None = None
         directory.mkdir(parents=True, exist_ok=True)
 
     def topic_settings(self, overrides: dict[str, str]) -> dict[str, Any]:
@@ -668,6 +674,8 @@ class LogManager:
             for index in range(partitions):
                 if (topic, index) in self.partitions or (topic, index) in self.not_led:
                     continue  # open, or another broker's now: reopening would claim it back
+                if self.leads is not None and not self.leads(topic, index):
+                    continue  # led by another broker (or not claimed yet)
                 path = self._dir(topic, index)
                 if not path.exists():
                     created.append(path)
@@ -779,6 +787,34 @@ class LogManager:
         if self.on_dropped is not None:
             self.on_dropped(part, reason)
         return part
+
+    def open_partition(
+        self, topic: str, topic_id: uuid.UUID, index: int, overrides: dict[str, str]
+    ) -> None:
+        """Open one partition this broker just claimed (broker.leadership), also one it
+        had dropped before: it leads it again."""
+        self.not_led.pop((topic, index), None)
+        leads = self.leads
+        self.leads = lambda t, i: t == topic and i == index
+        try:
+            self.open_topic(topic, topic_id, index + 1, overrides)
+        finally:
+            self.leads = leads
+
+    async def release_partition(self, topic: str, index: int, reason: str) -> None:
+        """Hand a partition over gracefully (broker.leadership): refuse new writes, let
+        the ones in flight commit, then drop it (`drop_partition`)."""
+        part = self.partitions.get((topic, index))
+        if part is None:
+            self.not_led[(topic, index)] = reason
+            return
+        part.releasing = reason
+        try:
+            await part.flush()
+        except Exception as exc:  # refused or failed: what it held was never acked
+            log.warning("release_flush_failed", topic=topic, partition=index, error=str(exc))
+        if self.partitions.get((topic, index)) is part:
+            self.drop_partition(topic, index, reason)
 
     def _fenced(self, part: Partition, error: Fenced) -> None:
         if self.partitions.get((part.topic, part.index)) is not part:

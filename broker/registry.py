@@ -28,8 +28,9 @@ after each renewal, by the database's clock (persister.pg_registry).
 
 `BrokerRegistry` is also the broker's `ClusterView` (broker.cluster): the live brokers
 come from the registry, this broker always among them with its current endpoints.
-Partition leadership is not by lease yet: `leader`/`is_local` ask `leadership`, which
-says this broker leads everything (`SingleNode`) until leadership by lease replaces it.
+Partition leadership: `leader`/`is_local`/`coordinator` ask `leadership`, leadership by
+lease (broker.leadership) once the broker set it, `SingleNode` (this broker leads
+everything) until then.
 
 The store is a protocol (`RegistryStore`, PostgreSQL's is persister.pg_registry's
 `PgRegistryStore`) and every wait is on the broker's `Clock`, so the lease logic runs in
@@ -46,7 +47,7 @@ from typing import Protocol
 
 import structlog
 
-from broker.cluster import BrokerEndpoint, BrokerInfo, ClusterView, Leader, SingleNode
+from broker.cluster import BrokerEndpoint, BrokerInfo, Leader, SingleNode
 from persister.clock import SYSTEM_CLOCK, Clock, sleep, wait_all
 from persister.pg_registry import BrokerRow, Endpoint, Registered, Renewal
 
@@ -93,6 +94,16 @@ class RegistryStore(Protocol):
     async def close(self) -> None: ...
 
 
+class Leaders(Protocol):
+    """Who leads what (broker.leadership.Leadership; `SingleNode` for a broker alone)."""
+
+    def leader(self, topic_id: uuid.UUID, partition: int) -> Leader | None: ...
+
+    def is_local(self, leader: Leader | None) -> bool: ...
+
+    def coordinator(self, log: str) -> Leader | None: ...
+
+
 def _info(row: BrokerRow) -> BrokerInfo:
     return BrokerInfo(
         row.node_id, tuple(BrokerEndpoint(n, h, p) for n, h, p in row.endpoints), row.rack
@@ -130,8 +141,12 @@ class BrokerRegistry:
         self.on_fenced = on_fenced
         self.data_dir = data_dir
         # Partition leadership: this broker leads everything until leadership by lease
-        # (a later piece) replaces this object; `leader` and `is_local` only ask it.
-        self.leadership: ClusterView = SingleNode(node_id, endpoints, rack)
+        # (broker.leadership, set by the broker) replaces this object; `leader`,
+        # `is_local` and `coordinator` only ask it.
+        self.leadership: Leaders = SingleNode(node_id, endpoints, rack)
+        # Called after each renewal, once the live brokers were read (leadership
+        # reconciles).
+        self.on_heartbeat: Callable[[], None] = lambda: None
         # The other live brokers as of the last heartbeat, by node id.
         self._others: dict[int, BrokerInfo] = {}
         self.registered = False
@@ -246,6 +261,7 @@ class BrokerRegistry:
             )
             self._failing_since_ms = None
         self._set_live(renewal.live)
+        self.on_heartbeat()
         return True
 
     def _renewal_failed(self, exc: Exception) -> None:

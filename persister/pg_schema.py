@@ -13,6 +13,7 @@ Tables:
 - `spool_batches`: the record batches of each log as the broker wrote them (v2 bytes
   with their assigned base offset, never decoded), one row per append, keyed by
   (log, base offset) with the last offset and max timestamp to find them.
+- `spool_logs.leader_node` (v5): the broker holding the log (persister.pg_leadership).
 - `spool_brokers` (v3): the brokers sharing the database, one row per node id
   (persister.pg_registry): the incarnation that holds it (a uuid per process start),
   its advertised endpoints per listener, its rack, the data dir it runs on
@@ -312,8 +313,14 @@ END
 $fn$;
 """
 
+# v5: leadership by lease (persister.pg_leadership): the node id holding each log, NULL
+# once released; a holder counts while its `spool_brokers` lease is live.
+_V5 = """
+ALTER TABLE spool_logs ADD COLUMN IF NOT EXISTS leader_node integer;
+"""
+
 # Each migration takes the schema from version i to i + 1; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

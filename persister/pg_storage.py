@@ -83,6 +83,7 @@ from persister.file_log import (
     _write_checkpoint,
 )
 from persister.pg_commit import Batch, LogWrite, PgCommitter, storage_error
+from persister.pg_leadership import ClaimedLog, PgLeadershipStore
 from persister.pg_schema import migrate
 from persister.pg_url import mask_password
 from persister.producer_state import ProducerStateManager
@@ -135,7 +136,14 @@ class PgPartitionLog(PartitionLog):
         self._committed_start = self.log_start_offset
         self._fenced: Fenced | None = None
         self._topic_id = topic_id
-        self._claim: asyncio.Task[_Claim] = engine._claim_later(name, topic_id)
+        granted = engine._granted.pop(name, None)
+        self._claim: asyncio.Future[_Claim]
+        if granted is None:
+            self._claim = engine._claim_later(name, topic_id)
+        else:
+            # Claimed by leadership (broker.leadership) and restored before this open.
+            self._claim = asyncio.get_running_loop().create_future()
+            self._claim.set_result(granted)
 
     def __repr__(self) -> str:
         return f"PgPartitionLog({self._name})"
@@ -314,6 +322,11 @@ class PgStorage:
         # The topic id each open partition log was opened with, by name: a log is
         # dropped only while its row is still that topic's (`forget_log`).
         self._topic_ids: dict[str, str] = {}
+        # The broker's node.id, recorded as the holder of the logs it claims (the
+        # cluster view's `coordinator` reads it), or None.
+        self.node_id: int | None = None
+        # Logs claimed by leadership (`restore_claimed`), for their next open.
+        self._granted: dict[str, _Claim] = {}
 
     def __repr__(self) -> str:
         return f"PgStorage({mask_password(self.url)})"
@@ -456,6 +469,33 @@ class PgStorage:
         shutil.rmtree(directory, ignore_errors=True)
         log.info("log_cache_discarded", log=self._name(directory), reason="claimed elsewhere")
 
+    # -- leadership (broker.leadership) ------------------------------------------------
+
+    def leadership_store(self) -> PgLeadershipStore:
+        """The leadership statements (persister.pg_leadership) on this engine's pool."""
+        return PgLeadershipStore(lambda: self._pool.acquire())
+
+    async def restore_claimed(self, name: str, claimed: ClaimedLog) -> None:
+        """A log leadership just claimed (closed here): bring its local copy in line
+        with the database, as a start does, and hand the claim to its next open, so the
+        open neither claims again nor writes past a stale cache. Ordered after the
+        name's pending claims and drops."""
+        if self._data_dir is None or not _safe_name(name):
+            raise OSError(f"cannot restore log {name!r}")
+        directory = self._data_dir / name
+        await self._after(
+            name,
+            self._restore_log(
+                directory,
+                name,
+                claimed.log_id,
+                claimed.log_start_offset,
+                claimed.next_offset,
+                claimed.topic_id,
+            ),
+        )
+        self._granted[name] = _Claim(claimed.log_id, claimed.epoch)
+
     # -- claims and drops ------------------------------------------------------------
 
     def _claim_later(self, name: str, topic_id: str | None) -> asyncio.Task[_Claim]:
@@ -507,12 +547,15 @@ class PgStorage:
                 )
                 log.warning("log_of_deleted_topic_emptied", log=name, topic_id=old["topic_id"])
             row = await conn.fetchrow(
-                "INSERT INTO spool_logs (name, leader_epoch, topic_id) VALUES ($1, 1, $2) "
+                "INSERT INTO spool_logs (name, leader_epoch, topic_id, leader_node) "
+                "VALUES ($1, 1, $2, $3) "
                 "ON CONFLICT (name) DO UPDATE SET leader_epoch = spool_logs.leader_epoch + 1, "
-                "topic_id = coalesce(EXCLUDED.topic_id, spool_logs.topic_id) "
+                "topic_id = coalesce(EXCLUDED.topic_id, spool_logs.topic_id), "
+                "leader_node = EXCLUDED.leader_node "
                 "RETURNING log_id, leader_epoch",
                 name,
                 topic_id,
+                None if name == "meta" else self.node_id,
             )
         log.info("log_claimed", log=name, epoch=row["leader_epoch"])
         return _Claim(int(row["log_id"]), int(row["leader_epoch"]))

@@ -1,0 +1,359 @@
+"""Leadership by lease: which broker leads each topic partition, claimed in the database.
+
+Brokers on one PostgreSQL database (broker.registry) split the partitions between them
+without a controller. Every broker computes the same target layout (`layout`) from the
+same inputs, the live brokers (the registry's view, by node id) and the topics (the
+shared metadata):
+
+- the partitions of a topic are spread evenly: each goes to the live broker ranking
+  highest for it by a stable hash of (topic id, partition, node id) (rendezvous
+  hashing) that still has room, a broker taking at most ceil(partitions / brokers) of
+  the topic (6 partitions on 3 brokers: 2/2/2). When a broker joins, the partitions
+  ranking it first move to it and few others move (about 1/n of them); when one
+  leaves, its partitions go to their next choice.
+
+Brokers that briefly disagree (one saw a broker join, the other not yet) only delay a
+hand-over: the target is a wish, the claim in PostgreSQL (persister.pg_leadership) is
+what decides, fenced by the log's leader epoch.
+
+`Leadership.reconcile` runs at start, after every registry heartbeat and whenever the
+topics change: it reads the live holders of every log, then
+
+- releases what this broker leads and the target gives to another (a broker joined):
+  the partition stops taking writes, its in-flight writes are committed, it is dropped
+  (broker.partitions.LogManager) and its holder set to NULL, epoch unchanged;
+- claims what the target gives it and it does not lead: the claim succeeds when the log
+  has no live holder (released, never led, or its broker's lease expired: failover),
+  then the log is restored from the database into the data dir and opened; a claim
+  refused (a live broker still holds the log, it will release it at its own next
+  reconcile) is tried again at the next one;
+- drops what it thought it led and another broker claimed since (it was paused or cut
+  off past its lease: its writes are fenced anyway).
+
+A graceful stop releases everything before the broker deregisters, so the others take
+its partitions at their next heartbeat instead of after `broker.session.timeout.ms`.
+
+The cluster view's `leader(topic_id, partition)` answers from the holders as last read
+(plus this broker's own claims and releases since): None while a partition has no live
+holder. The coordinator logs (`groups`, `share-state`, `transactions`) are not placed by
+the layout yet: every broker opens them at start, the last one claiming them holds
+them, and `coordinator(log)` names that holder.
+
+Sans-IO apart from the store and the host (what the broker does to open and drop a
+log), both protocols, so the logic runs in unit tests without a database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from broker.cluster import Leader
+from persister.pg_leadership import ClaimedLog, Holder
+
+if TYPE_CHECKING:
+    from broker.partitions import LogManager
+
+log = structlog.get_logger("spool.leadership")
+
+# The coordinator record logs, by log name (`meta` is shared by every broker, not led).
+COORDINATOR_LOGS = ("groups", "share-state", "transactions")
+
+
+def partition_log(topic: str, index: int) -> str:
+    """The log name of a topic partition (its directory under the data dir)."""
+    return f"topics/{topic}-{index}"
+
+
+def stable_hash(*parts: str) -> int:
+    """A 64-bit hash of `parts`, the same in every process (unlike Python's `hash`)."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def spread(keys: Sequence[str], live: Sequence[int]) -> dict[str, int]:
+    """Place `keys` on the `live` node ids: each key on the node ranking highest for it
+    (rendezvous hashing) among those with room, a node taking at most
+    ceil(len(keys) / len(live)) keys. {} when no node is live."""
+    if not live:
+        return {}
+    room = -(-len(keys) // len(live))
+    load = dict.fromkeys(live, 0)
+    placed: dict[str, int] = {}
+    for key in keys:
+        ranked = sorted(live, key=lambda node: (stable_hash(key, str(node)), node), reverse=True)
+        node = next(n for n in ranked if load[n] < room)
+        load[node] += 1
+        placed[key] = node
+    return placed
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRef:
+    """A topic as the layout needs it."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """A topic partition's log."""
+
+    topic: str
+    topic_id: uuid.UUID
+    index: int
+
+    @property
+    def name(self) -> str:
+        return partition_log(self.topic, self.index)
+
+
+def layout(topics: Iterable[TopicRef], live: Sequence[int]) -> dict[str, int]:
+    """The target leader of every topic partition's log, by log name (see the module
+    docstring); the same on every broker given the same topics and live node ids."""
+    nodes = sorted(set(live))
+    target: dict[str, int] = {}
+    for topic in topics:
+        keys = [f"{topic.topic_id}:{index}" for index in range(topic.partitions)]
+        placed = spread(keys, nodes)
+        for index, key in enumerate(keys):
+            if key in placed:
+                target[partition_log(topic.name, index)] = placed[key]
+    return target
+
+
+class LeadershipStore(Protocol):
+    """The claims in the database (persister.pg_leadership.PgLeadershipStore)."""
+
+    async def holders(self) -> Mapping[str, Holder]: ...
+
+    async def claim(self, name: str, node_id: int, topic_id: str | None) -> ClaimedLog | None: ...
+
+    async def release(self, name: str, node_id: int, epoch: int) -> bool: ...
+
+
+class LeadershipHost(Protocol):
+    """What the broker does with the partitions it gains and loses."""
+
+    async def open_partition(self, ref: PartitionRef, claimed: ClaimedLog) -> None:
+        """Restore the claimed log from the database and open it."""
+        ...
+
+    async def release_partition(self, ref: PartitionRef, reason: str) -> None:
+        """Stop writes, commit what is in flight, then drop the partition."""
+        ...
+
+    def drop_partition(self, ref: PartitionRef, reason: str) -> None:
+        """Drop a partition another broker claimed (no flush: it would be fenced)."""
+        ...
+
+
+class Leadership:
+    """This broker's leadership of partitions, and the answers of the cluster view
+    about leaders (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: LeadershipStore,
+        node_id: int,
+        live: Callable[[], Iterable[int]],
+        topics: Callable[[], Iterable[TopicRef]],
+        host: LeadershipHost,
+    ) -> None:
+        self.store = store
+        self._node_id = node_id
+        self._live = live
+        self._topics = topics
+        self.host = host
+        # Live holders of every log as last read, with this broker's own changes since.
+        self._holders: dict[str, Holder] = {}
+        # The partitions this broker leads (claimed and opened), by log name: epoch.
+        self.mine: dict[str, int] = {}
+        # (topic id, partition) -> log name, for `leader`.
+        self._names: dict[tuple[uuid.UUID, int], str] = {}
+        self.claims = 0
+        self.claims_refused = 0
+        self.releases = 0
+        self._lock = asyncio.Lock()
+        self._wanted = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    # -- the view --------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    def leads(self, topic: str, index: int) -> bool:
+        """Whether this broker claimed the partition (LogManager opens only those)."""
+        return partition_log(topic, index) in self.mine
+
+    def leader(self, topic_id: uuid.UUID, partition: int) -> Leader | None:
+        name = self._names.get((topic_id, partition))
+        holder = None if name is None else self._holders.get(name)
+        if holder is None:
+            return None
+        if holder.node_id == self._node_id and name not in self.mine:
+            return None  # a former incarnation's claim, not taken over yet
+        return Leader(holder.node_id, holder.epoch)
+
+    def is_local(self, leader: Leader | None) -> bool:
+        return leader is not None and leader.node_id == self._node_id
+
+    def coordinator(self, log: str) -> Leader | None:
+        holder = self._holders.get(log)
+        return None if holder is None else Leader(holder.node_id, holder.epoch)
+
+    # -- reconciling -----------------------------------------------------------------
+
+    def request(self) -> None:
+        """Reconcile soon (after a heartbeat, a topic change); one run at a time, a
+        request during a run runs once more after it."""
+        if self._stopped:
+            return
+        self._wanted = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._wanted and not self._stopped:
+            self._wanted = False
+            try:
+                await self.reconcile()
+            except Exception as exc:
+                log.warning("leadership_reconcile_failed", error=str(exc) or type(exc).__name__)
+
+    async def reconcile(self) -> None:
+        """Claim what the layout gives this broker, release what it gives others."""
+        async with self._lock:
+            if self._stopped:
+                return
+            holders = dict(await self.store.holders())
+            topics = list(self._topics())
+            refs = {
+                ref.name: ref
+                for topic in topics
+                for ref in (
+                    PartitionRef(topic.name, topic.topic_id, i) for i in range(topic.partitions)
+                )
+            }
+            self._names = {(ref.topic_id, ref.index): name for name, ref in refs.items()}
+            live = sorted({self._node_id, *self._live()})
+            target = layout(topics, live)
+            # Lost: another broker claimed a log this broker led (it was fenced).
+            for name, epoch in list(self.mine.items()):
+                ref = refs.get(name)
+                if ref is None:
+                    del self.mine[name]  # its topic was deleted (LogManager removed it)
+                    continue
+                holder = holders.get(name)
+                if holder is not None and (holder.node_id, holder.epoch) != (
+                    self._node_id,
+                    epoch,
+                ):
+                    del self.mine[name]
+                    self.host.drop_partition(
+                        ref, f"claimed by broker {holder.node_id} at epoch {holder.epoch}"
+                    )
+            self._holders = holders
+            for name, epoch in list(self.mine.items()):
+                goes_to = target.get(name)
+                if goes_to is not None and goes_to != self._node_id:
+                    await self._release(refs[name], epoch, f"handed over to broker {goes_to}")
+            for name, ref in refs.items():
+                if target.get(name) == self._node_id and name not in self.mine:
+                    await self._claim(ref)
+
+    async def _claim(self, ref: PartitionRef) -> None:
+        claimed = await self.store.claim(ref.name, self._node_id, str(ref.topic_id))
+        if claimed is None:
+            self.claims_refused += 1
+            return
+        self.claims += 1
+        self.mine[ref.name] = claimed.epoch
+        try:
+            await self.host.open_partition(ref, claimed)
+        except BaseException:
+            del self.mine[ref.name]
+            raise
+        self._holders[ref.name] = Holder(self._node_id, claimed.epoch)
+        log.info("partition_led", log=ref.name, epoch=claimed.epoch)
+
+    async def _release(self, ref: PartitionRef, epoch: int, reason: str) -> None:
+        # Not led from here on: a request meanwhile is told NOT_LEADER_OR_FOLLOWER.
+        self._holders.pop(ref.name, None)
+        del self.mine[ref.name]
+        try:
+            await self.host.release_partition(ref, reason)
+        finally:
+            self.releases += 1
+            await self.store.release(ref.name, self._node_id, epoch)
+        log.info("partition_released", log=ref.name, epoch=epoch, reason=reason)
+
+    async def stop(self) -> None:
+        """A graceful stop: no more reconciles, and every partition led is released (a
+        bounded wait per release is the caller's)."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._lock:
+            names = {(ref.topic_id, ref.index): ref for ref in self._refs()}
+            by_name = {ref.name: ref for ref in names.values()}
+            for name, epoch in list(self.mine.items()):
+                ref = by_name.get(name)
+                if ref is None:
+                    del self.mine[name]
+                    continue
+                try:
+                    await self._release(ref, epoch, "broker stopping")
+                except Exception as exc:
+                    log.warning("partition_release_failed", log=name, error=str(exc))
+
+    def _refs(self) -> list[PartitionRef]:
+        return [
+            PartitionRef(topic.name, topic.topic_id, i)
+            for topic in self._topics()
+            for i in range(topic.partitions)
+        ]
+
+
+class LogManagerHost:
+    """The broker's side (`LeadershipHost`): a claimed partition is restored from the
+    database (`restore`, PgStorage.restore_claimed) and opened by the LogManager; a
+    released one handed over by it."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        restore: Callable[[str, ClaimedLog], Awaitable[None]],
+        configs: Callable[[str], Mapping[str, str] | None],
+    ) -> None:
+        self.logs = logs
+        self.restore = restore
+        self.configs = configs
+
+    async def open_partition(self, ref: PartitionRef, claimed: ClaimedLog) -> None:
+        overrides = self.configs(ref.topic)
+        if overrides is None:
+            raise LookupError(f"topic {ref.topic} is gone")
+        await self.restore(ref.name, claimed)
+        self.logs.open_partition(ref.topic, ref.topic_id, ref.index, dict(overrides))
+
+    async def release_partition(self, ref: PartitionRef, reason: str) -> None:
+        await self.logs.release_partition(ref.topic, ref.index, reason)
+
+    def drop_partition(self, ref: PartitionRef, reason: str) -> None:
+        self.logs.drop_partition(ref.topic, ref.index, reason)
