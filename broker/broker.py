@@ -257,6 +257,9 @@ class Broker:
             # The partitions this broker leads are claimed and opened before it serves
             # (all of them for a broker alone); the rest follows its heartbeats.
             with contextlib.suppress(Exception):
+                # The coordinator logs' claims first: the view then names their holder.
+                if isinstance(self.storage, PgStorage):
+                    await self.storage.settle()
                 await self.leadership.reconcile()
         first = self.listeners[0]
         self.server = Server(

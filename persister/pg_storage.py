@@ -40,6 +40,14 @@ brokers also call it on a timer to follow each other. Its truncations (a failed 
 undone) stay local, and so do its log start moves (compaction of the local copy): the
 database's rows are the other brokers' as well, and keeps them all.
 
+Leadership (broker.leadership, persister.pg_leadership): among brokers sharing the
+database a topic partition is opened only by the broker that claimed it, conditionally
+(no live holder), so the claim happens before the open: `restore_claimed` brings the
+log's local copy up to date from the database (the previous leader wrote meanwhile) and
+hands the claim to the open, which then claims nothing more. The coordinator logs are
+still claimed by every broker that opens them; `_claim` records the claimer in
+`leader_node`, which FindCoordinator names.
+
 Truncation and retention: a truncation (a failed write undone) is recorded and its
 rows deleted by the log's next commit; DeleteRecords and retention move the log start
 offset, sent with the next commit, which deletes the rows wholly below it. A deleted
@@ -474,6 +482,12 @@ class PgStorage:
     def leadership_store(self) -> PgLeadershipStore:
         """The leadership statements (persister.pg_leadership) on this engine's pool."""
         return PgLeadershipStore(lambda: self._pool.acquire())
+
+    async def settle(self) -> None:
+        """Wait for the claims and drops asked for so far (their failures are logged)."""
+        for task in list(self._name_ops.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
 
     async def restore_claimed(self, name: str, claimed: ClaimedLog) -> None:
         """A log leadership just claimed (closed here): bring its local copy in line

@@ -48,6 +48,9 @@ log = structlog.get_logger("spool.handlers")
 
 # KIP-932: share groups are on when the `share.version` feature is finalized at 1.
 FEATURES = [("share.version", 0, 1, 1)]
+# The coordinator record log of each FindCoordinator key type (group, transaction,
+# share): its leader coordinates every key of that type.
+COORDINATOR_LOGS = {0: "groups", 1: "transactions", 2: "share-state"}
 # "Not requested" value for authorized-operations fields.
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
@@ -281,7 +284,9 @@ async def find_coordinator(
     resp.find_coordinator_v3.FindCoordinatorResponse
     | resp.find_coordinator_v6.FindCoordinatorResponse
 ):
-    """A single node coordinates every group, transaction and share partition. As
+    """The broker leading a key type's coordinator log (`groups`, `transactions`,
+    `share-state`: ClusterView.coordinator) coordinates every key of it;
+    COORDINATOR_NOT_AVAILABLE while that log has no live leader. As
     Kafka's getCoordinator: a group key needs DESCRIBE on the group, a transactional id
     DESCRIBE on it (each key answered on its own), a share-partition key CLUSTER_ACTION
     (only brokers ask; the whole request fails)."""
@@ -309,9 +314,22 @@ async def find_coordinator(
             else:
                 answers.append((ErrorCode.none, None))
 
+    # The broker leading the key type's coordinator log coordinates every key of it.
+    coordinator = None
+    if any(code == ErrorCode.none for code, _ in answers):
+        leader = broker.cluster.coordinator(COORDINATOR_LOGS[key_type])
+        if leader is not None:
+            coordinator = alive_node(broker.cluster, leader.node_id, ctx.listener)
+        if coordinator is None:
+            unavailable = (
+                ErrorCode.coordinator_not_available,
+                f"The {COORDINATOR_LOGS[key_type]} coordinator has no live leader now: try again",
+            )
+            answers = [unavailable if a[0] == ErrorCode.none else a for a in answers]
+
     def node(code: ErrorCode) -> tuple[BrokerId, str, i32]:
-        if code == ErrorCode.none:
-            return BrokerId(broker.node_id), ep.host, i32(ep.port)
+        if code == ErrorCode.none and coordinator is not None:
+            return BrokerId(coordinator.node_id), coordinator.host, i32(coordinator.port)
         if code == ErrorCode.invalid_request:
             return BrokerId(-1), ep.host, i32(ep.port)
         return BrokerId(-1), "", i32(-1)  # Kafka's Node.noNode

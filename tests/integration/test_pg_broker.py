@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import asyncpg
 from confluent_kafka import AcknowledgeType, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from broker.leadership import TopicRef, layout
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from tests.integration.conftest import (
@@ -33,7 +35,7 @@ from tests.integration.conftest import (
     wait_for_partitions,
     watermarks,
 )
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import (
     accept_until,
     close_quietly,
@@ -44,6 +46,7 @@ from tests.integration.share_helpers import (
     produce_values,
     run_wire,
     share_consumer,
+    topic_id,
 )
 from tests.postgres import PostgresServer
 
@@ -140,17 +143,40 @@ def test_serve_takes_the_storage_url_as_a_flag() -> None:
 def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     broker_factory: Callable[..., Broker], pg_dsn: str
 ) -> None:
-    """Two brokers on one database: the second claims every log at its start (a newer
-    epoch), so the first one's next produce is refused by PostgreSQL and answered with
-    NOT_LEADER_OR_FOLLOWER, and nothing it wrote after the claim is in the database."""
-    first = broker_factory({"storage": pg_dsn})
-    create_topic(first, "t")
-    produce_values(first, "t", [b"before"])
-    second = broker_factory({"storage": pg_dsn, "node.id": "2"})
-    wait_for_partitions(second, "t", 1)
+    """Two brokers on one database: the first paused (SIGSTOP) past its lease, the
+    second claims every partition at its start (broker.leadership, a newer epoch).
+    Resumed, the first answers its producer NOT_LEADER_OR_FOLLOWER (its write refused by
+    PostgreSQL, or the partition already dropped), the producer follows to the new
+    leader, and nothing the first wrote after the claim is in the database."""
+    short = {
+        "storage": pg_dsn,
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+    }
+    first = broker_factory(short)
+    create_topic(first, "t", 2)
+    ids: list[uuid.UUID] = []
 
-    # librdkafka retries a partition's leader errors until the message times out: its
-    # debug log shows what the broker answered.
+    async def read_id(client: KafkaClient) -> None:
+        ids.append(await topic_id(client, "t"))
+
+    run_wire(first, read_id)
+    target = layout([TopicRef("t", ids[0], 2)], [1, 2])
+    partition = next(p for p in range(2) if target[f"topics/t-{p}"] == 2)
+    produce_values(first, "t", [b"before"], partition=partition)
+    assert first.process is not None
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
+            assert time.monotonic() < deadline, "the paused broker's lease never expired"
+            time.sleep(0.1)
+        second = broker_factory({**short, "node.id": "2"})
+        wait_for_partitions(second, "t", 2)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+
+    # librdkafka logs what the broker answered in its debug log.
     seen: list[str] = []
 
     class Collect(logging.Handler):
@@ -160,15 +186,15 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     client_log = logging.getLogger("pg-fenced-producer")
     client_log.addHandler(Collect())
     client_log.setLevel(logging.DEBUG)
-    config = producer_config(first, **{"message.timeout.ms": 5_000, "debug": "msg,protocol"})
+    config = producer_config(first, **{"debug": "msg,protocol"})
     producer = Producer(config, logger=client_log)
-    outcome = produce(producer, "t", [(0, None, b"fenced", [])], flush_timeout=15)
-    assert outcome.acked == [] and outcome.errors
+    outcome = produce(producer, "t", [(partition, None, b"moved", [])], flush_timeout=30)
+    assert outcome.errors == [] and [s.offset for s in outcome.acked] == [1]
     assert any("Not leader for partition" in line for line in seen), seen[-20:]
 
-    produce_values(second, "t", [b"after"])
-    got = consume_assigned(second, "t", [0], 2, timeout=30)
-    assert [r.value for r in got] == [b"before", b"after"]
+    produce_values(second, "t", [b"after"], partition=partition)
+    got = consume_assigned(second, "t", [partition], 3, timeout=30)
+    assert [r.value for r in got] == [b"before", b"moved", b"after"]
     first.stop()  # a fenced log is not flushed again at stop: the exit is still clean
 
 

@@ -10,26 +10,29 @@ NOT_LEADER_OR_FOLLOWER, as Kafka's ReplicaManager answers for a partition the me
 knows and the broker no longer hosts, hands out nothing it held (records, acquired
 share records), has deleted its local copy, and keeps serving partition 1.
 
-The same with two broker processes: the second one's start claims the logs, and the
-first, refused at its next produce, drops the partition and no longer serves it.
+The same with two broker processes: the first paused past its lease, the second claims
+the logs at its start; the first, refused at its next produce once resumed, drops the
+partition and no longer serves it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from broker.leadership import TopicRef, layout
 from persister.file_log import LogConfig
 from persister.pg_storage import PgPartitionLog, PgStorage
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import Broker, create_topic, wait_for_partitions
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.share_helpers import (
     earliest,
     heartbeat,
@@ -45,6 +48,7 @@ from tests.integration.share_helpers import (
 __all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 
 TOPIC = "claimed"
+SESSION_MS = 3000
 GROUP = "claimed-share"
 PRODUCE, FETCH, LIST_OFFSETS, SHARE_FETCH, SHARE_ACK = 0, 1, 2, 78, 79
 ACCEPT = 1
@@ -230,30 +234,60 @@ def test_a_fenced_partition_is_dropped_and_answers_not_leader_while_others_serve
 def test_a_second_broker_process_claiming_the_log_makes_the_first_drop_it(
     broker_factory: Callable[..., Broker], pg_dsn: str
 ) -> None:
-    first = broker_factory({"storage": pg_dsn})
-    create_topic(first, TOPIC)
-    produce_values(first, TOPIC, [b"before"])
-    cache = first.data_dir / "topics" / f"{TOPIC}-0"
-    second = broker_factory({"storage": pg_dsn, "node.id": "2"})
-    wait_for_partitions(second, TOPIC, 1)
+    """The first broker paused (SIGSTOP) past its lease: the second, alone live, claims
+    every partition (broker.leadership). Resumed, the first's write to a partition the
+    layout of the two gives the second is refused, and it drops that partition."""
+    short = {
+        "storage": pg_dsn,
+        "broker.session.timeout.ms": str(SESSION_MS),
+        "broker.heartbeat.interval.ms": str(SESSION_MS // 6),
+    }
+    first = broker_factory(short)
+    create_topic(first, TOPIC, 2)
+    ids: list[uuid.UUID] = []
+
+    async def read_id(client: KafkaClient) -> None:
+        ids.append(await topic_id(client, TOPIC))
+
+    run_wire(first, read_id)
+    target = layout([TopicRef(TOPIC, ids[0], 2)], [1, 2])
+    partition = next(p for p in range(2) if target[f"topics/{TOPIC}-{p}"] == 2)
+
+    async def before(client: KafkaClient) -> None:
+        written = await produce(client, partition, b"before")
+        assert written.error_code == ErrorCode.none, written
+
+    run_wire(first, before)
+    cache = first.data_dir / "topics" / f"{TOPIC}-{partition}"
+    assert first.process is not None
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
+            assert time.monotonic() < deadline, "the paused broker's lease never expired"
+            time.sleep(0.1)
+        second = broker_factory({**short, "node.id": "2"})
+        wait_for_partitions(second, TOPIC, 2)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
 
     async def scenario(client: KafkaClient) -> None:
-        refused = await produce(client, 0, b"stale")
+        refused = await produce(client, partition, b"stale")
         assert refused.error_code == ErrorCode.not_leader_or_follower, refused
         deadline = time.monotonic() + 30
         while cache.exists():
             assert time.monotonic() < deadline, "the local copy was not deleted"
             await asyncio.sleep(0.05)
-        fetched = await fetch(client, 0)
+        fetched = await fetch(client, partition)
         assert fetched.error_code == ErrorCode.not_leader_or_follower, fetched
         assert bytes(fetched.records or b"") == b""
-        offsets = await list_offsets(client, 0)
+        offsets = await list_offsets(client, partition)
         assert offsets.error_code == ErrorCode.not_leader_or_follower, offsets
 
     run_wire(first, scenario)
 
     async def on_second(client: KafkaClient) -> None:
-        kept = await produce(client, 0, b"after")
+        kept = await produce(client, partition, b"after")
         assert (kept.error_code, kept.base_offset) == (ErrorCode.none, 1), kept
 
     run_wire(second, on_second)
