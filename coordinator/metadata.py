@@ -23,7 +23,9 @@ broker appended first the write is refused (`LogConflict`) and undone, and
 `MetadataStore.run` catches up (appends the others' batches to the local copy and
 replays them) and runs the operation again on the new state, so its checks see the
 other broker's change: of two brokers creating one topic name at once one creates it
-and the other answers TOPIC_ALREADY_EXISTS, and both hold the one topic id. This is
+and the other answers TOPIC_ALREADY_EXISTS, and both hold the one topic id. It also
+catches up before an operation's first run, so the operation sees every change
+committed before it began, whichever broker made it. This is
 Kafka's controller, serialising every change in one log, with the log's tail as the
 lock. After `MAX_CONFLICT_RETRIES` refusals in a row the change fails with
 NOT_CONTROLLER, which clients retry. An operation may therefore run more than once: it
@@ -512,6 +514,15 @@ class MetadataStore:
         self, op: Callable[[], tuple[list[Record], T]], applied: Callable[[T], None] | None
     ) -> T:
         async with self._turn:
+            try:
+                # What other brokers committed first: a change sees every change made
+                # before it began, on any broker (a check that only reads, such as a
+                # config change's "does the topic exist", has no write to be refused).
+                await self._catch_up()
+            except KafkaError as exc:
+                # The database unreadable: the op runs on what this broker has (one that
+                # writes fails or is refused as it would have).
+                log.debug("metadata_catch_up_failed", error=exc.message)
             for attempt in itertools.count():
                 try:
                     return await self.runtime.run(METADATA_KEY, op, applied=applied)

@@ -5,6 +5,10 @@ the brokers create it once, configs altered on one are described by another, and
 producer ids are never handed out twice. Every broker follows the others within
 `storage.metadata.poll.interval.ms`.
 
+Clients of a cluster send their requests to any broker (Metadata lists them all, and
+the controller id is a live broker at random, as in Kafka), so what one broker serves
+is checked here over a connection to that broker alone (`protocol.client`).
+
 Partitions are led by one broker each (broker.leadership; produce and fetch across
 brokers are tested in test_pg_leadership).
 """
@@ -15,36 +19,19 @@ import asyncio
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from confluent_kafka import KafkaError
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
-from tests.integration.conftest import (
-    ADMIN_TIMEOUT_S,
-    Broker,
-    admin_config,
-    create_topic,
-    free_port,
-    wait_for_partitions,
-)
+from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, admin_config, free_port
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
-from tests.integration.share_helpers import run_wire
-from tests.integration.test_metadata_races import (
-    _at_once,
-    _codes,
-    _create_call,
-    _dynamic_topic_configs,
-    _set_call,
-    _show,
-    _topic_id,
-)
 
 __all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 
@@ -52,14 +39,72 @@ __all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 # many times over, for a loaded machine.
 FOLLOW_S = 15.0
 ROUNDS = 20
-INIT_PRODUCER_ID = 22
+METADATA, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 3, 19, 20, 22
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
+TOPIC, BROKER = 2, 4
+DYNAMIC_TOPIC_CONFIG = 1
+
+T = TypeVar("T")
 
 
-def cluster(factory: Callable[..., Broker], dsn: str, n: int) -> list[Broker]:
-    return [factory({"storage": dsn, "node.id": str(i + 1)}) for i in range(n)]
+class ClusterBroker(Broker):
+    """A broker of the cluster, serving /metrics too."""
+
+    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str | None]) -> None:
+        super().__init__(data_dir, log_path, settings)
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read().decode()
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        raise AssertionError(f"no {name} in /metrics")
 
 
-def eventually(check: Callable[[], Any], what: str) -> Any:
+def brokers_on(dsn: str, root: Path, n: int) -> list[ClusterBroker]:
+    return [
+        ClusterBroker(
+            root / f"data{i}", root / f"broker{i}.log", {"storage": dsn, "node.id": str(i + 1)}
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def cluster(pg_dsn: str, tmp_path: Path) -> Iterator[list[ClusterBroker]]:
+    """Three brokers on the test's database, started one after another."""
+    brokers = brokers_on(pg_dsn, tmp_path, 3)
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            if b.running:
+                b.stop()
+
+
+def on(broker: Broker, scenario: Callable[[KafkaClient], Awaitable[T]]) -> T:
+    """`scenario` over one connection to `broker` (and only to it)."""
+
+    async def main() -> T:
+        client = await KafkaClient.connect(broker.host, broker.port, "shared-metadata-test")
+        try:
+            return await scenario(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def eventually(check: Callable[[], T], what: str) -> T:
     """`check()` once it returns something true, within FOLLOW_S."""
     deadline = time.monotonic() + FOLLOW_S
     last: Any = None
@@ -71,22 +116,124 @@ def eventually(check: Callable[[], Any], what: str) -> Any:
     raise AssertionError(f"{what}: never happened (last {last!r})")
 
 
-def listed(broker: Broker, topic: str) -> bool:
-    md = AdminClient(admin_config(broker)).list_topics(timeout=ADMIN_TIMEOUT_S)
-    return topic in md.topics
+async def served(client: KafkaClient, topic: str) -> tuple[uuid.UUID, int] | None:
+    """(topic id, partitions) of `topic` as the broker serves it (Metadata v12), or
+    None if it does not know it."""
+    answer = await client.request(
+        METADATA,
+        12,
+        {
+            "topics": [{"topic_id": None, "name": topic}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    [found] = answer.topics
+    if found.error_code != ErrorCode.none:
+        assert found.error_code == ErrorCode.unknown_topic_or_partition, found
+        return None
+    return found.topic_id, len(found.partitions)
+
+
+def served_by(broker: Broker, topic: str) -> tuple[uuid.UUID, int] | None:
+    return on(broker, lambda c: served(c, topic))
+
+
+async def create(client: KafkaClient, topic: str, partitions: int) -> Any:
+    """CreateTopics v7 of one topic; its result."""
+    answer = await client.request(
+        CREATE_TOPICS,
+        7,
+        {
+            "topics": [
+                {
+                    "name": topic,
+                    "num_partitions": partitions,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                }
+            ],
+            "timeout": 30_000,
+            "validate_only": False,
+        },
+    )
+    [result] = answer.topics
+    return result
+
+
+def create_on(broker: Broker, topic: str, partitions: int) -> uuid.UUID:
+    result = on(broker, lambda c: create(c, topic, partitions))
+    assert result.error_code == ErrorCode.none, result
+    return uuid.UUID(str(result.topic_id))
+
+
+def delete_on(broker: Broker, topic: str) -> None:
+    async def delete(client: KafkaClient) -> None:
+        answer = await client.request(DELETE_TOPICS, 5, {"topic_names": [topic], "timeout": 30_000})
+        [result] = answer.responses
+        assert result.error_code == ErrorCode.none, result
+
+    on(broker, delete)
+
+
+def set_config(broker: Broker, resource_type: int, name: str, key: str, value: str) -> None:
+    """IncrementalAlterConfigs v1 SET of one key, on `broker`."""
+
+    async def alter(client: KafkaClient) -> None:
+        answer = await client.request(
+            INCREMENTAL_ALTER_CONFIGS,
+            1,
+            {
+                "resources": [
+                    {
+                        "resource_type": resource_type,
+                        "resource_name": name,
+                        "configs": [{"name": key, "config_operation": 0, "value": value}],
+                    }
+                ],
+                "validate_only": False,
+            },
+        )
+        [result] = answer.responses
+        assert result.error_code == ErrorCode.none, result
+
+    on(broker, alter)
+
+
+def described(broker: Broker, resource_type: int, name: str) -> dict[str, tuple[str, int]]:
+    """DescribeConfigs v4 on `broker`: key -> (value, config source); nothing for a
+    topic it does not know."""
+
+    async def describe(client: KafkaClient) -> dict[str, tuple[str, int]]:
+        answer = await client.request(
+            DESCRIBE_CONFIGS,
+            4,
+            {
+                "resources": [
+                    {
+                        "resource_type": resource_type,
+                        "resource_name": name,
+                        "configuration_keys": None,
+                    }
+                ],
+                "include_synonyms": False,
+                "include_documentation": False,
+            },
+        )
+        [result] = answer.results
+        if result.error_code == ErrorCode.unknown_topic_or_partition:
+            return {}  # not (yet) known to this broker
+        assert result.error_code == ErrorCode.none, result
+        return {c.name: (c.value, c.config_source) for c in result.configs}
+
+    return on(broker, describe)
 
 
 def test_brokers_started_at_once_on_an_empty_database_share_one_cluster_id(
     pg_dsn: str, tmp_path: Path
 ) -> None:
-    brokers = [
-        Broker(
-            tmp_path / f"data{i}",
-            tmp_path / f"broker{i}.log",
-            {"storage": pg_dsn, "node.id": str(i + 1)},
-        )
-        for i in range(3)
-    ]
+    brokers = brokers_on(pg_dsn, tmp_path, 3)
     threads = [threading.Thread(target=b.start) for b in brokers]
     try:
         for thread in threads:
@@ -107,16 +254,14 @@ def test_brokers_started_at_once_on_an_empty_database_share_one_cluster_id(
 
 
 def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_all(
-    broker_factory: Callable[..., Broker], pg_dsn: str
+    cluster: list[ClusterBroker],
 ) -> None:
-    a, b, c = cluster(broker_factory, pg_dsn, 3)
-    create_topic(a, "orders", partitions=3)
-    topic_id = _topic_id(a, "orders")
-    assert topic_id is not None
+    a, b, c = cluster
+    topic_id = create_on(a, "orders", 3)
+    assert served_by(a, "orders") == (topic_id, 3)
     for other in (b, c):
-        eventually(lambda other=other: listed(other, "orders"), f"orders on {other.port}")
-        wait_for_partitions(other, "orders", 3)
-        assert _topic_id(other, "orders") == topic_id
+        eventually(lambda other=other: served_by(other, "orders"), "orders elsewhere")
+        assert served_by(other, "orders") == (topic_id, 3)
 
     # Each partition's log is opened by the broker leading it (broker.leadership), one
     # each once the three see each other, whoever created the topic.
@@ -132,162 +277,87 @@ def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_
     )
 
     # Deleted on b: gone from a and c, their logs removed.
-    admin = AdminClient(admin_config(b))
-    admin.delete_topics(["orders"])["orders"].result(timeout=ADMIN_TIMEOUT_S)
+    delete_on(b, "orders")
+    assert served_by(b, "orders") is None
     for other in (a, c):
-        eventually(lambda other=other: not listed(other, "orders"), f"orders gone {other.port}")
+        eventually(lambda other=other: served_by(other, "orders") is None, "orders gone")
         eventually(
             lambda other=other: not any((other.data_dir / "topics").iterdir()),
             "the deleted topic's logs removed",
         )
-    # Created again on c, with a new id everyone agrees on.
-    create_topic(c, "orders", partitions=1)
-    new_id = _topic_id(c, "orders")
-    assert new_id not in (None, topic_id)
+    # Created again on c, with a new id every broker serves.
+    new_id = create_on(c, "orders", 1)
+    assert new_id != topic_id
     for other in (a, b):
-        eventually(lambda other=other: _topic_id(other, "orders") == new_id, "the new id")
-
-
-class MetricsBroker(Broker):
-    """A broker of the cluster serving /metrics too."""
-
-    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str | None]) -> None:
-        super().__init__(data_dir, log_path, settings)
-        self.metrics_port = free_port()
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
-
-    def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = response.read().decode()
-        for family in text_string_to_metric_families(body):
-            for sample in family.samples:
-                if sample.name == name:
-                    return float(sample.value)
-        raise AssertionError(f"no {name} in /metrics")
-
-
-@pytest.fixture
-def metrics_cluster(pg_dsn: str, tmp_path: Path) -> Iterator[list[MetricsBroker]]:
-    brokers = [
-        MetricsBroker(
-            tmp_path / f"data{i}",
-            tmp_path / f"broker{i}.log",
-            {"storage": pg_dsn, "node.id": str(i + 1)},
-        )
-        for i in range(3)
-    ]
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            if b.running:
-                b.stop()
-
-
-LAST_APPLIED = "kafka_server_broker_metadata_metrics_last_applied_record_offset"
+        eventually(lambda other=other: served_by(other, "orders") == (new_id, 1), "the new id")
 
 
 def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
-    metrics_cluster: list[MetricsBroker],
+    cluster: list[ClusterBroker],
 ) -> None:
-    brokers = metrics_cluster
-    clients = [AdminClient(admin_config(b)) for b in brokers for _ in range(2)]
-    for client in clients:
-        client.list_topics(timeout=ADMIN_TIMEOUT_S)
-    for r in range(ROUNDS):
-        name = f"race-{r}"
-        outcomes = _at_once([_create_call(client, name, 2) for client in clients])
-        assert _codes(outcomes) == [KafkaError.NO_ERROR] + [KafkaError.TOPIC_ALREADY_EXISTS] * (
-            len(clients) - 1
-        ), _show(outcomes)
-        ids = {
-            eventually(lambda b=b, name=name: _topic_id(b, name), f"{name} on {b.port}")
-            for b in brokers
-        }
-        assert len(ids) == 1, ids
-    # Every broker's copy of the metadata is one: each lists the same topics, once.
-    for b in brokers:
-        topics = AdminClient(admin_config(b)).list_topics(timeout=ADMIN_TIMEOUT_S).topics
-        assert sorted(t for t in topics if t.startswith("race-")) == sorted(
-            f"race-{r}" for r in range(ROUNDS)
-        )
-    # The races were run: brokers wrote at once and were refused, then retried.
-    assert sum(b.metric("spool_metadata_conflicts_total") for b in brokers) > 0
-    offsets = [b.metric(LAST_APPLIED) for b in brokers]
-    assert len(set(offsets)) == 1 and offsets[0] >= ROUNDS, offsets
-    assert sum(b.metric("spool_metadata_records_followed_total") for b in brokers) > 0
+    """Each round, two connections to each broker send CreateTopics of one new name at
+    once: one creates it, the five others answer TOPIC_ALREADY_EXISTS, and every broker
+    then serves the one topic id."""
+
+    async def rounds() -> list[list[Any]]:
+        clients = [
+            await KafkaClient.connect(b.host, b.port, f"race-{i}")
+            for i, b in enumerate(cluster)
+            for _ in range(2)
+        ]
+        try:
+            return [
+                await asyncio.gather(*(create(client, f"race-{r}", 2) for client in clients))
+                for r in range(ROUNDS)
+            ]
+        finally:
+            for client in clients:
+                await client.close()
+
+    for r, results in enumerate(asyncio.run(rounds())):
+        codes = sorted(result.error_code for result in results)
+        assert codes == [ErrorCode.none] + [ErrorCode.topic_already_exists] * 5, results
+        [winner] = [res for res in results if res.error_code == ErrorCode.none]
+        for b in cluster:
+            got = eventually(lambda b=b, r=r: served_by(b, f"race-{r}"), "the topic elsewhere")
+            assert got == (winner.topic_id, 2), (b.port, r)
+    # The races were run: brokers wrote at once and were refused, then retried; every
+    # broker applied the metadata log up to one offset.
+    assert sum(b.metric("spool_metadata_conflicts_total") for b in cluster) > 0
+    last = "kafka_server_broker_metadata_metrics_last_applied_record_offset"
+    offsets = eventually(
+        lambda: (lambda o: o if len(set(o)) == 1 else None)([b.metric(last) for b in cluster]),
+        "every broker at one offset",
+    )
+    assert offsets[0] >= ROUNDS
+    assert sum(b.metric("spool_metadata_records_followed_total") for b in cluster) > 0
 
 
 def test_configs_altered_on_one_broker_are_described_by_another(
-    broker_factory: Callable[..., Broker], pg_dsn: str
+    cluster: list[ClusterBroker],
 ) -> None:
-    a, b = cluster(broker_factory, pg_dsn, 2)
-    create_topic(a, "orders")
-    eventually(lambda: listed(b, "orders"), "orders on b")
-    # Two keys at once from the two brokers: both kept.
-    outcomes = _at_once(
-        [
-            _set_call(AdminClient(admin_config(a)), "orders", "retention.ms", "3600000"),
-            _set_call(AdminClient(admin_config(b)), "orders", "cleanup.policy", "compact"),
-        ]
-    )
-    assert outcomes == [None, None], _show(outcomes)
+    a, b, _ = cluster
+    create_on(a, "orders", 1)
+    # Altered on b at once after a created it: b catches up before the change (it does
+    # not answer UNKNOWN_TOPIC_OR_PARTITION), and a follows b's change.
+    set_config(b, TOPIC, "orders", "retention.ms", "3600000")
+    set_config(a, TOPIC, "orders", "cleanup.policy", "compact")
     wanted = {"retention.ms": "3600000", "cleanup.policy": "compact"}
-    for broker in (a, b):
-        eventually(lambda broker=broker: _dynamic_topic_configs(broker, "orders") == wanted, "")
+
+    def dynamic(broker: Broker) -> dict[str, str]:
+        configs = described(broker, TOPIC, "orders")
+        return {k: v for k, (v, source) in configs.items() if source == DYNAMIC_TOPIC_CONFIG}
+
+    for broker in cluster:
+        eventually(lambda broker=broker: dynamic(broker) == wanted, "the topic configs")
     # The cluster-wide dynamic broker configs (resource ""), set on b, apply on a.
-    set_cluster_default(b, "num.partitions", "4")
-    eventually(lambda: broker_config(a, "num.partitions") == "4", "num.partitions on a")
-
-
-INCREMENTAL_ALTER_CONFIGS = 44
-
-
-def set_cluster_default(broker: Broker, key: str, value: str) -> None:
-    """IncrementalAlterConfigs SET of the cluster-wide default broker config `key`
-    (resource name "", which confluent-kafka's AdminClient does not send)."""
-
-    async def scenario(client: KafkaClient) -> None:
-        answer = await client.request(
-            INCREMENTAL_ALTER_CONFIGS,
-            1,
-            {
-                "resources": [
-                    {
-                        "resource_type": 4,
-                        "resource_name": "",
-                        "configs": [{"name": key, "config_operation": 0, "value": value}],
-                    }
-                ],
-                "validate_only": False,
-            },
-        )
-        [result] = answer.responses
-        assert result.error_code == ErrorCode.none, result
-
-    run_wire(broker, scenario)
-
-
-BROKER = ConfigResource.Type.BROKER
-
-
-def broker_config(broker: Broker, key: str) -> str:
-    resource = ConfigResource(BROKER, "1")
-    admin = AdminClient(admin_config(broker))
-    entries = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
-    return str(entries[key].value)
+    set_config(b, BROKER, "", "num.partitions", "4")
+    eventually(lambda: described(a, BROKER, "1")["num.partitions"][0] == "4", "num.partitions on a")
 
 
 def test_producer_ids_are_never_handed_out_twice_across_brokers(
-    broker_factory: Callable[..., Broker], pg_dsn: str
+    cluster: list[ClusterBroker],
 ) -> None:
-    brokers = cluster(broker_factory, pg_dsn, 3)
-
     async def init(client: KafkaClient) -> int:
         answer = await client.request(
             INIT_PRODUCER_ID,
@@ -304,7 +374,7 @@ def test_producer_ids_are_never_handed_out_twice_across_brokers(
 
     async def main() -> list[int]:
         clients = [
-            await KafkaClient.connect(b.host, b.port, f"pid-{i}") for i, b in enumerate(brokers)
+            await KafkaClient.connect(b.host, b.port, f"pid-{i}") for i, b in enumerate(cluster)
         ]
         try:
             got: list[int] = []

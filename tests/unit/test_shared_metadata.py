@@ -140,17 +140,24 @@ async def create(store: MetadataStore, name: str, partitions: int = 1) -> uuid.U
     return await store.run(op)
 
 
-async def test_a_topic_created_on_a_stale_broker_is_refused_after_a_catch_up(
+async def test_a_topic_created_elsewhere_while_a_creation_runs_is_refused_after_a_catch_up(
     brokers: Callable[[str], MetadataStore], db: Database
 ) -> None:
     a, b = brokers("a"), brokers("b")
-    created = await create(a, "orders", 3)
-    # b has not seen it: its write is refused, it catches up and its op runs again.
+    created: list[uuid.UUID] = []
+
+    async def a_first() -> None:
+        shared_log(b).interfere = None
+        created.append(await create(a, "orders", 3))
+
+    # a creates the topic after b's op checked it was absent, before b's write lands:
+    # b's write is refused, b catches up and its op runs again.
+    shared_log(b).interfere = a_first
     with pytest.raises(KafkaError) as refused:
         await create(b, "orders")
     assert refused.value.code == ErrorCode.topic_already_exists
     assert b.conflicts == 1
-    assert b.state.topics["orders"].topic_id == created
+    assert b.state.topics["orders"].topic_id == created[0]
     assert b.state.topics["orders"].partitions == 3
     assert b.runtime.record_log.end_offset == a.runtime.record_log.end_offset == db.end
     # b's copy is the database's: a later write of b goes in first time.
@@ -158,6 +165,26 @@ async def test_a_topic_created_on_a_stale_broker_is_refused_after_a_catch_up(
     assert b.conflicts == 1
     await a.catch_up()
     assert a.state.topics["payments"].topic_id == other
+
+
+async def test_an_operation_sees_what_other_brokers_committed_before_it_began(
+    brokers: Callable[[str], MetadataStore],
+) -> None:
+    """A check that writes nothing when it fails (does the topic exist?) still sees a
+    topic another broker created a moment ago: the store catches up first."""
+    a, b = brokers("a"), brokers("b")
+    await create(a, "orders")
+
+    def alter() -> tuple[list[dict[str, Any]], dict[str, str]]:
+        topic, record = b.state.topic_configs_record("orders", lambda c: {"retention.ms": "1"})
+        return ([] if record is None else [record]), topic.configs
+
+    assert await b.run(alter) == {"retention.ms": "1"}
+    assert b.conflicts == 0
+    with pytest.raises(KafkaError) as exists:
+        await create(b, "orders")
+    assert exists.value.code == ErrorCode.topic_already_exists
+    assert b.conflicts == 0
 
 
 async def test_concurrent_creations_of_one_name_on_three_brokers_make_one_topic(
