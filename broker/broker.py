@@ -25,7 +25,7 @@ from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import apply_topic_change
 from broker.handlers.transactions import marker_writer
 from broker.leadership import Leadership, LogManagerHost, TopicRef
-from broker.listeners import ListenerConfig, listeners_from_config
+from broker.listeners import ListenerConfig, inter_broker_listener, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
 from broker.partitions import LogManager, Partition
 from broker.registry import BrokerRegistry
@@ -40,6 +40,7 @@ from broker.server import (
 from broker.share.fetch import ShareFetchService
 from broker.share.manager import SharePartitionManager
 from broker.share.reader import LogPartition
+from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
@@ -181,6 +182,11 @@ class Broker:
         self.share: SharePartitionManager
         self.sessions: ShareSessionCache
         self.share_service: ShareFetchService
+        # The share coordinator as the share-partition leader and the group coordinator
+        # reach it: this broker's (`share_persister`) while it leads the share-state
+        # log, else the leader's, over the inter-broker listener
+        # (broker.share.remote_persister).
+        self.share_state: RoutedPersister
         self._background: set[asyncio.Future[Any]] = set()
         # Called with (topic name, topic id) when a topic is deleted (share groups use it).
         self.topic_deleted_hooks: list[Callable[[str, Any], None]] = []
@@ -422,8 +428,17 @@ class Broker:
             storage=self.storage,
         )
         persister.load()
-        self.groups = GroupCoordinator(
+        self.share_state = RoutedPersister(
             persister,
+            lambda: self.cluster,
+            BrokerConnections(f"spool-broker-{self.node_id}"),
+            listener=inter_broker_listener(
+                self.config, self.listeners, isinstance(self.storage, PgStorage)
+            ),
+            clock=self.clock,
+        )
+        self.groups = GroupCoordinator(
+            self.share_state,
             self._topics_metadata,
             GroupConfigStore(self.config.share_groups()),
             self.storage.open_coordinator_log(
@@ -433,7 +448,7 @@ class Broker:
         )
         self.groups.load()
         self.share = SharePartitionManager(
-            persister,
+            self.share_state,
             self.groups,
             self.log_partition,
             _offset_for_timestamp,
@@ -549,6 +564,7 @@ class Broker:
         await self.groups.stop()
         await self.transactions.stop()
         self.share.stop()
+        await self.share_state.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

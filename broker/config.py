@@ -563,6 +563,17 @@ CLUSTER_KEYS = [
         _at_least(1),
         read_only=True,
     ),
+    ConfigDef(
+        "inter.broker.listener.name",
+        STRING,
+        None,
+        "The listener brokers use to reach each other (a share-partition leader sends "
+        "the share-state RPCs to the share coordinator there). Default: the listener "
+        "named PLAINTEXT (Kafka's security.inter.broker.protocol default). spool speaks "
+        "PLAINTEXT between brokers only, so on PostgreSQL storage it must name a "
+        "PLAINTEXT listener.",
+        read_only=True,
+    ),
 ]
 BROKER_KEYS.update({k.name: k for k in CLUSTER_KEYS})
 

@@ -502,3 +502,39 @@ def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:
     """`NAME://host:port`, IPv6 hosts in brackets (for --listen / --advertise)."""
     shown = f"[{host}]" if ":" in host else host
     return f"{name}://{shown}:{port}"
+
+
+# Kafka's default inter-broker listener: the one named after security.inter.broker.protocol,
+# whose default is PLAINTEXT.
+DEFAULT_INTER_BROKER_LISTENER = PLAINTEXT
+
+
+def inter_broker_listener(
+    config: BrokerConfig, listeners: list[ListenerConfig], clustered: bool
+) -> str:
+    """The listener other brokers are reached on (`inter.broker.listener.name`, else
+    PLAINTEXT). spool's brokers speak PLAINTEXT to each other only (no TLS or SASL client
+    for inter-broker traffic yet): a broker that can join a cluster (`clustered`: its
+    storage is PostgreSQL) is refused at start unless the name is a PLAINTEXT listener."""
+    named = config.get("inter.broker.listener.name")
+    name = (named or DEFAULT_INTER_BROKER_LISTENER).upper()
+    if not clustered:
+        return name
+    found = next((lc for lc in listeners if lc.name == name), None)
+    if found is None:
+        raise _invalid(
+            f"inter.broker.listener.name {name}"
+            + ("" if named else " (the default)")
+            + f" is not one of the listeners ({', '.join(lc.name for lc in listeners)}): "
+            "brokers sharing a storage database reach each other on it; add a PLAINTEXT "
+            "listener to listeners (e.g. PLAINTEXT://host:port) or set "
+            "inter.broker.listener.name to the name of one"
+        )
+    if found.security_protocol != PLAINTEXT:
+        raise _invalid(
+            f"inter.broker.listener.name {name} is a {found.security_protocol} listener: "
+            "spool's brokers reach each other over PLAINTEXT only for now; set "
+            "inter.broker.listener.name to a PLAINTEXT listener (on a network only the "
+            "brokers reach)"
+        )
+    return name

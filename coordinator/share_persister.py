@@ -245,6 +245,12 @@ async def write_states(
     the share coordinator (`_ShardPersister.write_states`), else one call per key (other
     persisters, and subclasses that wrap write_state, e.g. to inject failures). Per
     write, what it raised or None."""
+    routed = getattr(persister, "route_write_states", None)
+    if routed is not None:
+        # The broker's persister in a cluster (broker.share.remote_persister): one
+        # append here, or one WriteShareGroupState per group to the remote coordinator.
+        outcomes: list[Exception | None] = await routed(writes)
+        return outcomes
     if (
         isinstance(persister, _ShardPersister)
         and type(persister).write_state is _ShardPersister.write_state

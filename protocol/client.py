@@ -312,20 +312,32 @@ class KafkaClient:
             )
         return bytes(resp.auth_bytes)
 
+    @property
+    def closed(self) -> bool:
+        """The connection has ended (the broker closed it, it failed, or `close`)."""
+        return self._receiver.done()
+
     async def request(
         self, api_key: int, version: int, body: Mapping[str, Any] | Any, timeout_s: float = 30
     ) -> Any:
-        """Send one request and return the decoded response entity."""
+        """Send one request and return the decoded response entity. ClientError when the
+        connection has ended (before or while waiting); TimeoutError after `timeout_s`."""
         if isinstance(body, Mapping):
             body = api.build(api.request_class(api_key, version), body)
+        if self.closed:
+            raise ClientError("connection closed")
         correlation_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = (api_key, version, future)
-        self._writer.write(
-            api.encode_request(api_key, version, correlation_id, self.client_id, body)
-        )
-        await self._writer.drain()
-        return await asyncio.wait_for(future, timeout_s)
+        try:
+            self._writer.write(
+                api.encode_request(api_key, version, correlation_id, self.client_id, body)
+            )
+            await self._writer.drain()
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            # Answered, failed or timed out: a late answer is dropped by the receiver.
+            self._pending.pop(correlation_id, None)
 
     async def _receive(self) -> None:
         try:
