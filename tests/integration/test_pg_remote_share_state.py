@@ -1,0 +1,304 @@
+"""A share-partition leader whose share coordinator is another broker
+(broker.share.remote_persister), with two broker processes on one real PostgreSQL.
+
+Broker A (node 1) starts first, broker B (node 2) second: B claims the coordinator logs
+last and holds the share-state log, while the topic's partitions are spread over both
+(broker.leadership). Share consumers with explicit acknowledgements read every record of
+the partitions A leads: A's share-partition leader sends its ReadShareGroupState and
+WriteShareGroupState to B, which answers once its write is committed to PostgreSQL. The
+test checks the records were each delivered once, that B's share coordinator holds the
+state of A's partitions (its ReadShareGroupStateSummary), that B served the writes (its
+request metrics), and that after both brokers restart no ACCEPTed record comes back
+while records produced since do.
+
+Needs partition leadership by lease (broker.leadership): without it every broker leads
+every partition and the test is skipped. It also needs FindCoordinator to name the
+broker holding a coordinator log (share consumers join their group on B): while it
+answers with the broker asked, the test skips itself, saying so. The share partitions
+start at the log end (`share.auto.offset.reset` latest, the default; a group config set
+on one broker is not seen by the other yet), so records are produced once every share
+partition has been loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from protocol.client import KafkaClient
+from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, create_topic, free_port
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.share_helpers import (
+    PollLog,
+    accept_all,
+    close_quietly,
+    consume,
+    log_lines,
+    never,
+    produce_values,
+    share_consumer,
+)
+
+__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+
+try:
+    import broker.leadership  # noqa: F401
+
+    HAS_LEADERSHIP = True
+except ImportError:
+    HAS_LEADERSHIP = False
+
+SESSION_MS = 3000
+INTERVAL_MS = 500
+WAIT_S = 30.0
+PARTITIONS = 4
+PER_PARTITION = 20
+SUMMARY = 87
+FIND_COORDINATOR = 10
+ACTIVE = "kafka_controller_kafkacontroller_activebrokercount"
+WRITES = r'kafka_network_requestmetrics_requests_total\{request="WriteShareGroupState"[^}]*\}'
+
+
+class Node(Broker):
+    """A broker of the test's database with its node id and `--metrics`."""
+
+    def __init__(self, root: Path, name: str, dsn: str, node_id: int) -> None:
+        super().__init__(
+            root / f"data-{name}",
+            root / f"{name}.log",
+            {
+                "storage": dsn,
+                "broker.session.timeout.ms": str(SESSION_MS),
+                "broker.heartbeat.interval.ms": str(INTERVAL_MS),
+            },
+        )
+        self.node_id = node_id
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        return [
+            *super().command(),
+            *("--node-id", str(self.node_id)),
+            *("--metrics", f"127.0.0.1:{self.metrics_port}"),
+        ]
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    def metric(self, pattern: str) -> float:
+        """The sum of the samples whose line matches `pattern` (a regex before the value)."""
+        return sum(
+            float(m.group(1))
+            for m in re.finditer(rf"^{pattern} (\S+)$", self.metrics(), re.MULTILINE)
+        )
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[[int, str], Node]]:
+    made: list[Node] = []
+
+    def make(node_id: int, name: str) -> Node:
+        n = Node(tmp_path, name, pg_dsn, node_id)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        if n.running:
+            n.stop()
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _initialized(*brokers: Node) -> int:
+    """Share partitions loaded so far, by the brokers' logs."""
+    return sum(len(log_lines(b, "share_partition_initialized")) for b in brokers)
+
+
+def bootstrap(*brokers: Node) -> str:
+    return ",".join(b.bootstrap for b in brokers)
+
+
+def leaders(brokers: list[Node], topic: str) -> dict[int, int]:
+    """Partition -> leader node id, from Metadata (-1 while a partition has none)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(*brokers)})
+    md = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return {}
+    return {p.id: p.leader for p in t.partitions.values()}
+
+
+def holder(dsn: str, log: str) -> int | None:
+    """The node id holding a coordinator log (`spool_logs.leader_node`)."""
+    rows = db_rows(dsn, "SELECT leader_node FROM spool_logs WHERE name = $1", log)
+    return rows[0]["leader_node"] if rows else None
+
+
+async def _find_group_coordinator(broker: Node, group: str) -> int:
+    client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
+    try:
+        response = await client.request(
+            FIND_COORDINATOR, 6, {"key_type": 0, "coordinator_keys": [group]}, timeout_s=30
+        )
+    finally:
+        await client.close()
+    (found,) = response.coordinators
+    return int(found.node_id)
+
+
+async def _summaries(
+    broker: Node, group: str, topic_id: uuid.UUID, partitions: list[int]
+) -> dict[int, Any]:
+    client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
+    try:
+        response = await client.request(
+            SUMMARY,
+            1,
+            {
+                "group_id": group,
+                "topics": [
+                    {
+                        "topic_id": topic_id,
+                        "partitions": [{"partition": p, "leader_epoch": -1} for p in partitions],
+                    }
+                ],
+            },
+            timeout_s=30,
+        )
+    finally:
+        await client.close()
+    (result,) = response.results
+    return {int(p.partition): p for p in result.partitions}
+
+
+async def _topic_id(broker: Node, topic: str) -> uuid.UUID:
+    from tests.integration.share_helpers import topic_id
+
+    client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
+    try:
+        return await topic_id(client, topic)
+    finally:
+        await client.close()
+
+
+@pytest.mark.skipif(
+    not HAS_LEADERSHIP,
+    reason="waits for partition leadership by lease (broker.leadership, helper "
+    "`leadership`): without it every broker leads every partition, so no share-partition "
+    "leader is ever on another broker than the share coordinator",
+)
+def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
+    nodes: Callable[[int, str], Node], pg_dsn: str
+) -> None:
+    a = nodes(1, "a")
+    b = nodes(2, "b")
+    a.start()
+    b.start()  # claims the coordinator logs last: the share coordinator is B
+    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live")
+    topic, group = "remote-share", "remote-share-group"
+    create_topic(a, topic, PARTITIONS)
+    layout = wait_for(
+        lambda: (lambda m: m if len(m) == PARTITIONS and set(m.values()) == {1, 2} else None)(
+            leaders([a, b], topic)
+        ),
+        "the partitions spread over both brokers",
+    )
+    assert holder(pg_dsn, "share-state") == 2, "B should hold the share-state log"
+    if asyncio.run(_find_group_coordinator(a, group)) != holder(pg_dsn, "groups"):
+        pytest.skip(
+            "FindCoordinator does not name the broker holding the groups log yet "
+            "(coordinator placement): share consumers cannot join a group"
+        )
+    on_a = sorted(p for p, leader in layout.items() if leader == 1)
+    assert on_a, layout
+
+    writes_before = b.metric(WRITES)
+    consumer = share_consumer(a, group, [topic], **{"bootstrap.servers": bootstrap(a, b)})
+    try:
+        # The share partitions start at the log end (share.auto.offset.reset latest, the
+        # default: group configs are not shared between brokers yet); produce once each
+        # partition's share-partition leader has loaded it.
+        log = PollLog()
+        wait_for(
+            lambda: (
+                consume(consumer, until=never, timeout=0.5, log=log) is not None
+                and _initialized(a, b) >= PARTITIONS
+            ),
+            "every share partition initialized",
+            timeout=60,
+        )
+        for p in range(PARTITIONS):
+            produce_values(a, topic, [f"{p}-{i}".encode() for i in range(PER_PARTITION)], p)
+        consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= PARTITIONS * PER_PARTITION,
+            timeout=90,
+            decide=accept_all,
+            log=log,
+        )
+        consume(consumer, until=never, timeout=2, log=log)  # nothing more should come
+    finally:
+        close_quietly(consumer)
+    delivered = log.offsets()
+    assert len(delivered) == len(set(delivered)), "a record was delivered twice"
+    assert sorted(delivered) == [(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)], (
+        log.errors[:5]
+    )
+
+    # B's share coordinator holds the state of A's partitions: all acknowledged.
+    topic_id = asyncio.run(_topic_id(b, topic))
+    summaries = asyncio.run(_summaries(b, group, topic_id, on_a))
+    for p in on_a:
+        assert summaries[p].error_code == 0, summaries[p]
+        assert summaries[p].start_offset == PER_PARTITION, (p, summaries[p])
+    # ... written by A's share-partition leader over the wire: no client sends these.
+    assert b.metric(WRITES) > writes_before
+
+    # Both restart: nothing ACCEPTed comes back; what is produced since is delivered.
+    a.stop()
+    b.stop()
+    a.start()
+    b.start()
+    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
+    wait_for(
+        lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], topic)),
+        "every partition led again",
+    )
+    for p in range(PARTITIONS):
+        produce_values(a, topic, [f"{p}-new".encode()], p)
+    consumer = share_consumer(a, group, [topic], **{"bootstrap.servers": bootstrap(a, b)})
+    try:
+        after = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= PARTITIONS,
+            timeout=90,
+            decide=accept_all,
+        )
+        consume(consumer, until=never, timeout=3, log=after)
+    finally:
+        close_quietly(consumer)
+    assert sorted(after.offsets()) == [(p, PER_PARTITION) for p in range(PARTITIONS)], (
+        "records ACCEPTed before the restart were delivered again"
+        if any(o < PER_PARTITION for _, o in after.offsets())
+        else after.errors[:5]
+    )
