@@ -678,6 +678,20 @@ class RoutedPersister:
             error = KafkaError(exc.code, exc.message)
             return [(i, error) for i in idx]
         found: dict[tuple[uuid.UUID | None, int], Any] = {}
+        if any(
+            p.error_code == ErrorCode.cluster_authorization_failed
+            for result in response.results
+            for p in result.partitions
+        ):
+            log.error(
+                "share_state_rpc_not_authorized",
+                rpc=rpc.name,
+                broker=target.node_id,
+                listener=self.listener,
+                hint="the share coordinator's broker refused CLUSTER_ACTION to this broker: "
+                "on a PLAINTEXT inter-broker listener brokers are User:ANONYMOUS; add it "
+                "to super.users (or grant it CLUSTER_ACTION on the cluster)",
+            )
         for result in response.results:
             for p in result.partitions:
                 found[(result.topic_id, int(p.partition))] = p

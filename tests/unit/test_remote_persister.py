@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from broker.cluster import BrokerEndpoint, BrokerInfo, Leader
 from broker.config import BrokerConfig
@@ -297,6 +298,18 @@ async def test_remote_errors_that_are_not_retriable_come_back_at_once() -> None:
         await h.run(h.persister.write_state(KEY, 4, 0, 0, _batches()))
     assert raised.value.code == ErrorCode.fenced_state_epoch
     assert len(h.transport.sent) == 1 and h.waits == []
+
+
+async def test_refused_cluster_action_fails_at_once_and_says_what_to_grant() -> None:
+    h = Harness(leader_id=2)
+    await h.seed()
+    h.transport.fault = lambda _: ErrorCode.cluster_authorization_failed
+    with capture_logs() as logs, pytest.raises(KafkaError) as raised:
+        await h.run(h.persister.write_state(KEY, 0, 0, 0, _batches()))
+    assert raised.value.code == ErrorCode.cluster_authorization_failed
+    assert len(h.transport.sent) == 1
+    (event,) = [e for e in logs if e["event"] == "share_state_rpc_not_authorized"]
+    assert "super.users" in event["hint"] and "User:ANONYMOUS" in event["hint"]
 
 
 async def test_batched_writes_go_as_one_request_per_group() -> None:
