@@ -714,6 +714,7 @@ def format_value(value: Any) -> str | None:
 # Where a broker config value came from (DescribeConfigs ConfigSource).
 SOURCE_DYNAMIC_TOPIC = 1
 SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
@@ -739,7 +740,9 @@ class BrokerConfig:
             if key is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config {name!r}")
             self.static[name] = parse_value(key, raw, resource="broker")
+        # Dynamic configs (the cluster metadata's): this broker's own, then the cluster's.
         self.dynamic: dict[str, Any] = {}
+        self.dynamic_default: dict[str, Any] = {}
         self.share_groups()  # the group.share.* keys must also agree with each other
         self._check_broker_lease()
 
@@ -768,6 +771,8 @@ class BrokerConfig:
     def get(self, name: str) -> Any:
         if name in self.dynamic:
             return self.dynamic[name]
+        if name in self.dynamic_default:
+            return self.dynamic_default[name]
         if name in self.static:
             return self.static[name]
         return BROKER_KEYS[name].default
@@ -783,6 +788,8 @@ class BrokerConfig:
     def source(self, name: str) -> int:
         if name in self.dynamic:
             return SOURCE_DYNAMIC_BROKER
+        if name in self.dynamic_default:
+            return SOURCE_DYNAMIC_DEFAULT_BROKER
         if name in self.static:
             return SOURCE_STATIC_BROKER
         return SOURCE_DEFAULT

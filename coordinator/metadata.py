@@ -118,7 +118,10 @@ class ClusterState:
     cluster_id: str | None = None
     topics: dict[str, Topic] = field(default_factory=dict)
     topics_by_id: dict[uuid.UUID, Topic] = field(default_factory=dict)
+    # Dynamic broker configs: the cluster-wide defaults (Kafka's resource "") and each
+    # broker's own (resource "<node id>"), which take precedence on that broker.
     broker_configs: dict[str, str] = field(default_factory=dict)
+    node_broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     producer_id_limit: int = 0
     # ACLs (KIP-11), as Kafka keeps them in its metadata log (AccessControlEntryRecord).
     acls: AclSet = field(default_factory=AclSet)
@@ -148,7 +151,11 @@ class ClusterState:
                 del self.topics[old.name]
                 self.topics_by_id.pop(old.topic_id, None)
         elif kind == "broker_config":
-            self.broker_configs = dict(record["configs"])
+            node = record.get("node")
+            if node is None:
+                self.broker_configs = dict(record["configs"])
+            else:
+                self.node_broker_configs[node] = dict(record["configs"])
         elif kind == "producer_id_block":
             self.producer_id_limit = max(self.producer_id_limit, record["limit"])
         elif kind == "acl":
@@ -276,13 +283,17 @@ class ClusterState:
         return changed, topic_record(changed)
 
     def broker_configs_record(
-        self, update: Callable[[dict[str, str]], dict[str, str]]
+        self, update: Callable[[dict[str, str]], dict[str, str]], node: str | None = None
     ) -> tuple[dict[str, str], Record]:
         """IncrementalAlterConfigs of the BROKER: the dynamic configs `update` makes of
-        the current ones, and their record (written even when unchanged, as Kafka does
-        for broker resources, KAFKA-14136, so the change is applied again)."""
-        updated = update(dict(self.broker_configs))
-        return updated, {"type": "broker_config", "configs": updated}
+        the current ones, the cluster-wide defaults (`node` None, Kafka's resource "")
+        or one broker's own, and their record (written even when unchanged, as Kafka
+        does for broker resources, KAFKA-14136, so the change is applied again)."""
+        if node is None:
+            updated = update(dict(self.broker_configs))
+            return updated, {"type": "broker_config", "configs": updated}
+        updated = update(dict(self.node_broker_configs.get(node, {})))
+        return updated, {"type": "broker_config", "configs": updated, "node": node}
 
     # -- SCRAM credentials (KIP-554; Kafka's ScramControlManager) ---------------------
 
@@ -382,9 +393,11 @@ class TopicChange:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfigsChange:
-    """The dynamic broker configs another broker set."""
+    """The dynamic broker configs another broker set: the cluster-wide defaults (`node`
+    None) or one broker's own."""
 
     configs: dict[str, str]
+    node: str | None = None
 
 
 MetadataChange = TopicChange | BrokerConfigsChange
@@ -402,7 +415,7 @@ def replay_change(state: ClusterState, record: Record) -> MetadataChange | None:
         after = state.topics.get(name)
         return None if after is before else TopicChange(name, before, after)
     if kind == "broker_config":
-        return BrokerConfigsChange(dict(state.broker_configs))
+        return BrokerConfigsChange(dict(record["configs"]), record.get("node"))
     return None
 
 
@@ -674,7 +687,11 @@ def _compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hasha
     kind = record["type"]
     if kind in ("topic", "topic_deleted"):
         return [(("topic", record["name"]), kind == "topic_deleted")]
-    if kind in ("cluster", "broker_config", "producer_id_block"):
+    if kind == "broker_config":
+        # One key per resource: the cluster-wide defaults, and each broker's own.
+        node = record.get("node")
+        return [((kind,) if node is None else (kind, node), False)]
+    if kind in ("cluster", "producer_id_block"):
         return [((kind,), False)]
     if kind in ("acl", "acl_deleted"):
         acl = AclBinding.from_record(record["acl"])

@@ -315,13 +315,15 @@ async def _alter_topic(
 async def _alter_broker(
     broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
 ) -> None:
-    """One metadata operation, as `_alter_topic`, over the dynamic broker configs."""
+    """One metadata operation, as `_alter_topic`, over the dynamic broker configs: the
+    cluster-wide defaults for the resource "" (every broker of the cluster applies
+    them), this broker's own for its node id (taking precedence over the defaults)."""
     _check_broker_name(broker, name)
     state = broker.metadata.state
 
     def op() -> tuple[list[Record], dict[str, str] | None]:
         updated, record = state.broker_configs_record(
-            lambda configs: apply_ops(configs, ops, BROKER_KEYS, "broker")
+            lambda configs: apply_ops(configs, ops, BROKER_KEYS, "broker"), name or None
         )
         return ([], None) if validate_only else ([record], updated)
 
@@ -375,12 +377,19 @@ async def incremental_alter_configs(
 
 
 def apply_dynamic_broker_config(broker: ConfigsBroker) -> None:
-    """Make the stored dynamic broker configs live, and re-derive topic settings."""
-    broker.config.dynamic = {
-        name: parse_value(BROKER_KEYS[name], value, resource="broker")
-        for name, value in broker.metadata.state.broker_configs.items()
-        if name in BROKER_KEYS
-    }
+    """Make the stored dynamic broker configs live (the cluster-wide defaults and this
+    broker's own), and re-derive topic settings."""
+    state = broker.metadata.state
+
+    def parsed(configs: dict[str, str]) -> dict[str, Any]:
+        return {
+            name: parse_value(BROKER_KEYS[name], value, resource="broker")
+            for name, value in configs.items()
+            if name in BROKER_KEYS
+        }
+
+    broker.config.dynamic_default = parsed(state.broker_configs)
+    broker.config.dynamic = parsed(state.node_broker_configs.get(str(broker.node_id), {}))
     for topic in broker.metadata.state.topics.values():
         broker.logs.reconfigure_topic(topic.name, topic.configs)
     if hasattr(broker, "groups"):

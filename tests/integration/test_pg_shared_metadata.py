@@ -42,7 +42,7 @@ ROUNDS = 20
 METADATA, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 3, 19, 20, 22
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
 TOPIC, BROKER = 2, 4
-DYNAMIC_TOPIC_CONFIG = 1
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER = 1, 2, 3
 
 T = TypeVar("T")
 
@@ -350,9 +350,18 @@ def test_configs_altered_on_one_broker_are_described_by_another(
 
     for broker in cluster:
         eventually(lambda broker=broker: dynamic(broker) == wanted, "the topic configs")
-    # The cluster-wide dynamic broker configs (resource ""), set on b, apply on a.
+    # The cluster-wide dynamic broker configs (resource ""), set on b, apply on a; a
+    # broker's own (resource "2", b's) apply on it alone, over the cluster's.
     set_config(b, BROKER, "", "num.partitions", "4")
-    eventually(lambda: described(a, BROKER, "1")["num.partitions"][0] == "4", "num.partitions on a")
+    eventually(
+        lambda: described(a, BROKER, "1")["num.partitions"] == ("4", DYNAMIC_DEFAULT_BROKER),
+        "num.partitions on a",
+    )
+    set_config(b, BROKER, "2", "num.partitions", "6")
+    set_config(a, BROKER, "", "log.retention.ms", "7200000")  # a later change, seen by b
+    eventually(lambda: described(b, BROKER, "2")["log.retention.ms"][0] == "7200000", "b follows a")
+    assert described(b, BROKER, "2")["num.partitions"] == ("6", DYNAMIC_BROKER)
+    assert described(a, BROKER, "1")["num.partitions"] == ("4", DYNAMIC_DEFAULT_BROKER)
 
 
 def test_producer_ids_are_never_handed_out_twice_across_brokers(

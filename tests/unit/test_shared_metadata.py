@@ -20,6 +20,7 @@ from coordinator.metadata import (
     MetadataChange,
     MetadataStore,
     TopicChange,
+    _compaction_keys,
     topic_record,
 )
 from persister.clock import ManualClock
@@ -320,3 +321,37 @@ async def test_a_restarted_broker_reads_its_copy_and_follows(
     await b.catch_up()
     assert set(b.state.topics) == {"orders", "payments"}
     assert b.runtime.record_log.end_offset == db.end
+
+
+async def test_broker_configs_are_the_clusters_and_each_brokers_own(
+    brokers: Callable[[str], MetadataStore],
+) -> None:
+    """IncrementalAlterConfigs of BROKER "" sets the cluster-wide defaults, of BROKER
+    "<id>" that broker's own: kept apart, each replaced whole by its next record, and
+    each kept by compaction (its own key)."""
+    a, b = brokers("a"), brokers("b")
+
+    async def set_(store: MetadataStore, node: str | None, key: str, value: str) -> None:
+        def op() -> tuple[list[dict[str, Any]], None]:
+            _, record = store.state.broker_configs_record(lambda c: {**c, key: value}, node)
+            return [record], None
+
+        await store.run(op)
+
+    seen: list[MetadataChange] = []
+    b.on_replayed = seen.extend
+    await set_(a, None, "num.partitions", "4")
+    await set_(a, "1", "num.partitions", "6")
+    await set_(b, "2", "log.retention.ms", "1000")
+    await set_(a, "1", "log.retention.ms", "2000")
+    for store in (a, b):
+        await store.catch_up()
+        assert store.state.broker_configs == {"num.partitions": "4"}
+        assert store.state.node_broker_configs == {
+            "1": {"num.partitions": "6", "log.retention.ms": "2000"},
+            "2": {"log.retention.ms": "1000"},
+        }
+    assert seen[-1] == BrokerConfigsChange({"num.partitions": "6", "log.retention.ms": "2000"}, "1")
+    record_log = a.runtime.record_log
+    keys = {k for key, value in record_log.replay() for k, _ in _compaction_keys(key, value)}
+    assert {("broker_config",), ("broker_config", "1"), ("broker_config", "2")} <= keys
