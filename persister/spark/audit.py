@@ -770,6 +770,10 @@ def build_context(
     (log start, log end) of each topic partition."""
     ctx = DataDirContext()
     by_name: dict[str, tuple[str, int]] = {}
+    # Dynamic broker configs: the cluster-wide defaults, and each broker's own over them
+    # (the audit takes any broker's: one broker's data, or brokers configured alike).
+    default_configs: dict[str, str] = {}
+    node_configs: dict[str, dict[str, str]] = {}
     for _key, value in meta:
         try:
             record = json.loads(value) if value is not None else None
@@ -784,7 +788,14 @@ def build_context(
             if by_name.get(record["name"], ("",))[0] == record.get("topic_id"):
                 del by_name[record["name"]]
         elif kind == "broker_config":
-            ctx.broker_configs = {str(k): str(v) for k, v in record["configs"].items()}
+            configs = {str(k): str(v) for k, v in record["configs"].items()}
+            if record.get("node") is None:
+                default_configs = configs
+            else:
+                node_configs[str(record["node"])] = configs
+    ctx.broker_configs = dict(default_configs)
+    for configs in node_configs.values():
+        ctx.broker_configs.update(configs)
     ctx.topics = {tid: (name, parts) for name, (tid, parts) in by_name.items()}
     for key, value in groups:
         _group_limit(ctx.group_limits, key, value)

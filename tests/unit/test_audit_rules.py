@@ -3,6 +3,7 @@ bytes, each per-key rule, the replay comparison and the per-partition figures.""
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 from collections import defaultdict
@@ -377,3 +378,17 @@ def test_the_replay_from_the_last_reset_is_redone_when_the_full_replays_state_th
     assert [(v.rule, v.offset) for v in got] == [(REPLAY_EQUIVALENT, 2)]
     assert "state epoch 0, start offset 6" in got[0].message  # the suffix's own replay
     assert "state epoch 1, start offset 6" in got[0].message  # the full replay's
+
+
+def test_the_audit_takes_the_clusters_broker_configs_and_a_brokers_own() -> None:
+    """The metadata log holds the cluster-wide dynamic broker configs and a broker's own
+    (a record naming its node): neither hides the other."""
+    records = [
+        {"type": "broker_config", "configs": {"group.share.delivery.count.limit": "7"}},
+        {"type": "broker_config", "configs": {"num.partitions": "3"}, "node": "1"},
+    ]
+    ctx = audit.build_context(
+        [(b"k", json.dumps(r).encode()) for r in records], [], lambda topic, p: (0, 0)
+    )
+    assert ctx.broker_configs == {"group.share.delivery.count.limit": "7", "num.partitions": "3"}
+    assert ctx.delivery_count_limit("g") == (7, "broker config group.share.delivery.count.limit")
