@@ -2,11 +2,20 @@
 
 `PgCommitter.commit(write)` hands over what one log wrote since its last commit (a
 `LogWrite`: new batches, a truncation to undo, a moved log start) and returns once it
-is committed. One commit is in flight at a time: the writes that arrive while it runs
-wait and all go in the next one, as `persister.commit.GroupCommit` shares one fsync
-among the writers of a log; here one transaction serves every log. The transaction is
-a single call of `spool_commit` (persister.pg_schema), sent outside an explicit
-transaction block, so it costs one round trip and one WAL flush on the server.
+is committed. The writes that arrive while a commit is in flight wait and go together in
+the next one, as `persister.commit.GroupCommit` shares one fsync among the writers of a
+log; here one transaction serves every log. The transaction is a single call of
+`spool_commit` (persister.pg_schema), sent outside an explicit transaction block, so it
+costs one round trip and one WAL flush on the server.
+
+Light writes (at most LIGHT_WRITE_BYTES of batches each: a record produced with linger 0,
+a share-state or group write) do not wait: they go in a transaction of their own beside
+the ones in flight, up to MAX_IN_FLIGHT at once, so a delivery's commit never queues
+behind another log's (the server flushes the WAL of concurrent commits together). Heavy
+writes (a producer's linger-sized batches) keep waiting and batching, so a busy broker
+still commits many logs' batches per transaction. A log never has two commits in flight
+(GroupCommit runs one round per log at a time; a write of a log in flight would wait),
+so each log's commits apply in order. During an outage one transaction runs at a time.
 
 Failures surface as a failed fsync does: StorageUnavailable (an OSError, EIO,
 "... postgresql: <reason>"),
@@ -79,6 +88,10 @@ PROBE_TIMEOUT_S = 5.0
 # The probe of an outage of refused writes (read-only, disk full): a write, of nothing
 # (a committed update of the one row of the schema version, to itself).
 _WRITE_PROBE_SQL = "UPDATE spool_schema_version SET version = version"
+# Transactions in flight at once (each on its own connection of the pool), and the
+# batch bytes under which a write is light enough to start one beside those in flight.
+MAX_IN_FLIGHT = 3
+LIGHT_WRITE_BYTES = 16 * 1024
 
 _COMMIT_SQL = "SELECT spool_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 
@@ -123,6 +136,7 @@ class LogWrite:
 class _Pending:
     write: LogWrite
     future: asyncio.Future[None]
+    size: int = 0
 
 
 # Told of each change of the storage's state: the outage's reason, or None once it ended.
@@ -130,7 +144,8 @@ StatusListener = Callable[[str | None], None]
 
 
 class PgCommitter:
-    """One commit in flight, the next collecting; see the module docstring."""
+    """Commits in flight (one, or more for light writes), the next collecting; see the
+    module docstring."""
 
     def __init__(
         self,
@@ -140,11 +155,21 @@ class PgCommitter:
         backoff_initial_s: float = BACKOFF_INITIAL_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         monotonic: Callable[[], float] = time.monotonic,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        light_write_bytes: int = LIGHT_WRITE_BYTES,
     ) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
         self._queue: list[_Pending] = []
-        self._running: asyncio.Task[None] | None = None
+        self._max_in_flight = max_in_flight
+        self._light_write_bytes = light_write_bytes
+        # The logs with a commit in flight, and the transactions in flight.
+        self._busy: set[int] = set()
+        self._in_flight = 0
+        # A round task created that has not taken its writes yet (it takes what is
+        # queued when it runs, so the writes of one turn of the loop share it).
+        self._starting = False
+        self._rounds: set[asyncio.Task[None]] = set()
         # Transactions run so far (tests check many writes share one).
         self.transactions = 0
         # Commits (transactions, or rounds failed fast) that failed, ever.
@@ -158,6 +183,8 @@ class PgCommitter:
         self._backoff_s = backoff_initial_s
         self._retry_at = 0.0
         self._outage_since = 0.0
+        # Outages begun so far (a commit ends the outage only if sent after it began).
+        self._outages = 0
         self._outage_failures = 0
         # Whether the outage is of the connection (a probe can end it) or of writes.
         self._connection_outage = False
@@ -166,18 +193,52 @@ class PgCommitter:
     async def commit(self, write: LogWrite) -> None:
         """Return once `write` is committed; raise OSError (or `Fenced`) if it was not."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(write, future))
-        if self._running is None:
-            self._running = asyncio.create_task(self._drain())
+        size = sum(len(b.data) for b in write.batches)
+        self._queue.append(_Pending(write, future, size))
+        self._maybe_start()
         await future
 
-    async def _drain(self) -> None:
+    def _ready(self) -> list[_Pending]:
+        """The queued writes a round started now would take: those of logs without a
+        commit in flight; only the light ones while others are in flight, none during an
+        outage (one attempt at a time) or with MAX_IN_FLIGHT in flight."""
+        if self._in_flight == 0:
+            return [p for p in self._queue if p.write.log_id not in self._busy]
+        if self._in_flight >= self._max_in_flight or self.unavailable is not None:
+            return []
+        light = self._light_write_bytes
+        return [p for p in self._queue if p.size <= light and p.write.log_id not in self._busy]
+
+    def _maybe_start(self) -> None:
+        if self._starting or not self._queue or not self._ready():
+            return
+        self._starting = True
+        task = asyncio.get_running_loop().create_task(self._round())
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
+
+    async def _round(self) -> None:
+        self._starting = False
+        pending = self._ready()
+        if not pending:
+            self._maybe_start()
+            return
+        taken = {id(p) for p in pending}
+        self._queue = [p for p in self._queue if id(p) not in taken]
+        logs = {p.write.log_id for p in pending}
+        self._busy |= logs
+        self._in_flight += 1
         try:
-            while self._queue:
-                pending, self._queue = self._queue, []
-                await self._run(pending)
+            await self._run(pending)
         finally:
-            self._running = None
+            self._busy -= logs
+            self._in_flight -= 1
+            # _run settles every future; should it not have (cancelled as the broker
+            # stops), its writers fail as a failed commit's do rather than wait forever.
+            for item in pending:
+                if not item.future.done():
+                    item.future.set_exception(StorageUnavailable(errno.EIO, "commit not run"))
+            self._maybe_start()
 
     async def _run(self, pending: list[_Pending]) -> None:
         # Several writes of one log in one round (a second flush while the first was
@@ -216,16 +277,21 @@ class PgCommitter:
             self._fail(pending, StorageUnavailable(errno.EIO, self.unavailable))
             return
         size = sum(len(b.data) for w in writes for b in w.batches)
+        outages = self._outages
         try:
-            fenced = await asyncio.wait_for(
-                self._execute_retrying(writes), self._timeout_s + size / COMMIT_BYTES_PER_S
-            )
+            # asyncio.timeout, not wait_for: no task of its own (3.11), so no loop turns
+            # added to every commit.
+            async with asyncio.timeout(self._timeout_s + size / COMMIT_BYTES_PER_S):
+                fenced = await self._execute_retrying(writes)
         except Exception as exc:
             error = storage_error(exc)
             self._outage(error, connection=_connection_lost(exc) or isinstance(exc, TimeoutError))
             self._fail(pending, error)
             return
-        self._available()
+        if outages == self._outages:
+            # Sent once the outage (if any) had begun: it is over. A commit sent before
+            # it began (in flight beside the one that failed) does not end it.
+            self._available()
         self.transactions += 1
         refused = set(fenced)
         for item in pending:
@@ -255,6 +321,7 @@ class PgCommitter:
         now = self._monotonic()
         if self.unavailable is None:
             log.error("storage_unavailable", reason=reason)
+            self._outages += 1
             self._outage_since = now
             self._outage_failures = 0
             self._backoff_s = self._backoff_initial_s

@@ -1,5 +1,7 @@
-"""PgCommitter without a database (a fake asyncpg pool): writes that arrive while a
-commit is in flight share the next one, a dead connection is dropped and the commit
+"""PgCommitter without a database (a fake asyncpg pool): heavy writes that arrive while a
+commit is in flight share the next one, light writes of other logs go in a transaction
+beside it (up to max_in_flight, never two of one log, one at a time during an outage),
+a dead connection is dropped and the commit
 sent again on a new one, a refusal by the database fails only the fenced log's writers;
 an outage fails commits fast between attempts on a growing backoff, is logged once, and
 ends by itself (a probe) once the database answers again."""
@@ -60,20 +62,101 @@ def write(log_id: int, base: int) -> LogWrite:
     return LogWrite(log_id, 1, f"log-{log_id}", [Batch(base, base, 0, b"x")], None, base + 1)
 
 
-async def test_writes_arriving_during_a_commit_share_the_next_transaction() -> None:
+def heavy(log_id: int, base: int) -> LogWrite:
+    return LogWrite(log_id, 1, f"log-{log_id}", [Batch(base, base, 0, b"x" * 100)], None, base + 1)
+
+
+async def turns() -> None:
+    """Let the loop run what is ready (rounds start and reach their connection)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_heavy_writes_arriving_during_a_commit_share_the_next_transaction() -> None:
     pool = FakePool()
-    committer = PgCommitter(pool)
+    committer = PgCommitter(pool, light_write_bytes=10)
     pool.gate = asyncio.get_running_loop().create_future()
-    first = asyncio.ensure_future(committer.commit(write(1, 0)))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    later = [asyncio.ensure_future(committer.commit(write(i, 0))) for i in range(2, 6)]
-    await asyncio.sleep(0)
+    first = asyncio.ensure_future(committer.commit(heavy(1, 0)))
+    await turns()
+    later = [asyncio.ensure_future(committer.commit(heavy(i, 0))) for i in range(2, 6)]
+    await turns()
+    assert [call[0] for call in pool.calls] == [[1]]  # queued behind the first
     pool.gate.set_result(None)
     pool.gate = None
     await asyncio.gather(first, *later)
     assert committer.transactions == 2
     assert [sorted(call[0]) for call in pool.calls] == [[1], [2, 3, 4, 5]]
+
+
+async def test_light_writes_of_other_logs_go_beside_the_commit_in_flight() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool, light_write_bytes=10)
+    pool.gate = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(committer.commit(heavy(1, 0)))
+    await turns()
+    light = [asyncio.ensure_future(committer.commit(write(i, 0))) for i in (2, 3)]
+    late_heavy = asyncio.ensure_future(committer.commit(heavy(4, 0)))
+    await turns()
+    # The light ones in one transaction beside the first; the heavy one waits.
+    assert [sorted(call[0]) for call in pool.calls] == [[1], [2, 3]]
+    gate, pool.gate = pool.gate, None
+    gate.set_result(None)
+    await asyncio.gather(first, *light, late_heavy)
+    assert [sorted(call[0]) for call in pool.calls] == [[1], [2, 3], [4]]
+
+
+async def test_a_logs_next_write_waits_for_its_commit_in_flight() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool)
+    pool.gate = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(committer.commit(write(1, 0)))
+    await turns()
+    same = asyncio.ensure_future(committer.commit(write(1, 1)))
+    other = asyncio.ensure_future(committer.commit(write(2, 0)))
+    await turns()
+    assert [call[0] for call in pool.calls] == [[1], [2]]
+    gate, pool.gate = pool.gate, None
+    gate.set_result(None)
+    await asyncio.gather(first, same, other)
+    # Log 1's second write went after its first commit (call[7]: the batches' offsets).
+    assert [(call[0], call[7]) for call in pool.calls] == [([1], [0]), ([2], [0]), ([1], [1])]
+
+
+async def test_no_more_than_max_in_flight_transactions_run_at_once() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool, max_in_flight=2)
+    pool.gate = asyncio.get_running_loop().create_future()
+    commits = []
+    for i in range(1, 5):
+        commits.append(asyncio.ensure_future(committer.commit(write(i, 0))))
+        await turns()
+    assert [call[0] for call in pool.calls] == [[1], [2]]
+    gate, pool.gate = pool.gate, None
+    gate.set_result(None)
+    await asyncio.gather(*commits)
+    assert [sorted(call[0]) for call in pool.calls] == [[1], [2], [3, 4]]
+
+
+async def test_during_an_outage_one_transaction_runs_at_a_time() -> None:
+    pool = FakePool()
+    clock = Clock()
+    committer = PgCommitter(pool, backoff_initial_s=1.0, monotonic=clock)
+    committer._probing = _no_probe  # type: ignore[method-assign]
+    pool.failures = [asyncpg.DiskFullError("could not extend file")]
+    with pytest.raises(StorageUnavailable):
+        await committer.commit(write(1, 0))
+    clock.now += 1.0  # an attempt is due
+    pool.gate = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(committer.commit(write(1, 0)))
+    await turns()
+    second = asyncio.ensure_future(committer.commit(write(2, 0)))
+    await turns()
+    assert [call[0] for call in pool.calls] == [[1], [1]]  # the second waits its turn
+    gate, pool.gate = pool.gate, None
+    gate.set_result(None)
+    await asyncio.gather(first, second)
+    assert committer.unavailable is None
+    assert [call[0] for call in pool.calls] == [[1], [1], [2]]
 
 
 async def test_a_dead_connection_is_dropped_and_the_commit_sent_again() -> None:
@@ -207,3 +290,19 @@ async def test_refused_writes_end_with_a_probe_that_writes_not_one_that_connects
     assert pool.statements[1:] == [WRITE_PROBE, WRITE_PROBE]
     await committer.commit(write(1, 0))
     await committer.close()
+
+
+async def test_a_commit_sent_before_an_outage_began_does_not_end_it() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool)
+    committer._probing = _no_probe  # type: ignore[method-assign]
+    gate = pool.gate = asyncio.get_running_loop().create_future()
+    before = asyncio.ensure_future(committer.commit(write(1, 0)))
+    await turns()
+    pool.gate = None
+    pool.failures = [asyncpg.DiskFullError("could not extend file")]
+    with pytest.raises(StorageUnavailable):
+        await committer.commit(write(2, 0))
+    gate.set_result(None)
+    await before  # committed, but sent before the outage began
+    assert committer.unavailable is not None
