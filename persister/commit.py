@@ -17,7 +17,10 @@ Python runs while the disk syncs rather than keeping the thread from starting).
 A target with a `flush_async` coroutine method (`AsyncFlushable`: a log whose durability
 is a network round trip, persister.pg_storage) has its rounds run as tasks on the loop
 instead of on a thread: same rounds, same waiters, no thread hop, and any number of
-targets' rounds in flight at once (their commits share transactions downstream).
+targets' rounds in flight at once (their commits share transactions downstream). Such a
+round's `started` callbacks run once its flush has begun (reached its first wait): the
+fetches they wake then run after the commit's own task has been scheduled, so their
+Python runs while the commit is on the network rather than before it is sent.
 """
 
 from __future__ import annotations
@@ -201,9 +204,12 @@ class GroupCommit:
             finish = functools.partial(
                 self._finish_round, key, state, waiters, self._timer(), times
             )
-            task = self._loop.create_task(_run_async_round(flush_async, times, announce, finish))
+            task = self._loop.create_task(_run_async_round(flush_async, times, finish))
             self._async_rounds.add(task)
             task.add_done_callback(self._async_rounds.discard)
+            if announce:
+                # After the round's first step (scheduled just before): see the docstring.
+                self._loop.call_soon(_call_each, announce)
             return
         self._executor.submit(
             _run_round,
@@ -288,13 +294,12 @@ def _run_round(
 async def _run_async_round(
     flush_async: Callable[[], Awaitable[None]],
     times: RoundTimes | None,
-    announce: list[Callable[[], None]],
     finish: Callable[[BaseException | None], None],
 ) -> None:
-    """On the loop: `_run_round` for a target that flushes with a coroutine."""
+    """On the loop: `_run_round` for a target that flushes with a coroutine (its
+    `started` callbacks are called by `_start_round`, right after this task's first step)."""
     if times is not None:
         times.entered_ns = time.perf_counter_ns()
-    _call_each(announce)
     error: BaseException | None = None
     try:
         await flush_async()

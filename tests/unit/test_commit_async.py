@@ -56,3 +56,22 @@ async def test_writers_asking_during_a_round_share_the_next_one_and_errors_reach
             await waiter
     assert commit.rounds == 2
     await commit.stop()
+
+
+async def test_started_callbacks_run_once_the_flush_has_begun() -> None:
+    # What they wake (a parked fetch) must not run before the commit is on its way.
+    commit = GroupCommit()
+    commit.start()
+    events: list[str] = []
+
+    class Target(AsyncTarget):
+        async def flush_async(self) -> None:
+            events.append("flush begun")
+            await super().flush_async()
+
+    target = Target()
+    commit.request(target, lambda _e: None, started=lambda: events.append("started"))
+    await settle()
+    assert events == ["flush begun", "started"]
+    target.gates[0].set_result(None)
+    await commit.stop()
