@@ -78,7 +78,8 @@ def _latency(ctx: BenchContext) -> tuple[Result, float, float]:
     latencies = _end_to_end_run(ctx.broker, LATENCY_RECORDS, LATENCY_INTERVAL_MS, 2)
     seconds = time.perf_counter() - start
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-    notes = f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    # The machine's load while it ran: p99 on a shared machine follows it.
+    notes = f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, load {os.getloadavg()[0]:.2f}"
     if len(latencies) < LATENCY_RECORDS:
         notes += f"; {len(latencies)} of {LATENCY_RECORDS} delivered"
     row = Result("produce to delivery (2 ShareConsumers)", len(latencies), seconds, 0, notes)
@@ -162,6 +163,7 @@ def bench_storage(ctx: BenchContext, records: int | None = None) -> list[Result]
                     cases.setdefault(f"share x{consumers}", []).append(share)
                 progress(f"storage: produce to delivery on {name} ({run + 1})")
                 row, p50, p99 = _latency(sub)
+                progress(f"storage: {name} ({run + 1}): {row.notes}")
                 rows[name].append(row)
                 latencies[name].append((p50, p99))
     rates = {
@@ -194,6 +196,7 @@ def bench_storage(ctx: BenchContext, records: int | None = None) -> list[Result]
         if name in latency and rows[name]:
             p50s = ", ".join(f"{p50:.2f}" for p50, _ in latencies[name])
             p99s = ", ".join(f"{p99:.2f}" for _, p99 in latencies[name])
+            loads = ", ".join(r.notes.rsplit("load ", 1)[-1].split(";")[0] for r in rows[name])
             runs = rows[name]
             results.append(
                 Result(
@@ -202,7 +205,8 @@ def bench_storage(ctx: BenchContext, records: int | None = None) -> list[Result]
                     sum(r.seconds for r in runs),
                     0,
                     f"p50 {latency[name][0]:.2f} ms, p99 {latency[name][1]:.2f} ms "
-                    f"(medians of {len(runs)} runs; p50s {p50s}; p99s {p99s})",
+                    f"(medians of {len(runs)} runs; p50s {p50s}; p99s {p99s}; "
+                    f"load averages {loads})",
                 )
             )
     return results
