@@ -74,6 +74,7 @@ def apply_node_id(static: dict[str, Any], node_id: int | None) -> None:
 TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.share_groups",
     "broker.tools.topics",
+    "broker.tools.cluster",
     "broker.tools.configs",
     "broker.tools.acls",
     "broker.tools.users",

@@ -41,6 +41,7 @@ API_VERSIONS, METADATA, FIND_COORDINATOR, LIST_GROUPS = 18, 3, 10, 16
 LIST_OFFSETS, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 2, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DELETE_GROUPS = 32, 44, 42
 SHARE_GROUP_DESCRIBE = 77
+DESCRIBE_CLUSTER = 60
 DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS = 90, 91, 92
 
 # The versions this client can build and read, per api key: the broker's ApiVersions
@@ -57,6 +58,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DELETE_GROUPS: (0, 2),
     SHARE_GROUP_DESCRIBE: (1, 1),
+    DESCRIBE_CLUSTER: (0, 2),
     DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
     ALTER_SHARE_GROUP_OFFSETS: (0, 0),
     DELETE_SHARE_GROUP_OFFSETS: (0, 0),
@@ -134,6 +136,39 @@ class Node:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    """DescribeCluster's answer: the controller id is the one the asked broker reports
+    (-1: none)."""
+
+    cluster_id: str
+    controller_id: int
+    brokers: tuple[BrokerInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorInfo:
+    """FindCoordinator's answer for one key: the node, or the error naming why not."""
+
+    key: str
+    key_type: int
+    node: Node | None
+    error: str | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +272,13 @@ def parse_bootstrap(text: str) -> list[tuple[str, int]]:
             raise ValueError(f"invalid bootstrap server {part!r}: expected HOST:PORT")
         out.append((host.strip("[]"), int(port)))
     return out
+
+
+def _coordinator_info(key: str, key_type: int, answer: Any) -> CoordinatorInfo:
+    code: ErrorCode = answer.error_code
+    if code != ErrorCode.none:
+        return CoordinatorInfo(key, key_type, None, code.name.upper(), answer.error_message)
+    return CoordinatorInfo(key, key_type, Node(int(answer.node_id), answer.host, int(answer.port)))
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -524,6 +566,50 @@ class AdminClient:
         """The live brokers, from a fresh Metadata."""
         await self._metadata([], self._deadline())
         return sorted(self._nodes.values(), key=lambda n: n.node_id)
+
+    async def describe_cluster(self) -> ClusterDescription:
+        """DescribeCluster (KIP-700) of a connected broker: cluster id, the controller id
+        it reports and the live brokers with their racks."""
+        deadline = self._deadline()
+        body = {"include_cluster_authorized_operations": False, "endpoint_type": 1}
+        resp = await self._send(self._any_address(), DESCRIBE_CLUSTER, body, deadline)
+        check(resp.error_code, resp.error_message, "DescribeCluster refused")
+        return ClusterDescription(
+            cluster_id=resp.cluster_id,
+            controller_id=int(resp.controller_id),
+            brokers=tuple(
+                sorted(
+                    (
+                        BrokerInfo(int(b.broker_id), b.host, int(b.port), b.rack)
+                        for b in resp.brokers
+                    ),
+                    key=lambda b: b.node_id,
+                )
+            ),
+        )
+
+    async def find_coordinators(self, keys: Iterable[str], key_type: int) -> list[CoordinatorInfo]:
+        """FindCoordinator for each key of `key_type` (0 GROUP, 1 TRANSACTION, 2 SHARE),
+        as the asked broker answers now: no retry, no cache; an error is part of the
+        answer (COORDINATOR_NOT_AVAILABLE while a coordinator moves)."""
+        deadline = self._deadline()
+        address = self._any_address()
+        conn = await self._connection(address, deadline)
+        version = self._version(conn, FIND_COORDINATOR)
+        wanted = list(keys)
+        out: list[CoordinatorInfo] = []
+        if version >= 4:
+            body = {"key_type": key_type, "coordinator_keys": wanted}
+            resp = await self._send(address, FIND_COORDINATOR, body, deadline)
+            for c in resp.coordinators:
+                out.append(_coordinator_info(c.key, key_type, c))
+            return out
+        for key in wanted:
+            resp = await self._send(
+                address, FIND_COORDINATOR, {"key": key, "key_type": key_type}, deadline
+            )
+            out.append(_coordinator_info(key, key_type, resp))
+        return out
 
     # --- topics -------------------------------------------------------------------------
 
