@@ -30,10 +30,12 @@ share-partition leader maps it for its client as Kafka's SharePartition does
 (`broker.share.state_writer.persister_error`: coordinator errors become
 COORDINATOR_NOT_AVAILABLE, fenced epochs NOT_LEADER_OR_FOLLOWER).
 
-Writes of several partitions (`route_write_states`, used by
-`coordinator.share_persister.write_states`) go as one WriteShareGroupState per group id,
-as Kafka's PersisterStateManager coalesces them per coordinator node and group; a
-partition whose result is retriable is retried alone with the others still pending.
+Requests are batched as Kafka's PersisterStateManager batches them: per broker, RPC
+and group one request is in flight at a time, and the calls made meanwhile go together
+as the next one (the share coordinator makes one append and one commit of it); writes
+of several partitions (`route_write_states`, used by
+`coordinator.share_persister.write_states`) go as one WriteShareGroupState per group id.
+A partition whose result is retriable is retried alone with the others still pending.
 
 `initialize_if_absent` and `reset_state` are one turn of the share coordinator locally; on
 the wire they are a ReadShareGroupStateSummary then an InitializeShareGroupState, whose
@@ -392,6 +394,92 @@ _SUMMARY = _Rpc(
 )
 
 
+@dataclass(eq=False)
+class _Batch:
+    """Partition entries waiting to go as one request, and its answer."""
+
+    entries: dict[tuple[uuid.UUID, int], dict[str, Any]]
+    answer: asyncio.Future[Any]
+
+
+class _Lane:
+    """The requests of one RPC to one broker for one group, as Kafka's
+    PersisterStateManager sends them: one at a time; the calls made while one is in
+    flight wait and go together as the next request (one append and one commit on the
+    share coordinator for all of them). A call sees the whole combined response and
+    reads its own partitions from it. Every wait is bounded by the transport's request
+    timeout of the requests ahead of it."""
+
+    def __init__(self, transport: Transport, target: Target, rpc: _Rpc, group: str) -> None:
+        self.transport = transport
+        self.target = target
+        self.rpc = rpc
+        self.group = group
+        self.queue: list[_Batch] = []
+        self.driver: asyncio.Task[None] | None = None
+
+    async def send(self, entries: Sequence[tuple[ShareStateKey, dict[str, Any]]]) -> Any:
+        keys = [(key.topic_id, key.partition) for key, _ in entries]
+        batch = self.queue[-1] if self.queue else None
+        if batch is None or any(k in batch.entries for k in keys):
+            # A partition named twice in one request would be ambiguous: a new one.
+            batch = _Batch({}, asyncio.get_running_loop().create_future())
+            self.queue.append(batch)
+        for k, (_, entry) in zip(keys, entries, strict=True):
+            batch.entries[k] = entry
+        if self.driver is None or self.driver.done():
+            self.driver = asyncio.ensure_future(self._drive())
+        # Shielded: a caller giving up does not cancel the request the others wait on.
+        return await asyncio.shield(batch.answer)
+
+    async def _drive(self) -> None:
+        batch: _Batch | None = None
+        try:
+            while self.queue:
+                # Out of the queue before it is sent: later calls start the next one.
+                batch = self.queue.pop(0)
+                topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
+                for (topic_id, _), entry in batch.entries.items():
+                    topics.setdefault(topic_id, []).append(entry)
+                body = {
+                    "group_id": self.group,
+                    "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+                }
+                try:
+                    response = await self.transport.send(
+                        self.target, self.rpc.api_key, self.rpc.version, body
+                    )
+                except Exception as exc:
+                    _settle(batch.answer, exc)
+                else:
+                    _settle(batch.answer, response)
+                batch = None
+        finally:
+            # Cancelled (the broker stopping): nobody waits for ever.
+            for left in [*([batch] if batch is not None else []), *self.queue]:
+                _settle(
+                    left.answer,
+                    TransportError(ErrorCode.network_exception, "the broker is stopping"),
+                )
+            self.queue.clear()
+
+    async def close(self) -> None:
+        if self.driver is not None and not self.driver.done():
+            self.driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.driver
+
+
+def _settle(answer: asyncio.Future[Any], outcome: Any) -> None:
+    if answer.done():
+        return
+    if isinstance(outcome, BaseException):
+        answer.set_exception(outcome)
+        answer.exception()  # retrieved: a caller that gave up leaves no warning
+    else:
+        answer.set_result(outcome)
+
+
 def coordinator_key(key: ShareStateKey) -> str:
     """FindCoordinator's key for a share partition (Kafka's SharePartitionKey
     .asCoordinatorKey): group id, topic id as Kafka prints a Uuid, partition."""
@@ -424,6 +512,9 @@ class RoutedPersister:
         self.backoff = backoff or Backoff(rng=rng)
         self.max_attempts = max_attempts
         self._rng = rng or random.Random()
+        # One lane per (broker, RPC, group): the requests in flight and waiting.
+        self._lanes: dict[tuple[Target, int, str], _Lane] = {}
+        self._closed = False
 
     # -- Persister --------------------------------------------------------------------
 
@@ -501,7 +592,19 @@ class RoutedPersister:
         return [o if isinstance(o, Exception) else None for o in outcomes]
 
     async def close(self) -> None:
+        self._closed = True
+        lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            await lane.close()
         await self.transport.close()
+
+    def _lane(self, target: Target, rpc: _Rpc, group: str) -> _Lane:
+        lane = self._lanes.get((target, rpc.api_key, group))
+        if lane is None:
+            lane = self._lanes[(target, rpc.api_key, group)] = _Lane(
+                self.transport, target, rpc, group
+            )
+        return lane
 
     # -- routing ----------------------------------------------------------------------
 
@@ -591,6 +694,11 @@ class RoutedPersister:
         while True:
             attempt += 1
             retry: list[int] = []
+            if self._closed:
+                stopping = KafkaError(ErrorCode.network_exception, "the broker is stopping")
+                for i in pending:
+                    outcomes[i] = stopping
+                return outcomes
             try:
                 target = await self._target(_key_of(items[pending[0]]))
             except _Retry as exc:
@@ -665,15 +773,9 @@ class RoutedPersister:
     async def _send_group(
         self, rpc: _Rpc, target: Target, group: str, items: Sequence[Any], idx: Sequence[int]
     ) -> list[tuple[int, Outcome]]:
-        topics: dict[uuid.UUID, list[dict[str, Any]]] = {}
-        for i in idx:
-            topics.setdefault(_key_of(items[i]).topic_id, []).append(rpc.entry(items[i]))
-        body = {
-            "group_id": group,
-            "topics": [{"topic_id": t, "partitions": parts} for t, parts in topics.items()],
-        }
+        entries = [(_key_of(items[i]), rpc.entry(items[i])) for i in idx]
         try:
-            response = await self.transport.send(target, rpc.api_key, rpc.version, body)
+            response = await self._lane(target, rpc, group).send(entries)
         except TransportError as exc:
             error = KafkaError(exc.code, exc.message)
             return [(i, error) for i in idx]

@@ -120,6 +120,9 @@ class FakeTransport:
         self.fault: Fault = lambda _: None
         self.find_answer: tuple[ErrorCode, int] = (ErrorCode.none, 2)
         self.closed = False
+        # Cleared: requests wait before being served (a slow share coordinator).
+        self.gate = asyncio.Event()
+        self.gate.set()
 
     def coordinator(self, node_id: int) -> InMemoryPersister:
         return self.coordinators.setdefault(node_id, InMemoryPersister())
@@ -131,6 +134,7 @@ class FakeTransport:
         self.sent.append(sent)
         request = api.build(api.request_class(api_key, version), body)
         api.encode_request(api_key, version, 1, "test", request)  # it encodes
+        await self.gate.wait()
         fault = self.fault(sent)
         if isinstance(fault, TransportError):
             raise fault
@@ -330,6 +334,44 @@ async def test_batched_writes_go_as_one_request_per_group() -> None:
     assert [p["partition"] for t in a.body["topics"] for p in t["partitions"]] == [0, 1]
     for k in keys:
         assert (await h.transport.coordinator(3).read_state(k, 0)).batches == _batches()
+
+
+async def test_writes_made_while_one_is_in_flight_go_together_as_the_next_request() -> None:
+    h = Harness(leader_id=2)
+    keys = [ShareStateKey("g", TOPIC, p) for p in range(4)]
+    await h.seed(*keys)
+    h.transport.gate.clear()
+    first = asyncio.ensure_future(h.persister.write_state(keys[0], 0, 0, 0, _batches()))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(h.transport.sent) == 1  # in flight, held
+    rest = [
+        asyncio.ensure_future(h.persister.write_state(k, 0, 0, 0, _batches())) for k in keys[1:]
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(h.transport.sent) == 1  # the others wait for it
+    h.transport.gate.set()
+    await asyncio.gather(first, *rest)
+    assert [
+        sorted(p["partition"] for t in s.body["topics"] for p in t["partitions"])
+        for s in h.transport.sent
+    ] == [[0], [1, 2, 3]]
+    for k in keys:
+        assert (await h.transport.coordinator(2).read_state(k, 0)).batches == _batches()
+
+
+async def test_stopping_fails_the_calls_waiting_on_a_request() -> None:
+    h = Harness(leader_id=2)
+    await h.seed()
+    h.transport.gate.clear()
+    waiting = asyncio.ensure_future(h.persister.read_state(KEY, 0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await h.persister.close()
+    with pytest.raises(KafkaError) as raised:
+        await h.run(waiting)
+    assert raised.value.code == ErrorCode.network_exception
 
 
 # --- retries --------------------------------------------------------------------------
