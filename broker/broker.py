@@ -374,7 +374,9 @@ class Broker:
                 TopicRef(t.name, t.topic_id, t.partitions)
                 for t in self.metadata.state.topics.values()
             ],
-            LogManagerHost(self.logs, storage.restore_claimed, self._topic_configs),
+            LogManagerHost(
+                self.logs, storage.restore_claimed, self._topic_configs, storage.claim_on_open
+            ),
         )
         self.leadership = leadership
         self.logs.leads = leadership.leads

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("spool.leadership")
 
+# The epoch in `Leadership.mine` of a partition whose claim is running.
+PENDING = -1
 # The coordinator record logs, by log name (`meta` is shared by every broker, not led).
 COORDINATOR_LOGS = ("groups", "share-state", "transactions")
 
@@ -156,6 +158,10 @@ class LeadershipHost(Protocol):
         """Drop a partition another broker claimed (no flush: it would be fenced)."""
         ...
 
+    def claim_on_open(self, ref: PartitionRef, claim: asyncio.Future[ClaimedLog | None]) -> None:
+        """The partition is about to open while `claim` runs: its first commit waits."""
+        ...
+
 
 class Leadership:
     """This broker's leadership of partitions, and the answers of the cluster view
@@ -176,8 +182,13 @@ class Leadership:
         self.host = host
         # Live holders of every log as last read, with this broker's own changes since.
         self._holders: dict[str, Holder] = {}
-        # The partitions this broker leads (claimed and opened), by log name: epoch.
+        # The partitions this broker leads (claimed and opened), by log name: epoch;
+        # PENDING while a claim made as the partition opened runs (`leads`).
         self.mine: dict[str, int] = {}
+        # Set once the first reconcile ran: from then on a new partition the layout
+        # gives this broker is claimed as it opens.
+        self._ready = False
+        self._pending: set[asyncio.Task[ClaimedLog | None]] = set()
         # (topic id, partition) -> log name, for `leader`.
         self._names: dict[tuple[uuid.UUID, int], str] = {}
         self.claims = 0
@@ -195,8 +206,61 @@ class Leadership:
         return self._node_id
 
     def leads(self, topic: str, index: int) -> bool:
-        """Whether this broker claimed the partition (LogManager opens only those)."""
-        return partition_log(topic, index) in self.mine
+        """Whether this broker leads the partition (LogManager opens only those).
+
+        A partition the layout gives this broker, with no other live holder known, that
+        opens after the first reconcile (a topic created or grown, here or by another
+        broker) is claimed as it opens: the topic's creator answers CreateTopics with
+        its partitions open, as a broker alone did. Its first commit waits for the
+        claim; a claim refused, or one finding data the new partition lacks, drops it
+        again, and the next reconcile claims and restores it."""
+        name = partition_log(topic, index)
+        if name in self.mine:
+            return True
+        if not self._ready or self._stopped:
+            return False
+        found = next((t for t in self._topics() if t.name == topic), None)
+        if found is None or index >= found.partitions:
+            return False
+        live = sorted({self._node_id, *self._live()})
+        if layout([found], live).get(name) != self._node_id:
+            return False
+        holder = self._holders.get(name)
+        if holder is not None and holder.node_id != self._node_id:
+            return False
+        ref = PartitionRef(topic, found.topic_id, index)
+        self._names[(ref.topic_id, index)] = name
+        self.mine[name] = PENDING
+        task = asyncio.get_running_loop().create_task(self._claim_on_open(ref))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        self.host.claim_on_open(ref, task)
+        return True
+
+    async def _claim_on_open(self, ref: PartitionRef) -> ClaimedLog | None:
+        name = ref.name
+        try:
+            claimed = await self.store.claim(name, self._node_id, str(ref.topic_id))
+        except Exception as exc:
+            log.warning("partition_claim_failed", log=name, error=str(exc))
+            claimed = None
+        if self.mine.get(name) != PENDING:
+            return claimed  # dropped or released meanwhile
+        if claimed is None or (claimed.log_start_offset, claimed.next_offset) != (0, 0):
+            del self.mine[name]
+            if claimed is None:
+                self.claims_refused += 1
+            reason = "claim refused" if claimed is None else "the database holds data: restoring"
+            self.host.drop_partition(ref, reason)
+            if claimed is not None:
+                self.claims += 1
+                self.request()  # claimed already: the reconcile restores and opens it
+            return claimed
+        self.claims += 1
+        self.mine[name] = claimed.epoch
+        self._holders[name] = Holder(self._node_id, claimed.epoch)
+        log.info("partition_led", log=name, epoch=claimed.epoch, on_open=True)
+        return claimed
 
     def leader(self, topic_id: uuid.UUID, partition: int) -> Leader | None:
         name = self._names.get((topic_id, partition))
@@ -252,6 +316,8 @@ class Leadership:
             target = layout(topics, live)
             # Lost: another broker claimed a log this broker led (it was fenced).
             for name, epoch in list(self.mine.items()):
+                if epoch == PENDING:
+                    continue
                 ref = refs.get(name)
                 if ref is None:
                     del self.mine[name]  # its topic was deleted (LogManager removed it)
@@ -268,11 +334,14 @@ class Leadership:
             self._holders = holders
             for name, epoch in list(self.mine.items()):
                 goes_to = target.get(name)
+                if epoch == PENDING:
+                    continue  # released once its claim is in
                 if goes_to is not None and goes_to != self._node_id:
                     await self._release(refs[name], epoch, f"handed over to broker {goes_to}")
             for name, ref in refs.items():
                 if target.get(name) == self._node_id and name not in self.mine:
                     await self._claim(ref)
+            self._ready = True
 
     async def _claim(self, ref: PartitionRef) -> None:
         claimed = await self.store.claim(ref.name, self._node_id, str(ref.topic_id))
@@ -314,7 +383,7 @@ class Leadership:
             by_name = {ref.name: ref for ref in names.values()}
             for name, epoch in list(self.mine.items()):
                 ref = by_name.get(name)
-                if ref is None:
+                if ref is None or epoch == PENDING:
                     del self.mine[name]
                     continue
                 try:
@@ -340,10 +409,15 @@ class LogManagerHost:
         logs: LogManager,
         restore: Callable[[str, ClaimedLog], Awaitable[None]],
         configs: Callable[[str], Mapping[str, str] | None],
+        claim_on_open: Callable[[str, asyncio.Future[ClaimedLog | None]], None],
     ) -> None:
         self.logs = logs
         self.restore = restore
         self.configs = configs
+        self._claim_on_open = claim_on_open
+
+    def claim_on_open(self, ref: PartitionRef, claim: asyncio.Future[ClaimedLog | None]) -> None:
+        self._claim_on_open(ref.name, claim)
 
     async def open_partition(self, ref: PartitionRef, claimed: ClaimedLog) -> None:
         overrides = self.configs(ref.topic)

@@ -145,8 +145,17 @@ class PgPartitionLog(PartitionLog):
         self._fenced: Fenced | None = None
         self._topic_id = topic_id
         granted = engine._granted.pop(name, None)
+        pending = engine._pending_claims.pop(name, None)
         self._claim: asyncio.Future[_Claim]
-        if granted is None:
+        if pending is not None:
+            # Claimed by leadership as it opens (a new partition): usable once the claim
+            # is granted and the database's copy is what this one holds.
+            self._claim = asyncio.ensure_future(
+                _checked_claim(name, pending, self.log_start_offset, self.log_end_offset)
+            )
+            # A refusal is the partition's to act on at its next flush, if any.
+            self._claim.add_done_callback(_retrieve)
+        elif granted is None:
             self._claim = engine._claim_later(name, topic_id)
         else:
             # Claimed by leadership (broker.leadership) and restored before this open.
@@ -335,6 +344,8 @@ class PgStorage:
         self.node_id: int | None = None
         # Logs claimed by leadership (`restore_claimed`), for their next open.
         self._granted: dict[str, _Claim] = {}
+        # Logs leadership is claiming as they open (`claim_on_open`).
+        self._pending_claims: dict[str, asyncio.Future[ClaimedLog | None]] = {}
 
     def __repr__(self) -> str:
         return f"PgStorage({mask_password(self.url)})"
@@ -482,6 +493,14 @@ class PgStorage:
     def leadership_store(self) -> PgLeadershipStore:
         """The leadership statements (persister.pg_leadership) on this engine's pool."""
         return PgLeadershipStore(lambda: self._pool.acquire())
+
+    def claim_on_open(self, name: str, claim: asyncio.Future[ClaimedLog | None]) -> None:
+        """The next open of `name` uses `claim` (leadership's, running): a new partition
+        opens at once, and its first commit waits for the claim. A claim refused (None),
+        or one finding more in the database than the local copy holds (written by
+        another broker meanwhile), fences the log: it is dropped and claimed again,
+        restored, by the next reconcile."""
+        self._pending_claims[name] = claim
 
     async def settle(self) -> None:
         """Wait for the claims and drops asked for so far (their failures are logged)."""
@@ -787,6 +806,36 @@ class PgStorage:
 
 
 _TOPIC_ID_MARKER = "partition.metadata"
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _checked_claim(
+    name: str, pending: asyncio.Future[ClaimedLog | None], start: int, end: int
+) -> _Claim:
+    """The claim leadership made as `name` opened (PgStorage.claim_on_open), or Fenced
+    (epoch 0: no claim of this log's is current) when it was refused or failed (the log
+    is never claimed unconditionally instead), or when the database holds other offsets
+    than the local copy ([start, end)): the log is restored before it is served."""
+    try:
+        claimed = await asyncio.shield(pending)
+    except Exception as exc:
+        log.warning("log_claim_failed", log=name, error=str(exc))
+        raise Fenced(name, 0) from exc
+    if claimed is None:
+        raise Fenced(name, 0)
+    if (claimed.log_start_offset, claimed.next_offset) != (start, end):
+        log.info(
+            "log_claimed_stale",
+            log=name,
+            database=[claimed.log_start_offset, claimed.next_offset],
+            local=[start, end],
+        )
+        raise Fenced(name, claimed.epoch)
+    return _Claim(claimed.log_id, claimed.epoch)
 
 
 async def _refuse_unfinished_migration(conn: Any, url: str) -> None:

@@ -11,6 +11,7 @@ refused while another live broker holds the log; the test says which brokers are
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -138,8 +139,12 @@ class Host:
         self.events.append(("release", ref.name))
 
     def drop_partition(self, ref: PartitionRef, reason: str) -> None:
-        del self.open[ref.name]
+        self.open.pop(ref.name, None)
         self.events.append(("drop", ref.name))
+
+    def claim_on_open(self, ref: PartitionRef, claim: asyncio.Future[ClaimedLog | None]) -> None:
+        self.open[ref.name] = 0
+        self.events.append(("open on claim", ref.name))
 
 
 def _broker(store: MemoryStore, node: int, live: list[int]) -> tuple[Leadership, Host]:
@@ -230,3 +235,39 @@ async def test_stop_releases_everything() -> None:
     assert all(node is None for node, _ in store.rows.values())
     one.request()  # stopped: no more reconciles
     assert one.mine == {}
+
+
+async def test_a_new_topic_is_claimed_as_it_opens_and_stale_data_drops_it() -> None:
+    store = MemoryStore()
+    store.live = {1}
+    topics = [TOPIC]
+    host = Host()
+    one = Leadership(store, 1, lambda: [1], lambda: topics, host)
+    assert not one.leads(TOPIC.name, 0)  # before the first reconcile: never on open
+    await one.reconcile()
+    grown = TopicRef("new", uuid.UUID(int=8), 2)
+    topics.append(grown)
+    # Another broker wrote partition 1 before: the claim finds data the new copy lacks.
+    store.rows[partition_log("new", 1)] = (None, 4)
+    data = {partition_log("new", 1)}
+    original = store.claim
+
+    async def claim(name: str, node_id: int, topic_id: str | None) -> ClaimedLog | None:
+        got = await original(name, node_id, topic_id)
+        if got is not None and name in data:
+            return ClaimedLog(got.log_id, got.epoch, 0, 10, topic_id)
+        return got
+
+    store.claim = claim  # type: ignore[method-assign]
+    assert one.leads("new", 0) and one.leads("new", 1)
+    assert one.leader(grown.topic_id, 0) is None  # until the claim is in
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert one.leader(grown.topic_id, 0) == Leader(1, 1)
+    assert one.mine[partition_log("new", 0)] == 1
+    # Dropped at once; the reconcile it asked for claims it again and restores it
+    # (open_partition), at the next epoch.
+    await one.reconcile()
+    events = [e for e in host.events if e[1] == partition_log("new", 1)]
+    assert [kind for kind, _ in events] == ["open on claim", "drop", "open"]
+    assert one.mine[partition_log("new", 1)] == 6
