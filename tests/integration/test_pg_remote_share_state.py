@@ -9,7 +9,10 @@ WriteShareGroupState to B, which answers once its write is committed to PostgreS
 test checks the records were each delivered once, that B's share coordinator holds the
 state of A's partitions (its ReadShareGroupStateSummary), that B served the writes (its
 request metrics), and that after both brokers restart no ACCEPTed record comes back
-while records produced since do.
+while records produced since do, their acknowledgements durable on B. A second test
+kills B with -9 and starts it again: A's connection to it died with it, and A's
+share-partition leader reaches the new B (the acknowledgements of new records are on
+B, nothing ACCEPTed comes back).
 
 Needs partition leadership by lease (broker.leadership): without it every broker leads
 every partition and the test is skipped. It also needs FindCoordinator to name the
@@ -201,30 +204,34 @@ async def _topic_id(broker: Node, topic: str) -> uuid.UUID:
         await client.close()
 
 
-@pytest.mark.skipif(
+NEEDS_LEADERSHIP = pytest.mark.skipif(
     not HAS_LEADERSHIP,
     reason="waits for partition leadership by lease (broker.leadership, helper "
     "`leadership`): without it every broker leads every partition, so no share-partition "
     "leader is ever on another broker than the share coordinator",
 )
-def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
+TOPIC, GROUP = "remote-share", "remote-share-group"
+
+
+def _accepted_on_two_brokers(
     nodes: Callable[[int, str], Node], pg_dsn: str
-) -> None:
+) -> tuple[Node, Node, list[int]]:
+    """A and B up, B the share coordinator, TOPIC's partitions on both, and every record
+    of them delivered once and ACCEPTed by GROUP. Returns A, B and A's partitions."""
     a = nodes(1, "a")
     b = nodes(2, "b")
     a.start()
     b.start()  # claims the coordinator logs last: the share coordinator is B
     wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live")
-    topic, group = "remote-share", "remote-share-group"
-    create_topic(a, topic, PARTITIONS)
+    create_topic(a, TOPIC, PARTITIONS)
     layout = wait_for(
         lambda: (lambda m: m if len(m) == PARTITIONS and set(m.values()) == {1, 2} else None)(
-            leaders([a, b], topic)
+            leaders([a, b], TOPIC)
         ),
         "the partitions spread over both brokers",
     )
     assert holder(pg_dsn, "share-state") == 2, "B should hold the share-state log"
-    if asyncio.run(_find_group_coordinator(a, group)) != holder(pg_dsn, "groups"):
+    if asyncio.run(_find_group_coordinator(a, GROUP)) != holder(pg_dsn, "groups"):
         pytest.skip(
             "FindCoordinator does not name the broker holding the groups log yet "
             "(coordinator placement): share consumers cannot join a group"
@@ -232,8 +239,7 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
     on_a = sorted(p for p, leader in layout.items() if leader == 1)
     assert on_a, layout
 
-    writes_before = b.metric(WRITES)
-    consumer = share_consumer(a, group, [topic], **{"bootstrap.servers": bootstrap(a, b)})
+    consumer = share_consumer(a, GROUP, [TOPIC], **{"bootstrap.servers": bootstrap(a, b)})
     try:
         # The share partitions start at the log end (share.auto.offset.reset latest, the
         # default: group configs are not shared between brokers yet); produce once each
@@ -248,7 +254,7 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
             timeout=60,
         )
         for p in range(PARTITIONS):
-            produce_values(a, topic, [f"{p}-{i}".encode() for i in range(PER_PARTITION)], p)
+            produce_values(a, TOPIC, [f"{p}-{i}".encode() for i in range(PER_PARTITION)], p)
         consume(
             consumer,
             until=lambda log: len(log.deliveries) >= PARTITIONS * PER_PARTITION,
@@ -264,29 +270,15 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
     assert sorted(delivered) == [(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)], (
         log.errors[:5]
     )
+    return a, b, on_a
 
-    # B's share coordinator holds the state of A's partitions: all acknowledged.
-    topic_id = asyncio.run(_topic_id(b, topic))
-    summaries = asyncio.run(_summaries(b, group, topic_id, on_a))
-    for p in on_a:
-        assert summaries[p].error_code == 0, summaries[p]
-        assert summaries[p].start_offset == PER_PARTITION, (p, summaries[p])
-    # ... written by A's share-partition leader over the wire: no client sends these.
-    assert b.metric(WRITES) > writes_before
 
-    # Both restart: nothing ACCEPTed comes back; what is produced since is delivered.
-    a.stop()
-    b.stop()
-    a.start()
-    b.start()
-    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
-    wait_for(
-        lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], topic)),
-        "every partition led again",
-    )
+def _only_new_records_delivered(a: Node, b: Node) -> None:
+    """One record more per partition: a new consumer of GROUP gets exactly those, no
+    record ACCEPTed before."""
     for p in range(PARTITIONS):
-        produce_values(a, topic, [f"{p}-new".encode()], p)
-    consumer = share_consumer(a, group, [topic], **{"bootstrap.servers": bootstrap(a, b)})
+        produce_values(a, TOPIC, [f"{p}-new".encode()], p)
+    consumer = share_consumer(a, GROUP, [TOPIC], **{"bootstrap.servers": bootstrap(a, b)})
     try:
         after = consume(
             consumer,
@@ -298,7 +290,65 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
     finally:
         close_quietly(consumer)
     assert sorted(after.offsets()) == [(p, PER_PARTITION) for p in range(PARTITIONS)], (
-        "records ACCEPTed before the restart were delivered again"
+        "records ACCEPTed before were delivered again"
         if any(o < PER_PARTITION for _, o in after.offsets())
         else after.errors[:5]
     )
+    # ... and their acknowledgements are durable with the share coordinator, B.
+    topic_id = asyncio.run(_topic_id(b, TOPIC))
+    wait_for(
+        lambda: all(
+            s.error_code == 0 and s.start_offset == PER_PARTITION + 1
+            for s in asyncio.run(_summaries(b, GROUP, topic_id, list(range(PARTITIONS)))).values()
+        ),
+        "every partition's new record acknowledged on B",
+        timeout=10,
+    )
+
+
+@NEEDS_LEADERSHIP
+def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
+    nodes: Callable[[int, str], Node], pg_dsn: str
+) -> None:
+    a, b, on_a = _accepted_on_two_brokers(nodes, pg_dsn)
+    topic, group = TOPIC, GROUP
+
+    # B's share coordinator holds the state of A's partitions: all acknowledged.
+    topic_id = asyncio.run(_topic_id(b, topic))
+    summaries = asyncio.run(_summaries(b, group, topic_id, on_a))
+    for p in on_a:
+        assert summaries[p].error_code == 0, summaries[p]
+        assert summaries[p].start_offset == PER_PARTITION, (p, summaries[p])
+    # ... written by A's share-partition leader over the wire: no client sends these.
+    assert b.metric(WRITES) > 0
+
+    # Both restart: nothing ACCEPTed comes back; what is produced since is delivered.
+    a.stop()
+    b.stop()
+    a.start()
+    b.start()
+    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
+    wait_for(
+        lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], topic)),
+        "every partition led again",
+    )
+    _only_new_records_delivered(a, b)
+
+
+@NEEDS_LEADERSHIP
+def test_a_share_coordinator_killed_and_restarted_is_reached_again(
+    nodes: Callable[[int, str], Node], pg_dsn: str
+) -> None:
+    """B (the share coordinator) kill -9'd and restarted: A's pooled connection to it
+    died with it; A's share-partition leader reconnects to the new B and reads and writes
+    its state there (nothing ACCEPTed comes back)."""
+    a, b, _ = _accepted_on_two_brokers(nodes, pg_dsn)
+    b.kill9()
+    b.start()  # claims the coordinator logs again: B is the share coordinator again
+    wait_for(lambda: holder(pg_dsn, "share-state") == 2, "B holding the share-state log")
+    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
+    wait_for(
+        lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], TOPIC)),
+        "every partition led again",
+    )
+    _only_new_records_delivered(a, b)
