@@ -20,11 +20,14 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYSPARK_PYTHON=python3
 
-# A headless JRE for pyspark (the driver's JVM, and the worker's); the man directory is
-# missing in slim images and some JRE post-install steps write there.
+# A headless JRE for pyspark (the driver's JVM, and the worker's), and Debian's
+# PostgreSQL JDBC driver (/usr/share/java/postgresql.jar) for `spool compact` / `spool
+# audit --storage postgresql://...`; the man directory is missing in slim images and
+# some JRE post-install steps write there.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+        libpostgresql-jdbc-java \
     && rm -rf /var/lib/apt/lists/*
 
 # A non-root user owning the data dir; a fresh named volume mounted at /data copies this
