@@ -116,28 +116,36 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The docker-compose cluster (README: "Spark pipeline"). Needs a Docker engine with the
-# compose plugin; COMPOSE="docker-compose" for the standalone binary.
+# The compose stacks (README: "The compose cluster"). Need a Docker engine with the
+# compose plugin; COMPOSE="docker-compose" for the standalone binary. STACK=cluster (the
+# default): PostgreSQL, three brokers on it, Spark (docker-compose.cluster.yml);
+# STACK=single: one broker on its data dir, Spark (docker-compose.yml).
 COMPOSE ?= docker compose
+STACK   ?= cluster
+COMPOSE_FILE_cluster := docker-compose.cluster.yml
+COMPOSE_FILE_single  := docker-compose.yml
+DC = $(COMPOSE) -f $(or $(COMPOSE_FILE_$(STACK)),$(error STACK=$(STACK): use cluster or single))
+
 docker-build:
-	$(COMPOSE) build
+	$(DC) build
 
 compose-up:
-	$(COMPOSE) up -d --build --wait
+	$(DC) up -d --build --wait
 
-# Broker, master and worker up (healthy), then compaction and audit on the broker's
-# data volume; exits with the pipeline's status. `make pipeline-report` copies the audit
-# (report.json, report.html, Parquet) out of its volume into ./audit.
+# The stack up (healthy), then compaction and audit of its share-state log (the
+# cluster's database; the single broker's data volume); exits with the pipeline's
+# status. `make pipeline-report` copies the audit (report.json, report.html, Parquet)
+# out of its volume into ./audit.
 pipeline: compose-up
-	$(COMPOSE) --profile pipeline run --rm pipeline
+	$(DC) --profile pipeline run --rm pipeline
 
 pipeline-report:
 	mkdir -p audit
-	$(COMPOSE) --profile pipeline run --rm --no-deps -T --entrypoint tar pipeline \
+	$(DC) --profile pipeline run --rm --no-deps -T --entrypoint tar pipeline \
 	    -C /audit -cf - . | tar -C audit -xf -
 
 compose-down:
-	$(COMPOSE) --profile pipeline down
+	$(DC) --profile pipeline down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
