@@ -274,9 +274,15 @@ def test_each_broker_is_published_on_loopback_on_its_own_port_and_advertises_it(
     assert seen == {"9092", "9093", "9094"}
 
 
-def test_each_broker_advertises_its_service_name_to_the_compose_network() -> None:
+def test_each_broker_advertises_its_service_name_to_the_other_brokers() -> None:
+    """The inter-broker listener (spool refuses one that is not PLAINTEXT) is told to
+    the others under the broker's service name, which resolves on the compose network."""
+    from broker.listeners import inter_broker_listener, listeners_from_config
+
     for name, service in brokers().items():
-        internal = listeners(service)["PLAINTEXT"]  # Kafka's default inter-broker listener
+        config = broker_config(service)[1]
+        inter = inter_broker_listener(config, listeners_from_config(config), True)
+        internal = listeners(service)[inter]
         assert internal.security_protocol == "PLAINTEXT"
         assert (internal.advertised_host, internal.advertised_port) == (name, internal.port)
         assert internal.port != listeners(service)["EXTERNAL"].port
