@@ -9,9 +9,11 @@ same user), the data dir volume, and the secrets volume, whose password file is 
 by the pg-password service's own script. The three processes start at once, as
 compose starts them once postgres is healthy; then every broker must list all three in
 Metadata and DescribeCluster, on each listener with that listener's endpoints, under
-one cluster id; the image's health check must pass on each EXTERNAL listener; and the
-pipeline's own `spool compact` and `spool audit` command lines (the Spark master made
-`local[1]`, the audit volume a directory) must read the same database and pass.
+one cluster id; the image's health check must pass on each EXTERNAL listener; a client
+bootstrapped from broker-1's published port must follow a 6-partition topic's leaders
+(two per broker) to the others' published ports. And the pipeline's own `spool compact`
+and `spool audit` command lines (the Spark master made `local[1]`, the audit volume a
+directory) must read the same database and pass.
 """
 
 from __future__ import annotations
@@ -25,15 +27,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from confluent_kafka import Producer
 
 from protocol.client import KafkaClient
-from tests.integration.conftest import REPO_ROOT, Broker, BrokerError, free_port
+from tests.integration.conftest import (
+    REPO_ROOT,
+    Broker,
+    BrokerError,
+    consume_assigned,
+    create_topic,
+    free_port,
+    produce,
+    producer_config,
+)
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
 from tests.integration.test_docker_healthcheck import healthcheck, run_healthcheck
 from tests.unit.test_compose import commands_of
@@ -51,6 +64,7 @@ __all__ = ["healthcheck", "pg_dsn", "pg_server"]  # the fixtures
 WAIT_S = 30.0
 START_TIMEOUT_S = 60.0
 PIPELINE_TIMEOUT_S = 240
+PARTITIONS = 6
 
 
 @pytest.fixture(autouse=True)
@@ -235,6 +249,54 @@ def test_the_compose_brokers_form_one_cluster_on_postgresql(
         result = run_healthcheck(healthcheck, f"127.0.0.1:{b.port}")
         assert result.returncode == 0, f"{name}: {result.stderr}"
     assert len(cluster_ids) == 1, cluster_ids
+
+    # A client on the host, bootstrapped from broker-1's published port, follows the
+    # leaders to the others' published ports: every partition written and read back.
+    one, _, three = compose_cluster.values()
+    create_topic(one, "spread", PARTITIONS)
+    wait_for(lambda: spread(compose_cluster, "spread"), "the leaders to spread over three")
+    outcome = produce(
+        Producer(producer_config(one)),
+        "spread",
+        [(i % PARTITIONS, None, f"v-{i}".encode(), []) for i in range(60)],
+        flush_timeout=60,
+    )
+    assert outcome.errors == [] and len(outcome.acked) == 60
+    got = consume_assigned(three, "spread", list(range(PARTITIONS)), 60)
+    assert sorted(r.value for r in got) == sorted(r.value for r in outcome.acked)  # type: ignore[type-var]
+
+
+def leaders(b: ComposeBroker, topic: str) -> dict[int, int]:
+    """Partition -> leader id as broker `b` answers Metadata."""
+
+    async def ask() -> dict[int, int]:
+        client = await KafkaClient.connect("127.0.0.1", b.port, "spool-it-compose")
+        try:
+            metadata = await client.request(
+                3,
+                12,
+                {
+                    "topics": None,
+                    "allow_auto_topic_creation": False,
+                    "include_topic_authorized_operations": False,
+                },
+            )
+        finally:
+            await client.close()
+        found = [t for t in metadata.topics if t.name == topic]
+        return {int(p.partition_index): int(p.leader_id) for t in found for p in t.partitions}
+
+    return asyncio.run(ask())
+
+
+def spread(cluster: dict[str, ComposeBroker], topic: str) -> bool:
+    """Every broker names the same leaders for all partitions, two on each broker."""
+    seen = [leaders(b, topic) for b in cluster.values()]
+    return (
+        len(seen[0]) == PARTITIONS
+        and all(s == seen[0] for s in seen)
+        and sorted(Counter(seen[0].values()).values()) == [2, 2, 2]
+    )
 
 
 def pipeline_steps(dsn: str, secret: str, out: Path) -> list[list[str]]:
