@@ -248,6 +248,16 @@ TARGETS: tuple[Target, ...] = (
         at_most=False,
     ),
     Target("produce to delivery p99 on PostgreSQL", "storage.pg_p99_ms", 10.0, "ms"),
+    Target(
+        "share rate, 2 brokers / 1 (PostgreSQL)",
+        "cluster.share_ratio_2_1",
+        1.5,
+        "x",
+        at_most=False,
+    ),
+    # broker.session.timeout.ms plus 5 s, as issue 25 asks traffic to resume.
+    Target("failover, kill -9, session 9000 ms", "cluster.failover_s_9000", 14.0, "s"),
+    Target("failover, kill -9, session 3000 ms", "cluster.failover_s_3000", 8.0, "s"),
 )
 
 

@@ -12,6 +12,8 @@ The long variants, off by default to keep `make bench` near 15 minutes on 2 core
 Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
 PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (500000).
 Files next to PostgreSQL (`--only storage`): SPOOL_BENCH_STORAGE_RECORDS (200000).
+1, 2 and 3 brokers on one PostgreSQL, failover (`--only cluster`): SPOOL_BENCH_CLUSTER_RECORDS
+(200000), SPOOL_BENCH_CLUSTER_CONSUMERS (3).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the
@@ -52,6 +54,7 @@ from bench import (
     format_targets,
     progress,
 )
+from bench.cluster import bench_cluster
 from bench.memory import bench_memory
 from bench.reference import bench_reference
 from bench.security import bench_security
@@ -199,6 +202,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "spark_pipeline": bench_spark_pipeline,
     "security": bench_security,
     "storage": bench_storage,
+    "cluster": bench_cluster,
 }
 
 
