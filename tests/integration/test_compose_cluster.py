@@ -11,9 +11,11 @@ compose starts them once postgres is healthy; then every broker must list all th
 Metadata and DescribeCluster, on each listener with that listener's endpoints, under
 one cluster id; the image's health check must pass on each EXTERNAL listener; a client
 bootstrapped from broker-1's published port must follow a 6-partition topic's leaders
-(two per broker) to the others' published ports. And the pipeline's own `spool compact`
-and `spool audit` command lines (the Spark master made `local[1]`, the audit volume a
-directory) must read the same database and pass.
+(two per broker) to the others' published ports. And after a share group accepted
+records of a two-partition topic (led by two brokers), the pipeline's own `spool
+compact` and `spool audit` command lines (the Spark master made `local[1]`, the audit
+volume a directory) must read the same database, with that group's share state, and
+pass.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -48,6 +51,7 @@ from tests.integration.conftest import (
     producer_config,
 )
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.share_helpers import accept_until
 from tests.integration.test_docker_healthcheck import healthcheck, run_healthcheck
 from tests.unit.test_compose import commands_of
 from tests.unit.test_compose_cluster import (
@@ -65,6 +69,7 @@ WAIT_S = 30.0
 START_TIMEOUT_S = 60.0
 PIPELINE_TIMEOUT_S = 240
 PARTITIONS = 6
+GROUP = "compose-group"
 
 
 @pytest.fixture(autouse=True)
@@ -328,6 +333,33 @@ def test_the_compose_pipeline_reads_the_brokers_database(
         pytest.skip("no PostgreSQL JDBC driver (`make test` installs it)")
     secret = str(secrets_dir / Path(password_file()).name)
     password = Path(secret).read_text().strip()
+    # Share state for the jobs to read: a share group accepts records of a topic, which a
+    # producer keeps writing to both partitions meanwhile (a new share group starts at
+    # the log end, so records written before it fetched would not be delivered).
+    one = next(iter(compose_cluster.values()))
+    create_topic(one, "queue", 2)
+    stop = threading.Event()
+    produced: list[Any] = []
+
+    def keep_producing() -> None:
+        producer = Producer(producer_config(one))
+        i = 0
+        while not stop.is_set():
+            outcome = produce(producer, "queue", [(i % 2, None, f"q-{i}".encode(), [])])
+            produced.extend(outcome.errors)
+            i += 1
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=keep_producing, daemon=True)
+    writer.start()
+    try:
+        delivered = accept_until(one, GROUP, ["queue"], 20)
+    finally:
+        stop.set()
+        writer.join(timeout=90)
+    assert produced == [], produced
+    assert len(delivered.deliveries) >= 20, delivered.errors
+    assert {d.partition for d in delivered.deliveries} == {0, 1}
     out = tmp_path / "audit"
     for argv in pipeline_steps(pg_dsn, secret, out):
         result = subprocess.run(
@@ -351,4 +383,7 @@ def test_the_compose_pipeline_reads_the_brokers_database(
         "SELECT count(*) AS n FROM spool_batches b JOIN spool_logs l USING (log_id) "
         "WHERE l.name = 'share-state'",
     )
-    assert summary["rows"] == rows[0]["n"], summary
+    assert summary["rows"] == rows[0]["n"] > 0, summary
+    parts = [p for p in report["partitions"] if p["group_id"] == GROUP]
+    assert sorted(p["partition"] for p in parts) == [0, 1], report["partitions"]
+    assert all(p["topic"] == "queue" for p in parts), parts
