@@ -260,6 +260,30 @@ def test_the_compose_brokers_form_one_cluster_on_postgresql(
     one, _, three = compose_cluster.values()
     create_topic(one, "spread", PARTITIONS)
     wait_for(lambda: spread(compose_cluster, "spread"), "the leaders to spread over three")
+    # `spool cluster`, as the README has the user run it from the host, says the same.
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "cluster",
+            "--bootstrap-server",
+            one.bootstrap,
+            "--topic",
+            "spread",
+            "--output",
+            "json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert {b["id"]: (b["host"], b["port"]) for b in view["brokers"]} == external
+    [topic] = [t for t in view["topics"] if t["topic"] == "spread"]
+    assert sorted(Counter(p["leader"] for p in topic["partitions"]).values()) == [2, 2, 2]
     outcome = produce(
         Producer(producer_config(one)),
         "spread",
