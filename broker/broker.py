@@ -457,6 +457,7 @@ class Broker:
             clock=self.clock,
             metrics=self.metrics.share,
             not_leader=self._not_leader,
+            leader_epoch=self._leader_epoch,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))
@@ -543,6 +544,12 @@ class Broker:
     def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None:
         topic = self.metadata.state.topics_by_id.get(topic_id)
         return None if topic is None else self.logs.get(topic.name, partition)
+
+    def _leader_epoch(self, topic_id: uuid.UUID, partition: int) -> int:
+        """The partition's leader epoch as this broker leads it (0 alone), which its
+        share-partition leader reads and writes the share state with."""
+        leader = self.cluster.leader(topic_id, partition)
+        return 0 if leader is None else leader.epoch
 
     def _not_leader(self, topic_id: uuid.UUID, partition: int) -> KafkaError | None:
         topic = self.metadata.state.topics_by_id.get(topic_id)

@@ -114,8 +114,12 @@ class SharePartitionManager:
         lock_wait_ms: int = LOCK_WAIT_MS,
         metrics: ShareMetrics | None = None,
         not_leader: Callable[[uuid.UUID, int], KafkaError | None] | None = None,
+        leader_epoch: Callable[[uuid.UUID, int], int] | None = None,
     ) -> None:
         self.persister = persister
+        # The topic partition's leader epoch (broker.cluster), read and written with the
+        # share state so the share coordinator fences a former leader; 0 for a broker alone.
+        self.leader_epoch = leader_epoch if leader_epoch is not None else _epoch_zero
         # NOT_LEADER_OR_FOLLOWER for a topic partition another broker leads now (whose
         # log `log_partition` no longer gives), else None.
         self.not_leader = not_leader if not_leader is not None else _led_here
@@ -230,7 +234,8 @@ class SharePartitionManager:
             )
         await self.groups.ensure_initialized(key.group_id, key.topic_id, key.partition)
         config = self.groups.config(key.group_id)
-        state = await self.persister.read_state(key, LEADER_EPOCH)
+        leader_epoch = self.leader_epoch(key.topic_id, key.partition)
+        state = await self.persister.read_state(key, leader_epoch)
         sp = SharePartition(
             key.group_id,
             key.topic_id,
@@ -240,6 +245,7 @@ class SharePartitionManager:
             start_offset=state.start_offset,
             state_batches=state.batches,
         )
+        sp.leader_epoch = leader_epoch
         if not sp.initialized:
             start = self._reset_offset(config, log_part)
             await self.writer.write(key, sp, sp.initialize(start), "initialize")
@@ -714,6 +720,10 @@ class SharePartitionManager:
         listeners = self._listeners.get(key)
         if listeners is not None:
             listeners.notify()
+
+
+def _epoch_zero(topic_id: uuid.UUID, partition: int) -> int:
+    return LEADER_EPOCH
 
 
 def _led_here(_topic_id: uuid.UUID, _partition: int) -> KafkaError | None:

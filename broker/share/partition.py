@@ -71,6 +71,10 @@ __all__ = [
     "StateUpdate",
 ]
 
+# A share partition's leader epoch before it is loaded with one: spool's broker alone
+# leads every partition at epoch 0 (broker.cluster.SingleNode).
+LEADER_EPOCH_UNSET = 0
+
 
 class RecordState(enum.IntEnum):
     """A record's delivery state; the values are Kafka's ids (the persisted DeliveryState)."""
@@ -618,6 +622,10 @@ class SharePartition:
         # Replaceable at any time (group configs are dynamic); takes effect from the next call.
         self.config = config
         self.state_epoch = state_epoch
+        # The topic partition's leader epoch this broker read the state with (Kafka's
+        # share-partition leader sends it in every write; the share coordinator fences an
+        # older one: a former leader's writes once the new one has read the state).
+        self.leader_epoch = LEADER_EPOCH_UNSET
         self._ranges = _RangeTable()  # exactly covers [spso, speo)
         # lock deadline -> ACQUIRED ranges holding it (one acquisition's ranges share one),
         # and the earliest of them, worked out again when it is asked for after a removal.

@@ -25,7 +25,9 @@ from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.share")
 
-# Kafka's leader epoch for share state writes; spool is one node and never changes leader.
+# The leader epoch of a topic partition whose leader has no epoch to give (a broker
+# alone: broker.cluster.SingleNode leads every partition at epoch 0). Writes carry the
+# epoch the share partition was read with (`SharePartition.leader_epoch`).
 LEADER_EPOCH = 0
 
 # Share coordinator errors after which the leader's view of the partition cannot be trusted:
@@ -149,7 +151,7 @@ class StateWriter:
             await self.persister.write_state(
                 key,
                 sp.state_epoch,
-                LEADER_EPOCH,
+                sp.leader_epoch,
                 update.start_offset,
                 update.state_batches,
                 delivery_complete_count=update.delivery_complete_count,
@@ -189,7 +191,7 @@ class StateWriter:
                 StateWrite(
                     w.key,
                     w.sp.state_epoch,
-                    LEADER_EPOCH,
+                    w.sp.leader_epoch,
                     update.start_offset,
                     update.state_batches,
                     update.delivery_complete_count,

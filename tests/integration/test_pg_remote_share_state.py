@@ -319,6 +319,9 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
     for p in on_a:
         assert summaries[p].error_code == 0, summaries[p]
         assert summaries[p].start_offset == PER_PARTITION, (p, summaries[p])
+        # ... at the partition's leader epoch (claims start at 1), which fences a former
+        # leader's writes.
+        assert summaries[p].leader_epoch >= 1, (p, summaries[p])
     # ... written by A's share-partition leader over the wire: no client sends these.
     assert b.metric(WRITES) > 0
 
