@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
-from confluent_kafka import AcknowledgeType, KafkaException, Producer
+from confluent_kafka import AcknowledgeType, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from broker.leadership import TopicRef, layout
@@ -257,12 +257,19 @@ def test_produce_fails_while_the_database_is_down_and_works_again_without_a_rest
 def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coordinator(
     broker_factory: Callable[..., Broker], pg_dsn: str
 ) -> None:
-    """Two brokers on one database: once the second has claimed every log, the first's
-    share acknowledgements (share-state log) and share group joins (groups log) are
-    refused by PostgreSQL and answered as a moved coordinator, never acknowledged; the
-    second serves the share state as it was committed: what the first confirmed
-    accepted is not delivered again, and everything else is."""
-    first = broker_factory({"storage": pg_dsn})
+    """Two brokers on one database: the first, holding every coordinator log, is paused
+    (SIGSTOP) past its lease; the second, started meanwhile, is the only live broker and
+    claims them all (with the partition). Resumed, the first answers share group joins
+    (the groups log) with NOT_COORDINATOR, twice (its memory is unloaded, it never writes
+    again), and FindCoordinator on it names the second; the second serves the share state
+    as it was committed: what was confirmed accepted on the first is not delivered again,
+    and everything else is."""
+    short = {
+        "storage": pg_dsn,
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+    }
+    first = broker_factory(short)
     create_topic(first, "claimed")
     earliest(first, GROUP)
     produce_values(first, "claimed", [b"v-%d" % i for i in range(40)], batch=5)
@@ -274,39 +281,49 @@ def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coor
             timeout=60,
             decide=lambda _m: AcknowledgeType.ACCEPT,
         )
-        confirmed = {d.offset for d in log.deliveries}
-        assert confirmed, log.errors
-
-        second = broker_factory({"storage": pg_dsn, "node.id": "2"})
-        wait_for_partitions(second, "claimed", 1)
-
-        # The first broker's next share-state write is refused: acknowledgements fail.
-        failed_commits: list[str] = []
-        deadline = time.monotonic() + 60
-        while not failed_commits and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
-            for m in msgs:
-                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
-            try:
-                result = consumer.commit_sync(10.0)
-            except KafkaException as exc:
-                failed_commits.append(str(exc))
-                continue
-            failed_commits += [str(err) for err in result.values() if err is not None]
     finally:
         close_quietly(consumer)
-    assert failed_commits
-    assert log_lines(first, "coordinator_fenced", "share-state")
-    assert log_lines(first, "share_partitions_unloaded_fenced")  # its memory dropped
+    confirmed = {d.offset for d in log.deliveries}
+    assert confirmed, log.errors
+
+    assert first.process is not None
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
+            assert time.monotonic() < deadline, "the paused broker's lease never expired"
+            time.sleep(0.1)
+        second = broker_factory({**short, "node.id": "2"})
+        wait_for_partitions(second, "claimed", 1)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    holders = db_rows(
+        pg_dsn,
+        "SELECT name, leader_node FROM spool_logs "
+        "WHERE name IN ('groups', 'share-state', 'transactions')",
+    )
+    assert sorted(tuple(row) for row in holders) == [
+        ("groups", 2),
+        ("share-state", 2),
+        ("transactions", 2),
+    ]
 
     # The groups log: a member joining the share group on the first broker.
     async def join(client: KafkaClient) -> None:
-        for _ in range(2):  # the refused write, then the refusal without a write
+        for _ in range(2):  # the first refusal unloads the groups; the second finds none
             response = await heartbeat(client, GROUP, str(uuid.uuid4()), 0, ["claimed"])
             assert response.error_code == ErrorCode.not_coordinator, response
+        # FindCoordinator names the second once the first read the holders again (its
+        # next heartbeat).
+        deadline = time.monotonic() + 10
+        while True:
+            found = await client.request(10, 4, {"key_type": 0, "coordinator_keys": [GROUP]})
+            if [c.node_id for c in found.coordinators] == [2]:
+                break
+            assert time.monotonic() < deadline, found
+            await asyncio.sleep(0.1)
 
     run_wire(first, join)
-    assert log_lines(first, "coordinator_fenced", "groups")
     assert log_lines(first, "groups_unloaded")
 
     # The second broker has the committed share state.
