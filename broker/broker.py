@@ -44,7 +44,6 @@ from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
-from coordinator.group_config import GroupConfigStore
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
 from coordinator.share_persister import DurablePersister
@@ -255,6 +254,10 @@ class Broker:
             self.logs.open_topic(topic.name, topic.topic_id, topic.partitions, topic.configs)
         apply_dynamic_broker_config(self)
         self._start_share_groups()
+        if self.groups.legacy_configs.group_ids():
+            # Group configs a groups log kept (spool before they moved to the cluster
+            # metadata), copied to the metadata once, whichever broker loads them first.
+            await self.metadata.adopt_group_configs(self.groups.legacy_configs)
         self._start_transactions()
         # What other brokers of the database change from now on is acted on as this
         # broker's own changes are (the state up to here was opened above).
@@ -442,11 +445,14 @@ class Broker:
         self.groups = GroupCoordinator(
             self.share_state,
             self._topics_metadata,
-            GroupConfigStore(self.config.share_groups()),
+            # Group configs live in the cluster metadata (every broker's, applied as
+            # replayed); the groups log's own from before are adopted at start.
+            self.metadata.state.group_configs,
             self.storage.open_coordinator_log(
                 self.data_dir / "groups", self.commit, clock=self.clock
             ),
             clock=self.clock,
+            configs_in_metadata=True,
         )
         self.groups.load()
         self.share = SharePartitionManager(

@@ -9,8 +9,17 @@ with INVALID_CONFIG naming the key and the bound. Values stored before the broke
 bounds were narrowed are clamped when the effective config is built, as Kafka's
 `GroupConfig.evaluate` does.
 
-As in Kafka, configs may be stored for a group that does not exist yet;
+As in Kafka, configs may be stored for a group that does not exist yet, and deleting a
+group keeps them (Kafka 4.2's DeleteGroups leaves the group's ConfigRecords alone);
 `GroupConfigStore` is keyed by group id only and knows nothing of group state.
+
+Where they live: as Kafka keeps them in its metadata log (ConfigRecord, resource type
+GROUP, applied by every broker's GroupConfigManager), the store the brokers read is
+`coordinator.metadata.ClusterState.group_configs`, changed by `group_config` records of
+the cluster metadata log, so any broker alters and describes them and every broker's
+share partitions see them. spool before that kept them in the `groups` log; a broker
+loading such a log copies them to the metadata log once
+(`MetadataStore.adopt_group_configs`).
 """
 
 from __future__ import annotations
@@ -751,11 +760,10 @@ class GroupConfigStore:
         records += [GroupConfigRecord(group_id, n, _to_text(v)) for n, v in parsed.items()]
         return records
 
-    def delete_group(self, group_id: str) -> list[GroupConfigRecord]:
-        """Records removing every override of a group (when the group is deleted)."""
-        return [
-            GroupConfigRecord(group_id, name, None) for name in self._overrides.get(group_id, {})
-        ]
+    @staticmethod
+    def text(value: ConfigValue) -> str:
+        """A parsed value as a record stores it."""
+        return _to_text(value)
 
     def replay(self, record: GroupConfigRecord) -> None:
         """Apply one record; the only method that changes the store."""

@@ -9,8 +9,9 @@ one place group records take effect). It initializes share-partition state throu
 partitions are assigned, so the first heartbeats of a new group get an empty
 assignment until the state is durable, as in Kafka 4.2) and tells the broker when
 members go away (their acquired records stay theirs until their share session closes,
-their connection drops or the locks expire, as in Kafka). Group configs are keyed by
-group id too, so a config change and a heartbeat of one group never interleave.
+their connection drops or the locks expire, as in Kafka). Group configs are read from
+the store it is given: on a broker the cluster metadata's, as Kafka's group coordinator
+reads GroupConfigManager, which the metadata log feeds (coordinator.group_config).
 """
 
 from __future__ import annotations
@@ -133,10 +134,19 @@ class GroupCoordinator:
         record_log: CoordinatorLog | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        configs_in_metadata: bool = False,
     ) -> None:
         self.persister = persister
         self.topics = topics
+        # The group configs read (the broker's: the cluster metadata's store, which
+        # every broker's metadata replay changes, wherever the change was made).
         self.configs = config_store
+        # With `configs_in_metadata` (the broker), group config records found in the
+        # groups log (written by spool before configs moved to the metadata log) are
+        # collected here for the broker to adopt into the metadata log, not applied;
+        # and configs are altered through the metadata, not here.
+        self.configs_in_metadata = configs_in_metadata
+        self.legacy_configs = GroupConfigStore(config_store.broker)
         self.clock = clock
         self.groups: dict[str, ShareGroup] = {}
         self.runtime: CoordinatorRuntime[GroupRecord] = CoordinatorRuntime(
@@ -246,7 +256,7 @@ class GroupCoordinator:
     def _replay(self, record: GroupRecord) -> None:
         """The one place group records take effect, live (once fsynced) and at startup."""
         if isinstance(record, GroupConfigRecord):
-            self.configs.replay(record)
+            (self.legacy_configs if self.configs_in_metadata else self.configs).replay(record)
             return
         group = self.groups.get(record.group_id)
         if isinstance(record, ShareGroupTombstone):
@@ -571,10 +581,13 @@ class GroupCoordinator:
     async def alter_configs(
         self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
     ) -> None:
-        """IncrementalAlterConfigs of a GROUP; a failed write is KAFKA_STORAGE_ERROR.
-        validate_only checks in the group's turn too, against the configs every earlier
-        change left, and writes nothing (Kafka's coordinator runs it as a write event
-        whose records it drops)."""
+        """IncrementalAlterConfigs of a GROUP in the groups log, for a coordinator that
+        keeps its own configs (no cluster metadata: unit tests, tools); a failed write
+        is KAFKA_STORAGE_ERROR. validate_only checks in the group's turn too, against
+        the configs every earlier change left, and writes nothing. The broker alters
+        them in the cluster metadata instead (`MetadataStore.alter_group_configs`)."""
+        if self.configs_in_metadata:
+            raise AssertionError("group configs are altered in the cluster metadata")
 
         def op() -> tuple[list[GroupConfigRecord], list[GroupConfigRecord]]:
             records = self.configs.incremental_alter(group_id, ops)
@@ -824,7 +837,7 @@ class GroupCoordinator:
         """DeleteGroups for share groups, each on its own: GROUP_ID_NOT_FOUND if it does
         not exist, NON_EMPTY_GROUP if it has members. Its share state is deleted for
         every partition it had (its topics marked `deleting` first, durably), then the
-        group and its group configs are tombstoned in one write. A failure before the
+        group is tombstoned; its group configs stay, as in Kafka 4.2. A failure before the
         tombstone leaves an Empty group whose state deletion the restart or a retry
         finishes."""
         results: list[tuple[str, KafkaError | None]] = []
@@ -865,7 +878,8 @@ class GroupCoordinator:
         def finish() -> tuple[list[GroupRecord], None]:
             group = self._existing(group_id)
             group.require_empty()  # a member may have joined meanwhile (Kafka re-checks)
-            records: list[GroupRecord] = [*group.delete(), *self.configs.delete_group(group_id)]
+            # The group's configs stay, as in Kafka (its DeleteGroups leaves them).
+            records: list[GroupRecord] = list(group.delete())
             return records, None
 
         try:

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 import structlog
 
 from coordinator.acls import AclBinding, AclSet
+from coordinator.group_config import AlterConfigOp, GroupConfigRecord, GroupConfigStore
 from coordinator.runtime import CoordinatorRuntime, KeyCompaction
 from coordinator.scram import (
     MAX_ITERATIONS,
@@ -128,6 +129,13 @@ class ClusterState:
     # SCRAM credentials (KIP-554; Kafka's UserScramCredentialRecord): (user, mechanism)
     # -> {"salt", "stored_key", "server_key" (base64), "iterations"}. Never a password.
     scram_credentials: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Group configs (share.*), as Kafka keeps them in its metadata log (ConfigRecord of
+    # resource type GROUP): one record per (group, key), applied by every broker. Its
+    # `broker` (the group.share.* defaults and bounds) is set by the broker.
+    group_configs: GroupConfigStore = field(default_factory=GroupConfigStore)
+    # The group configs a groups log held before they moved here were copied once
+    # (`MetadataStore.adopt_group_configs`); the groups log's own are ignored since.
+    group_configs_adopted: bool = False
 
     def replay(self, record: Record) -> None:
         kind = record["type"]
@@ -168,6 +176,12 @@ class ClusterState:
             )
         elif kind == "scram_credential_deleted":
             self.scram_credentials.pop((record["user"], record["mechanism"]), None)
+        elif kind == "group_config":
+            self.group_configs.replay(
+                GroupConfigRecord(record["group"], record["name"], record["value"])
+            )
+        elif kind == "group_configs_adopted":
+            self.group_configs_adopted = True
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
@@ -294,6 +308,36 @@ class ClusterState:
             return updated, {"type": "broker_config", "configs": updated}
         updated = update(dict(self.node_broker_configs.get(node, {})))
         return updated, {"type": "broker_config", "configs": updated, "node": node}
+
+    def group_configs_records(self, group_id: str, ops: Sequence[AlterConfigOp]) -> list[Record]:
+        """IncrementalAlterConfigs of a GROUP: one record per key the ops set or delete,
+        validated as today (`GroupConfigStore.incremental_alter`: Kafka's fixed floors,
+        the broker's group.share.min/max bounds, session timeout above heartbeat) against
+        the group's configs as every earlier change left them, on whichever broker, as
+        Kafka's controller validates a GROUP ConfigRecord (ConfigurationControlManager)."""
+        if not group_id:
+            # Kafka's controller (ControllerConfigurationValidator.validateGroupName).
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                "Default group resources are not allowed: name the group.",
+            )
+        return [group_config_record(r) for r in self.group_configs.incremental_alter(group_id, ops)]
+
+    def adopt_group_configs_records(self, legacy: GroupConfigStore) -> list[Record]:
+        """The group configs a groups log held (spool before they moved to the metadata
+        log), copied once: each key the metadata does not set already (the metadata
+        wins), then the marker that they were adopted. Nothing if adopted before or if
+        there is nothing to adopt."""
+        if self.group_configs_adopted or not legacy.group_ids():
+            return []
+        records: list[Record] = []
+        for group_id in legacy.group_ids():
+            have = self.group_configs.overrides(group_id)
+            for name, value in legacy.overrides(group_id).items():
+                if name not in have:
+                    text = GroupConfigStore.text(value)
+                    records.append(group_config_record(GroupConfigRecord(group_id, name, text)))
+        return [*records, {"type": "group_configs_adopted"}]
 
     # -- SCRAM credentials (KIP-554; Kafka's ScramControlManager) ---------------------
 
@@ -650,6 +694,38 @@ class MetadataStore:
 
         await self.run(op)
 
+    async def alter_group_configs(
+        self, group_id: str, ops: Sequence[AlterConfigOp], validate_only: bool
+    ) -> list[Record]:
+        """IncrementalAlterConfigs of a GROUP as one metadata operation, on any broker;
+        validate_only checks in the same turn and writes nothing. The records written."""
+
+        def op() -> tuple[list[Record], list[Record]]:
+            records = self.state.group_configs_records(group_id, ops)
+            return ([] if validate_only else records), records
+
+        records = await self.run(op)
+        if not validate_only:
+            log.info(
+                "group_config_altered",
+                group=group_id,
+                configs={r["name"]: r["value"] for r in records},
+            )
+        return records
+
+    async def adopt_group_configs(self, legacy: GroupConfigStore) -> int:
+        """Move group configs a groups log held into the metadata log, once (see
+        `ClusterState.adopt_group_configs_records`); how many configs were copied."""
+
+        def op() -> tuple[list[Record], int]:
+            records = self.state.adopt_group_configs_records(legacy)
+            return records, max(0, len(records) - 1)
+
+        copied = await self.run(op)
+        if copied:
+            log.info("group_configs_adopted", configs=copied)
+        return copied
+
     async def compact(self) -> int:
         return await self.runtime.compact()
 
@@ -700,6 +776,11 @@ def _compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hasha
         return [
             (("scram", record["user"], record["mechanism"]), kind == "scram_credential_deleted")
         ]
+    if kind == "group_config":
+        # One key per (group, config), a deletion its tombstone: Kafka's ConfigRecord.
+        return [((kind, record["group"], record["name"]), record["value"] is None)]
+    if kind == "group_configs_adopted":
+        return [((kind,), False)]
     raise ValueError(f"unknown metadata record type {kind!r}")
 
 
@@ -713,5 +794,17 @@ def topic_record(topic: Topic) -> Record:
     }
 
 
+def group_config_record(record: GroupConfigRecord) -> Record:
+    """A group config change (value None: deleted) as a metadata record."""
+    return {
+        "type": "group_config",
+        "group": record.group_id,
+        "name": record.name,
+        "value": record.value,
+    }
+
+
 def _key(record: Record) -> str:
+    if record["type"] == "group_config":
+        return f"group_config:{record['group']}:{record['name']}"
     return f"{record['type']}:{record.get('name', '')}"

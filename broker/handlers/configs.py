@@ -30,7 +30,6 @@ from broker.partitions import LogManager
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
 from coordinator.group_config import AlterConfigOp
-from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataStore, Record, Topic
 from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
@@ -52,8 +51,6 @@ class ConfigsBroker(Guarded, Protocol):
     def metadata(self) -> MetadataStore: ...
     @property
     def logs(self) -> LogManager: ...
-    @property
-    def groups(self) -> GroupCoordinator: ...
 
 
 # ConfigResource types.
@@ -228,7 +225,8 @@ def _describe_group(broker: ConfigsBroker, name: str, detail: _Detail) -> list[D
     if not name:
         raise KafkaError(ErrorCode.invalid_group_id, "Group id must not be empty")
     out = []
-    for e in broker.groups.configs.describe(name):
+    # From the cluster metadata, which every broker follows: any broker answers.
+    for e in broker.metadata.state.group_configs.describe(name):
         out.append(
             resp.describe_configs_v4.DescribeConfigsResourceResult(
                 name=e.name,
@@ -358,7 +356,8 @@ async def incremental_alter_configs(
             elif res.resource_type == BROKER:
                 await _alter_broker(broker, res.resource_name, ops, req.validate_only)
             elif res.resource_type == GROUP:
-                await broker.groups.alter_configs(res.resource_name, ops, req.validate_only)
+                # A metadata change (Kafka forwards it to its controller): any broker.
+                await broker.metadata.alter_group_configs(res.resource_name, ops, req.validate_only)
             else:
                 raise KafkaError(
                     ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
@@ -392,5 +391,5 @@ def apply_dynamic_broker_config(broker: ConfigsBroker) -> None:
     broker.config.dynamic = parsed(state.node_broker_configs.get(str(broker.node_id), {}))
     for topic in broker.metadata.state.topics.values():
         broker.logs.reconfigure_topic(topic.name, topic.configs)
-    if hasattr(broker, "groups"):
-        broker.groups.configs.broker = broker.config.share_groups()
+    # The group.share.* defaults and bounds the group configs are read and checked with.
+    state.group_configs.broker = broker.config.share_groups()

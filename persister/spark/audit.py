@@ -23,7 +23,8 @@ checks, each as a named rule:
 - `delivery_state_known`: 0 Available, 2 Acknowledged or 4 Archived, the only states
   Kafka persists (Acquired is never written).
 - `delivery_count_within_limit`: no count above the group's `share.delivery.count.limit`
-  (a group override in the groups log, else the dynamic broker default
+  (a group override in the metadata log, or in the groups log of a spool from before
+  group configs moved there and not yet adopted, else the dynamic broker default
   `group.share.delivery.count.limit` in the metadata log, else Kafka's default 5).
 - `offsets_in_topic_log`: the topic id names a topic in the metadata log, and start
   offsets and state batches lie at or below its partition's log end offset.
@@ -774,6 +775,10 @@ def build_context(
     # (the audit takes any broker's: one broker's data, or brokers configured alike).
     default_configs: dict[str, str] = {}
     node_configs: dict[str, dict[str, str]] = {}
+    # Group overrides of the delivery count limit in the metadata log (coordinator.
+    # metadata's `group_config` records), and whether the groups log's were adopted.
+    meta_limits: dict[str, int | None] = {}
+    adopted = False
     for _key, value in meta:
         try:
             record = json.loads(value) if value is not None else None
@@ -787,6 +792,14 @@ def build_context(
         elif kind == "topic_deleted":
             if by_name.get(record["name"], ("",))[0] == record.get("topic_id"):
                 del by_name[record["name"]]
+        elif kind == "group_config" and record.get("name") == GROUP_LIMIT_KEY:
+            raw = record.get("value")
+            limit = str(raw) if raw is not None else None
+            meta_limits[str(record.get("group"))] = (
+                int(limit) if limit is not None and limit.lstrip("-").isdigit() else None
+            )
+        elif kind == "group_configs_adopted":
+            adopted = True
         elif kind == "broker_config":
             configs = {str(k): str(v) for k, v in record["configs"].items()}
             if record.get("node") is None:
@@ -797,8 +810,15 @@ def build_context(
     for configs in node_configs.values():
         ctx.broker_configs.update(configs)
     ctx.topics = {tid: (name, parts) for name, (tid, parts) in by_name.items()}
-    for key, value in groups:
-        _group_limit(ctx.group_limits, key, value)
+    if not adopted:
+        # Written before group configs moved to the metadata log; the metadata wins.
+        for key, value in groups:
+            _group_limit(ctx.group_limits, key, value)
+    for group, meta_limit in meta_limits.items():
+        if meta_limit is None:
+            ctx.group_limits.pop(group, None)
+        else:
+            ctx.group_limits[group] = meta_limit
     for name, (_tid, parts) in by_name.items():
         for p in range(parts):
             ctx.bounds[(name, p)] = bounds(name, p)

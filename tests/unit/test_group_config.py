@@ -380,19 +380,6 @@ def test_stored_values_outside_narrowed_broker_bounds_are_clamped() -> None:
     assert store.config("g").delivery_count_limit == 6
 
 
-def test_delete_group_removes_every_override() -> None:
-    store = GroupConfigStore()
-    apply(
-        store,
-        store.alter(
-            "g", {"share.delivery.count.limit": "3", "share.isolation.level": "read_committed"}
-        ),
-    )
-    apply(store, store.delete_group("g"))
-    assert store.overrides("g") == {}
-    assert store.group_ids() == []
-
-
 def test_replaying_records_rebuilds_the_store() -> None:
     store = GroupConfigStore()
     log: list[GroupConfigRecord] = []

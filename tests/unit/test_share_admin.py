@@ -329,7 +329,7 @@ async def test_delete_offsets_whose_state_delete_fails_keeps_the_topic_deleting(
 # ---------------------------------------------------------------- delete groups
 
 
-async def test_delete_groups_removes_group_state_and_configs_durably() -> None:
+async def test_delete_groups_removes_group_state_durably_and_keeps_its_configs() -> None:
     groups, persister, disk = coordinator()
     await consumed_then_left(groups)
     await groups.alter_configs(
@@ -345,11 +345,13 @@ async def test_delete_groups_removes_group_state_and_configs_durably() -> None:
     ]
     assert "g" not in groups.groups
     assert persister.shard.state(ShareStateKey("g", T1, 0)) is None
-    assert groups.configs.overrides("g") == {}
-    # Replayed from the log (a restart): still gone, configs too.
+    # As in Kafka 4.2, whose DeleteGroups leaves the group's ConfigRecords alone.
+    kept = {"share.record.lock.duration.ms": 20000}
+    assert groups.configs.overrides("g") == kept
+    # Replayed from the log (a restart): still gone, its configs still there.
     restarted, _, _ = coordinator(persister, disk)
     assert "g" not in restarted.groups and "busy" in restarted.groups
-    assert restarted.configs.overrides("g") == {}
+    assert restarted.configs.overrides("g") == kept
 
 
 async def test_a_crash_between_delete_steps_leaves_an_empty_group_the_restart_cleans() -> None:
