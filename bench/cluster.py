@@ -34,10 +34,19 @@ broker.leadership: the partitions are spread evenly over the live brokers).
   (`cluster.failover_s_9000`, `cluster.failover_s_3000`).
 
 Everything runs on the same machine: the brokers, PostgreSQL and the consumer
-processes share its cores (2 here), so the 2-brokers / 1-broker ratio is bounded by
-what the second broker can get of the second core; the load average at each reading
-is printed beside it. SPOOL_BENCH_CLUSTER_RECORDS (200000) records,
-SPOOL_BENCH_CLUSTER_CONSUMERS (3) consumer processes.
+processes share its cores (2 here), with whatever else runs there; the load average
+at each reading is printed beside it, with the cores each broker and the machine
+used. When one broker uses well under a core while the machine is busy on both, the
+clients and the rest of the machine bound the rate, not the broker, and a second
+broker has little to add; a share-partition leader that is not the share
+coordinator's broker also sends its share-state writes over the wire to it, more
+work per record than a broker doing both.
+SPOOL_BENCH_CLUSTER_RECORDS (200000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
+consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more consumer
+properties: the readings use librdkafka's defaults, and with several consumers and
+several brokers they wait on its ShareFetch long poll (fetch.wait.max.ms, 500 ms),
+the brokers near idle; `SPOOL_BENCH_CLUSTER_CLIENT=fetch.wait.max.ms=10` shows the
+rate without that wait.
 """
 
 from __future__ import annotations
@@ -262,6 +271,12 @@ def start_from_earliest(ctx: BenchContext, bootstrap: str, group: str, topic: st
 # --- share consumption in processes -----------------------------------------------------
 
 
+def client_overrides() -> dict[str, str]:
+    """SPOOL_BENCH_CLUSTER_CLIENT=key=value,key=value: more consumer properties."""
+    text = os.environ.get("SPOOL_BENCH_CLUSTER_CLIENT", "")
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
 def _consumer_process(
     bootstrap: str,
     topic: str,
@@ -285,6 +300,7 @@ def _consumer_process(
             "broker.address.family": "v4",
             "group.id": group,
             "share.acknowledgement.mode": "explicit",
+            **client_overrides(),
         }
     )
     consumer.subscribe([topic])
