@@ -252,10 +252,9 @@ def start_from_earliest(ctx: BenchContext, bootstrap: str, group: str, topic: st
     """A new share group reading `topic` from offset 0 on every partition: the group
     config share.auto.offset.reset=earliest, and its start offsets set to 0 with
     AlterShareGroupOffsets (kafka-share-groups.sh --reset-offsets --to-earliest), which
-    writes them to the share coordinator. The second is what a share-partition leader
-    on another broker than the group coordinator sees today: group configs live in the
-    group coordinator's log, so such a leader resolves the reset with the default
-    (latest)."""
+    initializes the share state in the share coordinator before the first member
+    joins. (The second also covered share-partition leaders that resolved the reset
+    with the default before group configs were shared by all brokers.)"""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         try:  # the coordinators may be moving: a broker that just joined claims them
