@@ -244,6 +244,29 @@ class GroupCoordinator:
         self.groups.clear()
         log.warning("groups_unloaded", groups=unloaded)
 
+    async def unload(self, reason: str) -> None:
+        """This broker no longer leads the groups log (handed over): operations from
+        now on answer NOT_COORDINATOR, those in flight finish, then the groups leave
+        memory and the timers stop."""
+        self.runtime.unload(reason)
+        await self.runtime.quiesce()
+        await self.stop()
+        self._unload()
+
+    def drop(self, reason: str) -> None:
+        """Another broker claimed the groups log: unload at once (writes are fenced)."""
+        self.runtime.unload(reason)
+        self._stopped = True
+        self._unload()
+
+    def reload(self, record_log: CoordinatorLog) -> None:
+        """This broker leads the groups log (again), restored from the database: the
+        groups are rebuilt by replaying `record_log` and the timers started."""
+        self.groups.clear()
+        self.runtime.reopen(record_log)
+        self.load()
+        self.start()
+
     def _check_coordinator(self) -> None:
         if self.runtime.fenced is not None:
             raise KafkaError(

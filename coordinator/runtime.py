@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -128,6 +129,16 @@ class Compaction(Protocol):
         self, plog: PartitionLog, base_offsets: Sequence[int], still_valid: StillValid
     ) -> int:
         """Compact the closed segments `base_offsets`; return how many were rewritten."""
+
+
+class NotLed(Fenced):
+    """Why a runtime refuses every operation while this broker does not lead its log:
+    it was never claimed here, or was handed over (`CoordinatorRuntime.unload`)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        OSError.__init__(self, errno.EPERM, f"this broker does not lead the {name} log: {reason}")
+        self.log_name = name
+        self.epoch = 0
 
 
 def storage_error(message: str) -> KafkaError:
@@ -416,10 +427,55 @@ class CoordinatorRuntime(Generic[R]):
             self.on_fenced()
 
     def _not_coordinator(self) -> KafkaError:
+        if isinstance(self.fenced, NotLed):
+            return KafkaError(ErrorCode.not_coordinator, str(self.fenced.strerror))
         return KafkaError(
             ErrorCode.not_coordinator,
             f"the {self.name} log was claimed by another broker: {self.fenced}",
         )
+
+    # ------------------------------------------------------------- leadership
+
+    def unload(self, reason: str) -> None:
+        """This broker does not lead the log (never claimed here, or handed over): every
+        operation from now on answers NOT_COORDINATOR without writing, and no checkpoint
+        is written of the state the coordinator then clears. `reopen` undoes it."""
+        if self.fenced is None:
+            self.fenced = NotLed(self.name, reason)
+            log.info("coordinator_unloaded", runtime=self.name, reason=reason)
+        self._since_checkpoint = 0
+
+    async def quiesce(self, timeout_s: float = 10.0) -> None:
+        """Wait (at most `timeout_s`) for the operations holding or waiting for a key to
+        finish: those in flight commit, the later ones are refused (after `unload`)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while (len(self._locks) or self._inflight) and (
+            asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(0.005)
+        if self._checkpoint_task is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint_task
+
+    def reopen(self, record_log: CoordinatorLog) -> None:
+        """Lead the log again (claimed by this broker, restored from the database): the
+        old log is closed, `record_log` replaces it, writes are taken again. The caller
+        clears the state machine and calls `load`: the whole log is replayed (a
+        checkpoint of an earlier term here may predate what other brokers compacted)."""
+        assert not self._inflight, "reopen with writes in flight"
+        if not self._closed:
+            self.record_log.close()
+        self.record_log = record_log
+        self.fenced = None
+        self.failed = None
+        self._closed = False
+        self._compacted = ()
+        self.truncations += 1
+        self._applied_end = None
+        self._since_checkpoint = 0
+        self._checkpoints = self._checkpoints if record_log.partition_log is not None else None
+        if self._checkpoints is not None:
+            self._checkpoints.file.remove()
 
     def _refusal(self) -> KafkaError | None:
         if self.fenced is not None:
@@ -651,8 +707,8 @@ class CoordinatorRuntime(Generic[R]):
     async def compact(self) -> int:
         """Compact the closed segments not compacted yet; return segments rewritten."""
         plog = self.record_log.partition_log
-        if self._compaction is None or plog is None:
-            return 0
+        if self._compaction is None or plog is None or self.fenced is not None:
+            return 0  # not led here: the log is another broker's to compact
         async with self._compaction_lock:
             bases = self._committed_closed_segments(plog)
             if not bases or tuple(bases) == self._compacted:
@@ -691,7 +747,12 @@ class CoordinatorRuntime(Generic[R]):
     def close(self) -> None:
         """Close the log; a clean close first checkpoints what was replayed since the
         last checkpoint (blocking: shutdown only)."""
-        if not self._closed and self._since_checkpoint and self._checkpoint_task is None:
+        if (
+            not self._closed
+            and self.fenced is None
+            and self._since_checkpoint
+            and self._checkpoint_task is None
+        ):
             captured = self._capture()
             if captured is not None:
                 try:

@@ -183,6 +183,10 @@ class ShareCoordinatorShard:
         self.snapshot_update_records_per_snapshot = snapshot_update_records_per_snapshot
         self._entries: dict[ShareStateKey, _Entry] = {}
 
+    def clear(self) -> None:
+        """Forget every key's state (the share-state log is unloaded or replayed anew)."""
+        self._entries = {}
+
     # ------------------------------------------------------------ accessors
 
     def state(self, key: ShareStateKey) -> ShareState | None:

@@ -219,6 +219,19 @@ class _ShardPersister:
         """Compact closed segments not compacted yet; returns segments rewritten."""
         return await self.runtime.compact()
 
+    def unload(self, reason: str) -> None:
+        """This broker no longer leads the share-state log: every call answers
+        NOT_COORDINATOR, the state is dropped from memory."""
+        self.runtime.unload(reason)
+        self.shard.clear()
+
+    def reload(self, record_log: CoordinatorLog) -> int:
+        """This broker leads the share-state log (again), restored from the database:
+        the state is rebuilt by replaying `record_log`."""
+        self.shard.clear()
+        self.runtime.reopen(record_log)
+        return self.load()
+
     async def stop(self) -> None:
         await self.runtime.stop()
 
@@ -336,6 +349,11 @@ class DurablePersister(_ShardPersister):
             checkpoint_interval_records,
             compaction_enabled,
         )
+
+    def reload(self, record_log: CoordinatorLog) -> int:
+        if isinstance(record_log, RecordLog):
+            self.records = record_log
+        return super().reload(record_log)
 
     async def compact(self) -> int:
         """Adopt a finished `spool compact` output, then compact what is left to do

@@ -649,6 +649,34 @@ class TransactionCoordinator:
     def close(self) -> None:
         self.runtime.close()
 
+    async def unload(self, reason: str) -> None:
+        """This broker no longer leads the transactions log (handed over): requests
+        from now on answer NOT_COORDINATOR, those in flight finish, then the sweeps
+        stop and the transactional ids leave memory."""
+        self.runtime.unload(reason)
+        await self.runtime.quiesce()
+        await self.stop()
+        self.transactions.clear()
+
+    def drop(self, reason: str) -> None:
+        """Another broker claimed the transactions log: unload at once."""
+        self.runtime.unload(reason)
+        self._stopped = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for task in [*self._sweeps, *self._completing.values()]:
+            task.cancel()
+        self.transactions.clear()
+
+    def reload(self, record_log: CoordinatorLog) -> None:
+        """This broker leads the transactions log (again), restored from the database:
+        replayed, in-doubt transactions completed, sweeps started."""
+        self.transactions.clear()
+        self.runtime.reopen(record_log)
+        self.load()
+        self.start()
+
     def _schedule(self, interval_ms: int, sweep: Callable[[], Awaitable[object]]) -> None:
         if self._stopped:
             return
