@@ -46,14 +46,17 @@ from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
+from coordinator.runtime import CoordinatorRuntime
 from coordinator.share_persister import DurablePersister
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.commit import GroupCommit
+from persister.coordinator_log import RecordLog, internal_log_config
 from persister.dirlock import DataDirLock
+from persister.pg_leadership import ClaimedLog
 from persister.pg_registry import PgRegistryStore
 from persister.pg_storage import PgStorage
-from persister.storage import FILE_STORAGE, StorageEngine
+from persister.storage import FILE_STORAGE, CoordinatorLog, StorageEngine
 from protocol import api, request_check
 from protocol.errors import ErrorCode, KafkaError
 
@@ -380,6 +383,7 @@ class Broker:
             LogManagerHost(
                 self.logs, storage.restore_claimed, self._topic_configs, storage.claim_on_open
             ),
+            coordinators=CoordinatorLogsHost(self, storage),
         )
         self.leadership = leadership
         self.logs.leads = leadership.leads
@@ -420,7 +424,19 @@ class Broker:
         )
         return versions
 
+    def _not_claimed_yet(self, name: str) -> bool:
+        """Open the coordinator log `name` without claiming it, when leadership by lease
+        places it (broker.leadership): its coordinator stays unloaded until a reconcile
+        claims it for this broker (`CoordinatorLogsHost`)."""
+        if self.leadership is None or not isinstance(self.storage, PgStorage):
+            return False
+        refused: asyncio.Future[ClaimedLog | None] = asyncio.get_running_loop().create_future()
+        refused.set_result(None)
+        self.storage.claim_on_open(name, refused)
+        return True
+
     def _start_share_groups(self) -> None:
+        follower = self._not_claimed_yet("share-state")
         persister = self.share_persister = DurablePersister(
             self.data_dir / "share-state",
             self.commit,
@@ -432,7 +448,10 @@ class Broker:
             compaction_enabled=self.config.get("log.cleaner.enable"),
             storage=self.storage,
         )
-        persister.load()
+        if follower:
+            persister.unload("not claimed yet")
+        else:
+            persister.load()
         self.share_state = RoutedPersister(
             persister,
             lambda: self.cluster,
@@ -442,6 +461,7 @@ class Broker:
             ),
             clock=self.clock,
         )
+        follower = self._not_claimed_yet("groups")
         self.groups = GroupCoordinator(
             self.share_state,
             self._topics_metadata,
@@ -454,7 +474,10 @@ class Broker:
             clock=self.clock,
             configs_in_metadata=True,
         )
-        self.groups.load()
+        if follower:
+            self.groups.drop("not claimed yet")
+        else:
+            self.groups.load()
         self.share = SharePartitionManager(
             self.share_state,
             self.groups,
@@ -486,11 +509,13 @@ class Broker:
         )
         self.topic_deleted_hooks.append(self._on_topic_deleted)
         self.topic_changed_hooks.append(lambda _name: self._spawn(self.groups.on_topics_changed()))
-        self.groups.start()
+        if not follower:
+            self.groups.start()
 
     def _start_transactions(self) -> None:
         """The transaction coordinator on `data/transactions/`: replayed, in-doubt
         transactions completed, timeout and expiry sweeps on the broker's clock."""
+        follower = self._not_claimed_yet("transactions")
         self.transactions = TransactionCoordinator(
             self.storage.open_coordinator_log(
                 self.data_dir / "transactions", self.commit, clock=self.clock
@@ -500,8 +525,11 @@ class Broker:
             config=TransactionConfig.from_mapping(self.config.get),
             clock=self.clock,
         )
-        self.transactions.load()
-        self.transactions.start()
+        if follower:
+            self.transactions.drop("not claimed yet")
+        else:
+            self.transactions.load()
+            self.transactions.start()
 
     def _spawn(self, coro: Any, **context: object) -> None:
         """Run `coro` in the background; a failure is logged with what it was, not lost."""
@@ -692,3 +720,75 @@ class Broker:
             )
             for e in self.table.entries()
         )
+
+
+class CoordinatorLogsHost:
+    """The broker's side of the coordinator logs' leadership (broker.leadership's
+    `CoordinatorHost`): a claimed log is restored from the database and its coordinator
+    reloaded (state cleared, log replayed, timers started); a released one stops taking
+    writes, finishes those in flight and unloads; a lost one (claimed by another broker)
+    unloads at once."""
+
+    def __init__(self, broker: Broker, storage: PgStorage) -> None:
+        self.broker = broker
+        self.storage = storage
+
+    def _log(self, name: str) -> CoordinatorLog:
+        b = self.broker
+        if name == "share-state":
+            return RecordLog(
+                b.data_dir / name,
+                b.commit,
+                internal_log_config(b.config.get("share.coordinator.state.topic.segment.bytes")),
+                clock=b.clock,
+                open_log=self.storage.open_log,
+            )
+        return self.storage.open_coordinator_log(b.data_dir / name, b.commit, clock=b.clock)
+
+    async def open_coordinator(self, name: str, claimed: ClaimedLog) -> None:
+        b = self.broker
+        runtime = self._runtime(name)
+        runtime.unload("being loaded")
+        await runtime.quiesce()
+        runtime.record_log.close()  # restore_claimed works on a closed log
+        await self.storage.restore_claimed(name, claimed)
+        record_log = self._log(name)
+        if name == "groups":
+            b.groups.reload(record_log)
+        elif name == "transactions":
+            b.transactions.reload(record_log)
+        else:
+            b.share_persister.reload(record_log)
+        log.info("coordinator_loaded", log=name, epoch=claimed.epoch)
+
+    async def release_coordinator(self, name: str, reason: str) -> None:
+        b = self.broker
+        if name == "groups":
+            await b.groups.unload(reason)
+        elif name == "transactions":
+            await b.transactions.unload(reason)
+        else:
+            runtime = b.share_persister.runtime
+            # The state as of the hand-over, for this broker's next term or restart.
+            await runtime.checkpoint()
+            runtime.unload(reason)
+            await runtime.quiesce()
+            b.share_persister.unload(reason)
+
+    def drop_coordinator(self, name: str, reason: str) -> None:
+        b = self.broker
+        if name == "groups":
+            b.groups.drop(reason)
+        elif name == "transactions":
+            b.transactions.drop(reason)
+        else:
+            b.share_persister.unload(reason)
+            b.share.drop_all()  # as a fenced share-state write does
+
+    def _runtime(self, name: str) -> CoordinatorRuntime[Any]:
+        b = self.broker
+        if name == "groups":
+            return b.groups.runtime
+        if name == "transactions":
+            return b.transactions.runtime
+        return b.share_persister.runtime

@@ -35,9 +35,20 @@ its partitions at their next heartbeat instead of after `broker.session.timeout.
 
 The cluster view's `leader(topic_id, partition)` answers from the holders as last read
 (plus this broker's own claims and releases since): None while a partition has no live
-holder. The coordinator logs (`groups`, `share-state`, `transactions`) are not placed by
-the layout yet: every broker opens them at start, the last one claiming them holds
-them, and `coordinator(log)` names that holder.
+holder.
+
+The coordinator logs (`groups`, `share-state`, `transactions`) follow the layout as
+partitions do, given a `CoordinatorHost` (the broker on PostgreSQL): each goes to the
+live broker ranking highest for it by the same stable hash (`coordinator_layout`; a
+broker alone gets all three, three brokers one each), claimed conditionally with epoch
++ 1; the claimer restores the log from the database and loads its coordinator (state
+cleared, log replayed, timers started); a release (the layout moved it) stops taking
+writes, lets the ones in flight finish and unloads; a claim by another broker (this one
+was fenced) unloads at once. `coordinator(log)` names the live holder, which
+FindCoordinator answers; a broker that does not lead a coordinator log refuses its
+requests with NOT_COORDINATOR (coordinator.runtime's `unload`). When the holder dies,
+its lease expires after `broker.session.timeout.ms` and the next broker in the layout
+claims the log at its next heartbeat.
 
 Sans-IO apart from the store and the host (what the broker does to open and drop a
 log), both protocols, so the logic runs in unit tests without a database.
@@ -119,6 +130,12 @@ class PartitionRef:
         return partition_log(self.topic, self.index)
 
 
+def coordinator_layout(live: Sequence[int]) -> dict[str, int]:
+    """The target leader of every coordinator log (`COORDINATOR_LOGS`), by the same
+    stable hash as partitions: all three on a broker alone, one each on three."""
+    return spread(list(COORDINATOR_LOGS), sorted(set(live)))
+
+
 def layout(topics: Iterable[TopicRef], live: Sequence[int]) -> dict[str, int]:
     """The target leader of every topic partition's log, by log name (see the module
     docstring); the same on every broker given the same topics and live node ids."""
@@ -163,6 +180,22 @@ class LeadershipHost(Protocol):
         ...
 
 
+class CoordinatorHost(Protocol):
+    """What the broker does with the coordinator logs it gains and loses."""
+
+    async def open_coordinator(self, name: str, claimed: ClaimedLog) -> None:
+        """Restore the claimed log from the database and load its coordinator."""
+        ...
+
+    async def release_coordinator(self, name: str, reason: str) -> None:
+        """Stop taking writes, let those in flight finish, unload the coordinator."""
+        ...
+
+    def drop_coordinator(self, name: str, reason: str) -> None:
+        """Unload a coordinator whose log another broker claimed (its writes are fenced)."""
+        ...
+
+
 class Leadership:
     """This broker's leadership of partitions, and the answers of the cluster view
     about leaders (see the module docstring)."""
@@ -174,8 +207,11 @@ class Leadership:
         live: Callable[[], Iterable[int]],
         topics: Callable[[], Iterable[TopicRef]],
         host: LeadershipHost,
+        coordinators: CoordinatorHost | None = None,
     ) -> None:
         self.store = store
+        # Places and claims the coordinator logs too when given (see the docstring).
+        self.coordinators = coordinators
         self._node_id = node_id
         self._live = live
         self._topics = topics
@@ -276,7 +312,18 @@ class Leadership:
 
     def coordinator(self, log: str) -> Leader | None:
         holder = self._holders.get(log)
-        return None if holder is None else Leader(holder.node_id, holder.epoch)
+        if holder is None:
+            return None
+        if (
+            self.coordinators is not None
+            and holder.node_id == self._node_id
+            and log not in self.mine
+        ):
+            return None  # a former incarnation's claim, or released: not served here
+        return Leader(holder.node_id, holder.epoch)
+
+    def _coordinator_logs(self) -> tuple[str, ...]:
+        return COORDINATOR_LOGS if self.coordinators is not None else ()
 
     # -- reconciling -----------------------------------------------------------------
 
@@ -314,30 +361,52 @@ class Leadership:
             self._names = {(ref.topic_id, ref.index): name for name, ref in refs.items()}
             live = sorted({self._node_id, *self._live()})
             target = layout(topics, live)
-            # Lost: another broker claimed a log this broker led (it was fenced).
+            coordinator_logs = self._coordinator_logs()
+            if coordinator_logs:
+                target.update(coordinator_layout(live))
+            # Lost: another broker claimed a log this broker led (it was fenced), or no
+            # live broker holds it.
             for name, epoch in list(self.mine.items()):
                 if epoch == PENDING:
                     continue
                 ref = refs.get(name)
-                if ref is None:
+                if ref is None and name not in coordinator_logs:
                     del self.mine[name]  # its topic was deleted (LogManager removed it)
                     continue
                 holder = holders.get(name)
-                if holder is not None and (holder.node_id, holder.epoch) != (
-                    self._node_id,
-                    epoch,
-                ):
+                if holder is not None and (holder.node_id, holder.epoch) == (self._node_id, epoch):
+                    continue
+                # Claimed by another broker, or held by no live broker (this one's lease
+                # expired meanwhile, and a taker may have released it since): dropped,
+                # and claimed again below (epoch + 1) if the layout gives it here.
+                reason = (
+                    "no live holder: this broker's lease expired"
+                    if holder is None
+                    else f"claimed by broker {holder.node_id} at epoch {holder.epoch}"
+                )
+                if name in coordinator_logs:
                     del self.mine[name]
-                    self.host.drop_partition(
-                        ref, f"claimed by broker {holder.node_id} at epoch {holder.epoch}"
-                    )
+                    assert self.coordinators is not None
+                    self.coordinators.drop_coordinator(name, reason)
+                    continue
+                assert ref is not None
+                del self.mine[name]
+                self.host.drop_partition(ref, reason)
             self._holders = holders
             for name, epoch in list(self.mine.items()):
                 goes_to = target.get(name)
                 if epoch == PENDING:
                     continue  # released once its claim is in
                 if goes_to is not None and goes_to != self._node_id:
-                    await self._release(refs[name], epoch, f"handed over to broker {goes_to}")
+                    reason = f"handed over to broker {goes_to}"
+                    if name in coordinator_logs:
+                        await self._release_coordinator(name, epoch, reason)
+                    else:
+                        await self._release(refs[name], epoch, reason)
+            # The coordinator logs first: FindCoordinator then names their holder.
+            for name in coordinator_logs:
+                if target.get(name) == self._node_id and name not in self.mine:
+                    await self._claim_coordinator(name)
             for name, ref in refs.items():
                 if target.get(name) == self._node_id and name not in self.mine:
                     await self._claim(ref)
@@ -357,6 +426,35 @@ class Leadership:
             raise
         self._holders[ref.name] = Holder(self._node_id, claimed.epoch)
         log.info("partition_led", log=ref.name, epoch=claimed.epoch)
+
+    async def _claim_coordinator(self, name: str) -> None:
+        assert self.coordinators is not None
+        claimed = await self.store.claim(name, self._node_id, None)
+        if claimed is None:
+            self.claims_refused += 1
+            return
+        self.claims += 1
+        self.mine[name] = claimed.epoch
+        try:
+            await self.coordinators.open_coordinator(name, claimed)
+        except BaseException:
+            # Claimed but not loaded: the next reconcile claims it again (epoch + 1).
+            del self.mine[name]
+            raise
+        self._holders[name] = Holder(self._node_id, claimed.epoch)
+        log.info("coordinator_led", log=name, epoch=claimed.epoch)
+
+    async def _release_coordinator(self, name: str, epoch: int, reason: str) -> None:
+        assert self.coordinators is not None
+        # Not led from here on: FindCoordinator names no one until the next holder.
+        self._holders.pop(name, None)
+        del self.mine[name]
+        try:
+            await self.coordinators.release_coordinator(name, reason)
+        finally:
+            self.releases += 1
+            await self.store.release(name, self._node_id, epoch)
+        log.info("coordinator_released", log=name, epoch=epoch, reason=reason)
 
     async def _release(self, ref: PartitionRef, epoch: int, reason: str) -> None:
         # Not led from here on: a request meanwhile is told NOT_LEADER_OR_FOLLOWER.
@@ -381,7 +479,10 @@ class Leadership:
         async with self._lock:
             names = {(ref.topic_id, ref.index): ref for ref in self._refs()}
             by_name = {ref.name: ref for ref in names.values()}
+            coordinator_logs = self._coordinator_logs()
             for name, epoch in list(self.mine.items()):
+                if name in coordinator_logs:
+                    continue  # after the partitions, whose release may write share state
                 ref = by_name.get(name)
                 if ref is None or epoch == PENDING:
                     del self.mine[name]
@@ -390,6 +491,12 @@ class Leadership:
                     await self._release(ref, epoch, "broker stopping")
                 except Exception as exc:
                     log.warning("partition_release_failed", log=name, error=str(exc))
+            for name, epoch in list(self.mine.items()):
+                if name in coordinator_logs:
+                    try:
+                        await self._release_coordinator(name, epoch, "broker stopping")
+                    except Exception as exc:
+                        log.warning("coordinator_release_failed", log=name, error=str(exc))
 
     def _refs(self) -> list[PartitionRef]:
         return [

@@ -44,9 +44,12 @@ Leadership (broker.leadership, persister.pg_leadership): among brokers sharing t
 database a topic partition is opened only by the broker that claimed it, conditionally
 (no live holder), so the claim happens before the open: `restore_claimed` brings the
 log's local copy up to date from the database (the previous leader wrote meanwhile) and
-hands the claim to the open, which then claims nothing more. The coordinator logs are
-still claimed by every broker that opens them; `_claim` records the claimer in
-`leader_node`, which FindCoordinator names.
+hands the claim to the open, which then claims nothing more. The coordinator logs
+(`groups`, `share-state`, `transactions`) are placed by the same layout: a broker that
+does not lead one opens its local copy with a refused claim (`claim_on_open` with None:
+it never writes), and the broker the layout names claims it, restores it and reopens
+it. `_claim` (an unconditional claim, recording the claimer in `leader_node`) is left
+for a log opened outside leadership.
 
 Truncation and retention: a truncation (a failed write undone) is recorded and its
 rows deleted by the log's next commit; DeleteRecords and retention move the log start

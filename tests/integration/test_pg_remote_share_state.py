@@ -1,8 +1,9 @@
 """A share-partition leader whose share coordinator is another broker
 (broker.share.remote_persister), with two broker processes on one real PostgreSQL.
 
-Broker A (node 1) starts first, broker B (node 2) second: B claims the coordinator logs
-last and holds the share-state log, while the topic's partitions are spread over both
+Broker A (node A_ID) starts first, broker B (node 2) second: the coordinator logs follow
+the layout (broker.leadership.coordinator_layout), and A's node id is picked so that it
+gives B the share-state log, while the topic's partitions are spread over both
 (broker.leadership). Share consumers with explicit acknowledgements read every record of
 the partitions A leads: A's share-partition leader sends its ReadShareGroupState and
 WriteShareGroupState to B, which answers once its write is committed to PostgreSQL. The
@@ -37,6 +38,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from broker.leadership import coordinator_layout
 from protocol.client import KafkaClient
 from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, create_topic, free_port
 from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
@@ -210,7 +212,14 @@ NEEDS_LEADERSHIP = pytest.mark.skipif(
     "`leadership`): without it every broker leads every partition, so no share-partition "
     "leader is ever on another broker than the share coordinator",
 )
+SHARE_LOG = "share-state"
 TOPIC, GROUP = "remote-share", "remote-share-group"
+# B is node 2; A the first node id for which the coordinator layout over the two gives
+# B the share-state log (coordinator logs are placed by a stable hash of the node ids).
+B_ID = 2
+A_ID = next(
+    n for n in range(1, 100) if n != B_ID and coordinator_layout([n, B_ID])[SHARE_LOG] == B_ID
+)
 
 
 def _accepted_on_two_brokers(
@@ -218,25 +227,24 @@ def _accepted_on_two_brokers(
 ) -> tuple[Node, Node, list[int]]:
     """A and B up, B the share coordinator, TOPIC's partitions on both, and every record
     of them delivered once and ACCEPTed by GROUP. Returns A, B and A's partitions."""
-    a = nodes(1, "a")
+    a = nodes(A_ID, "a")
     b = nodes(2, "b")
     a.start()
-    b.start()  # claims the coordinator logs last: the share coordinator is B
+    b.start()  # the layout gives B the share-state log: A hands it over
     wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live")
     create_topic(a, TOPIC, PARTITIONS)
     layout = wait_for(
-        lambda: (lambda m: m if len(m) == PARTITIONS and set(m.values()) == {1, 2} else None)(
+        lambda: (lambda m: m if len(m) == PARTITIONS and set(m.values()) == {A_ID, B_ID} else None)(
             leaders([a, b], TOPIC)
         ),
         "the partitions spread over both brokers",
     )
-    assert holder(pg_dsn, "share-state") == 2, "B should hold the share-state log"
-    if asyncio.run(_find_group_coordinator(a, GROUP)) != holder(pg_dsn, "groups"):
-        pytest.skip(
-            "FindCoordinator does not name the broker holding the groups log yet "
-            "(coordinator placement): share consumers cannot join a group"
-        )
-    on_a = sorted(p for p, leader in layout.items() if leader == 1)
+    wait_for(lambda: holder(pg_dsn, SHARE_LOG) == B_ID, "B holding the share-state log")
+    wait_for(
+        lambda: asyncio.run(_find_group_coordinator(a, GROUP)) == holder(pg_dsn, "groups"),
+        "FindCoordinator on A naming the holder of the groups log",
+    )
+    on_a = sorted(p for p, leader in layout.items() if leader == A_ID)
     assert on_a, layout
 
     consumer = share_consumer(a, GROUP, [TOPIC], **{"bootstrap.servers": bootstrap(a, b)})
@@ -347,8 +355,8 @@ def test_a_share_coordinator_killed_and_restarted_is_reached_again(
     its state there (nothing ACCEPTed comes back)."""
     a, b, _ = _accepted_on_two_brokers(nodes, pg_dsn)
     b.kill9()
-    b.start()  # claims the coordinator logs again: B is the share coordinator again
-    wait_for(lambda: holder(pg_dsn, "share-state") == 2, "B holding the share-state log")
+    b.start()  # the layout gives B the share-state log again (A held it meanwhile)
+    wait_for(lambda: holder(pg_dsn, SHARE_LOG) == B_ID, "B holding the share-state log")
     wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
     wait_for(
         lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], TOPIC)),
