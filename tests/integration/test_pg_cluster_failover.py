@@ -535,6 +535,9 @@ def test_kill9_under_produce_and_share_load_loses_and_redelivers_nothing(
         f"{where[:10]}; killed the leader of partition {busiest}, layout {layout}; "
         f"consumer errors {ledger.errors[:5]}"
     )
+    times = Counter((d[1], d[2], d[3]) for d in ledger.deliveries)
+    again = [(d[2], d[3], d[5]) for d in ledger.deliveries if times[(d[1], d[2], d[3])] > 1]
+    print(f"records delivered more than once: {len(again)}; (partition, offset, count) {again[:8]}")
     # Resumed once the lease ran out, within the lease plus 5 s.
     print(f"resumed: produce {produced - killed_at:.2f} s, share {delivered - killed_at:.2f} s")
     assert produced - killed_at <= RESUME_BOUND_S, ("produce", produced - killed_at)
