@@ -30,10 +30,8 @@ partition the killed broker led. An ACCEPT counts as confirmed once commit_sync 
 no error for its partition; a delivery count going back is seen on a record delivered
 again (librdkafka's delivery_count).
 
-Two defects are marked xfail (see REJOIN_DEFECT and COORDINATOR_FAILOVER): the coordinator
-logs do not fail over, and a broker back from an expired lease may keep partitions it no
-longer leads without leading them again (a race: the tests pass when the broker that
-took them over has not released them yet when it reconciles).
+The share coordinator's broker is found in spool_logs (the live holder of `share-state`);
+the coordinator logs fail over as partitions do (broker.leadership).
 """
 
 from __future__ import annotations
@@ -397,29 +395,6 @@ def read_all(b: ClusterBroker, topic: str, expected: int) -> list[bytes]:
     return [r.value for r in got if r.value is not None]
 
 
-# A broker whose lease expired and that comes back keeps, in Leadership.mine, the
-# partitions it led (at their old epoch) when nobody holds them by the time it
-# reconciles (the broker that took them over released them to it again, seeing it
-# live): it neither drops nor re-claims them, so they stay without a leader.
-# Leadership.reconcile treats only a log held by another broker as lost, not one held by
-# nobody; /work/wt/chaos-leadership-zombie-fix.patch (drop it too, then claim it again
-# at epoch + 1) makes both tests pass.
-REJOIN_DEFECT = pytest.mark.xfail(
-    reason="broker.leadership: a broker back from an expired lease never re-claims the "
-    "partitions it led once the taker released them (they stay leaderless)",
-    strict=False,
-)
-# The coordinator logs (groups, share-state, transactions) are claimed by every broker
-# as it opens them, the last one holding them; nothing claims them again when that
-# broker dies, so FindCoordinator answers COORDINATOR_NOT_AVAILABLE and share-state
-# RPCs give up ("The share-state coordinator has no live leader now").
-COORDINATOR_FAILOVER = pytest.mark.xfail(
-    reason="coordinator logs do not fail over: no broker claims share-state/groups "
-    "once their holder's lease expired",
-    strict=False,
-)
-
-
 # -- 1. share groups across the cluster ----------------------------------------------
 
 
@@ -472,10 +447,7 @@ def test_share_consumers_read_every_partition_from_the_broker_leading_it(
 # -- 2. kill -9 under load -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "victim",
-    ["partition-leader", pytest.param("share-coordinator", marks=COORDINATOR_FAILOVER)],
-)
+@pytest.mark.parametrize("victim", ["partition-leader", "share-coordinator"])
 def test_kill9_under_produce_and_share_load_loses_and_redelivers_nothing(
     cluster: Callable[..., ClusterBroker], pg_dsn: str, victim: str
 ) -> None:
@@ -498,9 +470,12 @@ def test_kill9_under_produce_and_share_load_loses_and_redelivers_nothing(
         wait_initialized(brokers, group, "busy", PARTITIONS)
         traffic = Traffic(brokers, "busy", "r", busiest=busiest).start()
         wait_for(lambda: len(readers.ledger.accepted_values()) >= 300, "share traffic flowing")
-        acked_before = max(o for o, _ in traffic.acked_on(busiest))
         by_id[dead].kill9()
         killed_at = time.monotonic()
+        # What the dead broker acknowledged has reached the producer's callbacks by now:
+        # a record acknowledged above this offset was written by the new leader.
+        time.sleep(0.3)
+        acked_before = max(o for o, _ in traffic.acked_on(busiest))
         produced = wait_for(
             lambda: next((t for o, t in traffic.acked_on(busiest) if o > acked_before), None),
             f"a record acknowledged on partition {busiest} after the kill",
@@ -577,7 +552,6 @@ async def _produce_while_paused(b: ClusterBroker, topic: str, partition: int, va
         await client.close()
 
 
-@REJOIN_DEFECT
 def test_a_leader_paused_past_its_lease_is_fenced_and_rejoins(
     cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
@@ -842,7 +816,6 @@ class NetBroker(ClusterBroker):
         return None if found is None else float(found.group(1))
 
 
-@REJOIN_DEFECT
 def test_a_broker_cut_off_by_the_network_is_replaced_and_rejoins(
     veth: Veth, tmp_path: Path, pg_dsn: str
 ) -> None:
@@ -871,9 +844,10 @@ def test_a_broker_cut_off_by_the_network_is_replaced_and_rejoins(
         busiest = min(p for p, leader in leaders(brokers[0], "netcut").items() if leader == 3)
         traffic = Traffic(brokers, "netcut", "n", busiest=busiest).start()
         wait_for(lambda: len(traffic.acked_on(busiest)) >= 200, "traffic on broker 3")
-        acked_before = max(o for o, _ in traffic.acked_on(busiest))
         veth.cut()
         cut_at = time.monotonic()
+        time.sleep(0.3)  # acknowledgements in flight reach the callbacks
+        acked_before = max(o for o, _ in traffic.acked_on(busiest))
         try:
             produced = wait_for(
                 lambda: next((t for o, t in traffic.acked_on(busiest) if o > acked_before), None),
