@@ -369,6 +369,8 @@ class DurablePersister(_ShardPersister):
         check of the files and the swap run together on the event loop, with the
         broker's own compaction held off, so no write or compaction comes between."""
         plog = self.records.partition_log
+        if self.runtime.fenced is not None:
+            return False  # not led here (broker.leadership): nothing to swap in
         async with self.compaction.lock:
             for staging in spark_adopt.staging_dirs(plog.directory):
                 result = await asyncio.to_thread(spark_adopt.check, staging, plog.directory)
