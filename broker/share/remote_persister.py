@@ -24,7 +24,10 @@ Errors are retried as PersisterStateManager retries them: NOT_COORDINATOR,
 COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS and UNKNOWN_TOPIC_OR_PARTITION in a
 partition's result, and a connection lost or a request timed out (NETWORK_EXCEPTION,
 REQUEST_TIMED_OUT), each time looking the coordinator up again, after an exponential
-backoff (1 s doubling to at most 30 s, 20 % jitter), 5 attempts in all. Then, and for any
+backoff (1 s doubling to at most 30 s, 20 % jitter), 5 attempts in all; a backoff ends
+early once the view names another share coordinator (a failover: the broker that took
+the log over after the old one's lease expired), so a retry does not sleep past the new
+coordinator being ready. Then, and for any
 other error, the call raises `KafkaError` with the share coordinator's code; the
 share-partition leader maps it for its client as Kafka's SharePartition does
 (`broker.share.state_writer.persister_error`: coordinator errors become
@@ -78,6 +81,8 @@ SHARE_KEY_TYPE = 2  # FindCoordinator's CoordinatorType.SHARE
 REQUEST_BACKOFF_MS = 1_000
 REQUEST_BACKOFF_MAX_MS = 30_000
 MAX_ATTEMPTS = 5
+# How often a backoff looks whether the share coordinator moved (an in-memory read).
+PLACEMENT_CHECK_MS = 100
 BACKOFF_EXP_BASE = 2
 BACKOFF_JITTER = 0.2
 # One request's wait for its answer (Kafka's inter-broker send thread uses 30 s), and for
@@ -755,7 +760,18 @@ class RoutedPersister:
                 error=last[retry[0]].code.name,
             )
             pending = retry
-            await sleep(self.clock, wait)
+            await self._back_off(wait)
+
+    async def _back_off(self, wait_ms: int) -> None:
+        """Sleep `wait_ms` on the clock, or less once the view names another share
+        coordinator than it did when the wait began (it moved while this call failed)."""
+        before = self._cluster().coordinator(SHARE_STATE_LOG)
+        deadline = self.clock.now_ms() + wait_ms
+        while (left := deadline - self.clock.now_ms()) > 0 and not self._closed:
+            await sleep(self.clock, min(left, PLACEMENT_CHECK_MS))
+            now = self._cluster().coordinator(SHARE_STATE_LOG)
+            if now is not None and now != before:
+                return
 
     async def _send(
         self, rpc: _Rpc, target: Target, items: Sequence[Any], pending: Sequence[int]

@@ -441,6 +441,42 @@ async def test_retriable_errors_give_up_after_bounded_attempts(
     assert h.clock.now_ms() - started == sum(h.waits)
 
 
+async def test_a_backoff_ends_once_another_broker_takes_the_share_state_log_over() -> None:
+    """Broker 2 died holding the share-state log: the retry waits for its 1 s backoff only
+    until the view names broker 3 (its lease expired and 3 claimed the log), not the
+    whole backoff; the exponential ladder would otherwise put the next attempts at 1, 3
+    and 7 s after the failure, past a failover of a few seconds."""
+    h = Harness(leader_id=2)
+    await h.seed()
+    sent_at: list[int] = []
+
+    def gone(sent: Sent) -> TransportError | None:
+        sent_at.append(h.clock.now_ms())
+        if sent.target.node_id == 2:
+            return TransportError(ErrorCode.network_exception, "broker 2 is gone")
+        return None
+
+    h.transport.fault = gone
+    task = asyncio.ensure_future(h.persister.write_state(KEY, 0, 0, 0, _batches()))
+    for _ in range(200):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        if task.done():
+            break
+        if sent_at and h.clock.now_ms() - sent_at[0] >= 300:
+            h.view.leader_id = 3
+        if any(not t[2].cancelled for t in h.clock._timers):
+            h.clock.advance(50)
+        else:  # the in-memory share coordinator's own turns
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(task, 5)
+    assert [s.target.node_id for s in h.transport.sent] == [2, 3]
+    assert len(h.waits) == 1 and h.waits[0] >= 800
+    # Retried within a check interval of the move, not after the 0.8-1.2 s backoff.
+    assert sent_at[1] - sent_at[0] <= 500
+    assert (await h.transport.coordinator(3).read_state(KEY, 0)).batches == _batches()
+
+
 async def test_a_retried_write_succeeds_once_the_coordinator_answers() -> None:
     h = Harness(leader_id=2)
     await h.seed()
