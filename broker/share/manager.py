@@ -531,11 +531,15 @@ class SharePartitionManager:
         results: dict[ShareStateKey, AckOutcome],
         released: list[ShareStateKey],
     ) -> None:
-        """Acknowledgements now durable: report and count them."""
+        """Acknowledgements now durable: report and count them, and have the partition's
+        parked fetches look again. Not only a RELEASE makes records acquirable: an
+        ACCEPT or REJECT archives records, which may move the start offset and frees room
+        under share.partition.max.record.locks for a fetch that found none (Kafka's
+        SharePartitionManager.acknowledge re-checks the delayed share fetches of every
+        partition it acknowledged)."""
         results[prepared.key] = (ErrorCode.none, None)
         self.metrics.acknowledged(prepared.key, batches, prepared.released)
-        if prepared.released:
-            released.append(prepared.key)
+        released.append(prepared.key)
 
     async def release_member(
         self, group_id: str, member_id: str, keys: list[ShareStateKey] | None = None

@@ -8,11 +8,13 @@ fetch that would wait for ever fails the test instead of hanging it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from broker.share.fetch import ShareFetchParams, ShareFetchService
+from broker.share.fetch import ShareAcknowledgeParams, ShareFetchParams, ShareFetchService
 from broker.share.session import ShareSessionCache
 from persister.clock import ManualClock
 from protocol.errors import ErrorCode
+from protocol.records import NewRecord, build_batch
 from tests.unit.test_share_manager import (
     ACCEPT,
     KEY,
@@ -115,4 +117,56 @@ async def test_a_final_fetch_applies_its_acknowledgements_then_releases_the_sess
     sp = svc.manager.partitions[KEY]
     # 0-4 accepted; 5-9 released by the session's end, delivery made.
     assert (sp.spso, sp.acquired_count) == (5, 0)
+    svc.manager.stop()
+
+
+@dataclasses.dataclass
+class TwoBatchLog(FakeLog):
+    """Offsets 0-99 and 100-199, one batch each, all durable."""
+
+    high_watermark: int = 200
+    last_stable_offset: int = 200
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes:
+        batches = [
+            build_batch([NewRecord(None, b"x")] * 100, base_offset=base) for base in (0, 100)
+        ]
+        return b"".join(b for b, base in zip(batches, (0, 100), strict=True) if base + 99 >= offset)
+
+
+async def test_an_accept_that_frees_record_locks_wakes_a_fetch_parked_at_the_limit() -> None:
+    """Kafka's SharePartitionManager.acknowledge re-checks the parked fetches of every
+    partition it acknowledged: ACCEPT archives records, which frees room under
+    group.share.partition.max.record.locks for a fetch that found none. Without that, a
+    member parked at the limit waits out its MaxWaitMs although records are there."""
+    svc, _, clock = service(TwoBatchLog())
+    groups = svc.manager.groups
+    groups.group_config = dataclasses.replace(  # type: ignore[attr-defined]
+        groups.group_config,  # type: ignore[attr-defined]
+        partition_max_record_locks=100,
+    )
+    started = clock.now_ms()
+    got = await asyncio.wait_for(svc.share_fetch(params(0)), BOUND_S)
+    assert [(r.first_offset, r.last_offset) for r in got.partitions[TP].acquired] == [(0, 99)]
+    # "n" finds every lock taken (100 in flight, the limit) and parks.
+    parked = asyncio.ensure_future(svc.share_fetch(params(0, member="n")))
+    await turns()
+    assert not parked.done()
+    # "m" accepts its records with a ShareAcknowledge (which acquires nothing itself).
+    acked = await asyncio.wait_for(
+        svc.share_acknowledge(ShareAcknowledgeParams("g", "m", "m", 1, {TP: [(0, 99, (ACCEPT,))]})),
+        BOUND_S,
+    )
+    assert acked.error_code == ErrorCode.none and acked.partitions[TP][0] == ErrorCode.none
+    # "n" is answered with the next batch on the same clock reading, not at MaxWaitMs.
+    result = await asyncio.wait_for(parked, BOUND_S)
+    assert [(r.first_offset, r.last_offset) for r in result.partitions[TP].acquired] == [(100, 199)]
+    assert clock.now_ms() == started
     svc.manager.stop()
