@@ -349,7 +349,14 @@ class Leadership:
         async with self._lock:
             if self._stopped:
                 return
+            claimed_before = dict(self.mine)
             holders = dict(await self.store.holders())
+            # A claim on open that landed while the holders were read is newer than
+            # what was read: this broker holds it at that epoch (else it would be taken
+            # for lost, dropped and claimed again, leaderless until then).
+            for name, epoch in self.mine.items():
+                if epoch != PENDING and claimed_before.get(name) != epoch:
+                    holders[name] = Holder(self._node_id, epoch)
             topics = list(self._topics())
             refs = {
                 ref.name: ref

@@ -271,3 +271,41 @@ async def test_a_new_topic_is_claimed_as_it_opens_and_stale_data_drops_it() -> N
     events = [e for e in host.events if e[1] == partition_log("new", 1)]
     assert [kind for kind, _ in events] == ["open on claim", "drop", "open"]
     assert one.mine[partition_log("new", 1)] == 6
+
+
+async def test_a_claim_on_open_that_lands_while_a_reconcile_reads_holders_is_kept() -> None:
+    """A reconcile reads the holders; meanwhile a partition of a topic just created is
+    claimed on open. The holders it read predate that claim: the partition must stay led
+    (not dropped as "no live holder", not shown leaderless in Metadata until the next
+    reconcile). Seen as a first produce after CreateTopics waiting ~1 s (librdkafka
+    retrying LEADER_NOT_AVAILABLE) once in four creations on a broker alone."""
+    store = MemoryStore()
+    store.live = {1}
+    topics = [TOPIC]
+    host = Host()
+    one = Leadership(store, 1, lambda: [1], lambda: topics, host)
+    await one.reconcile()
+    read = asyncio.Event()
+    go_on = asyncio.Event()
+    original = store.holders
+
+    async def slow_holders() -> Mapping[str, Holder]:
+        got = await original()  # read before the claim below commits
+        read.set()
+        await go_on.wait()
+        return got
+
+    store.holders = slow_holders  # type: ignore[method-assign]
+    grown = TopicRef("new", uuid.UUID(int=8), 1)
+    topics.append(grown)
+    reconciling = asyncio.ensure_future(one.reconcile())
+    await asyncio.wait_for(read.wait(), 5)
+    assert one.leads("new", 0)  # claimed on open, while the reconcile waits
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert one.leader(grown.topic_id, 0) == Leader(1, 1)
+    go_on.set()
+    await asyncio.wait_for(reconciling, 5)
+    assert one.leader(grown.topic_id, 0) == Leader(1, 1)
+    assert ("drop", partition_log("new", 0)) not in host.events
+    assert one.mine[partition_log("new", 0)] == 1
