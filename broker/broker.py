@@ -64,6 +64,9 @@ log = structlog.get_logger("spool.broker")
 
 # How long a graceful stop waits for its partitions to be handed over.
 RELEASE_TIMEOUT_S = 10.0
+# How long CreateTopics / CreatePartitions wait for the claims of the partitions they
+# opened (a commit's own timeout, persister.pg_commit).
+CLAIMS_SETTLED_TIMEOUT_S = 5.0
 
 
 def _offset_for_timestamp(part: LogPartition, timestamp: int) -> int | None:
@@ -211,6 +214,12 @@ class Broker:
         if port == 0 and self.server is not None:
             port = self.server.bound_ports.get(found.name, 0)
         return Endpoint(found.advertised_host, port)
+
+    async def claims_settled(self) -> None:
+        """Partitions this broker claims as they open (a topic created or grown on a
+        cluster's database) are claimed: bounded by the claim's commit timeout."""
+        if self.leadership is not None:
+            await self.leadership.claims_settled(CLAIMS_SETTLED_TIMEOUT_S)
 
     def _endpoints(self) -> list[BrokerEndpoint]:
         """This broker's advertised endpoint on each of its listeners."""

@@ -273,6 +273,15 @@ class Leadership:
         self.host.claim_on_open(ref, task)
         return True
 
+    async def claims_settled(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the claims on open in flight: CreateTopics and
+        CreatePartitions answer once the new partitions' leaders are known, so a client's
+        next Metadata names them (not LEADER_NOT_AVAILABLE, which librdkafka retries only
+        after its backoff, about 1 s for a topic's first produce)."""
+        pending = list(self._pending)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
     async def _claim_on_open(self, ref: PartitionRef) -> ClaimedLog | None:
         name = ref.name
         try:

@@ -140,6 +140,15 @@ def _open_created(
             failed.append(topic)
 
 
+async def _claims_settled(broker: object) -> None:
+    """On a cluster's database, the partitions just opened are claimed as they open:
+    answer once their leaders are known (broker.broker.Broker.claims_settled), so the
+    client's next Metadata names them. Brokers without it (tests' fakes) answer at once."""
+    settled = getattr(broker, "claims_settled", None)
+    if settled is not None:
+        await settled()
+
+
 def open_topic_logs(broker: TopicStores, topic: Topic, event: str) -> None:
     """Open the logs of `topic`'s partitions not open yet (a topic created, or grown,
     here or by another broker), log `event` and tell the topic_changed_hooks. Raises
@@ -236,6 +245,7 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
         op, applied=lambda outcomes: _open_created(broker, outcomes, created, failed)
     )
     await _undo_creations(broker, failed)
+    await _claims_settled(broker)
     outcome = outcomes[0]
     if isinstance(outcome, KafkaError):
         raise outcome
@@ -331,6 +341,7 @@ async def create_topics(
         for i in created:
             outcomes[i] = exc
     await _undo_creations(broker, failed)
+    await _claims_settled(broker)
     m = resp.create_topics_v7
     results = []
     for t, outcome in zip([t.name for t in entries], outcomes, strict=True):
@@ -565,6 +576,7 @@ async def create_partitions(
             exc for _ in req.topics
         ]
     await _undo_growths(broker, failed)
+    await _claims_settled(broker)
     m = resp.create_partitions_v3
     results = tuple(
         m.CreatePartitionsTopicResult(
