@@ -20,7 +20,9 @@ built on it are the broker's (broker.registry).
   A live lease registered from the same data dir (`host:path`) is taken at once: the
   caller holds that data dir's lock (persister.dirlock, dropped by the kernel when a
   process dies), which proves the incarnation that registered from it is gone (a
-  broker restarted after kill -9 need not wait for its old lease).
+  broker restarted after kill -9 need not wait for its old lease). A refusal whose
+  holder is gone when it is read (it deregistered in between) is tried again, up to
+  `REGISTER_ATTEMPTS` times in all, then fails (`RegistrationContended`).
 - `renew`: move this incarnation's lease on and read the live brokers, or say who took
   the node id (this broker was paused past its lease and another took over: fenced).
 - `deregister`: a graceful stop removes the row, so the others see the broker gone at
@@ -38,6 +40,14 @@ from typing import Any
 
 # (listener, host, port): one advertised listener of a broker.
 Endpoint = tuple[str, str, int]
+
+# How many times `register` tries when a refusal's holder is gone by the time it is read.
+REGISTER_ATTEMPTS = 3
+
+
+class RegistrationContended(OSError):
+    """`register` was refused and found the holder gone, `REGISTER_ATTEMPTS` times in a
+    row. An OSError, so `spool serve` reports it as a failed start (exit code 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,29 +178,37 @@ class PgRegistryStore:
         """Register; `data_dir` is `host:path` of the data dir whose lock the caller
         holds (see the module docstring), or None."""
         t = self.timeout_s
-        async with self._session() as conn:
-            before = await conn.fetchrow(_ROW, node_id, timeout=t)
-            taken = await conn.fetchval(
-                _REGISTER,
-                node_id,
-                incarnation_id,
-                _endpoints_json(endpoints),
-                rack,
-                lease_ms,
-                data_dir,
-                timeout=t,
-            )
-            if taken is None:
-                holder = await conn.fetchrow(_ROW, node_id, timeout=t)
-        if taken is None:
+        for _ in range(REGISTER_ATTEMPTS):
+            async with self._session() as conn:
+                before = await conn.fetchrow(_ROW, node_id, timeout=t)
+                taken = await conn.fetchval(
+                    _REGISTER,
+                    node_id,
+                    incarnation_id,
+                    _endpoints_json(endpoints),
+                    rack,
+                    lease_ms,
+                    data_dir,
+                    timeout=t,
+                )
+                holder = None
+                if taken is None:
+                    holder = await conn.fetchrow(_ROW, node_id, timeout=t)
+            if taken is not None:
+                previous = None if before is None else _row(before)
+                if previous is not None and previous.incarnation_id == incarnation_id:
+                    previous = None
+                return Registered(None, previous)
             if holder is not None:
                 return Registered(_row(holder))
-            # Deregistered between the two statements: the node id is free now.
-            return await self.register(node_id, incarnation_id, endpoints, rack, lease_ms, data_dir)
-        previous = None if before is None else _row(before)
-        if previous is not None and previous.incarnation_id == incarnation_id:
-            previous = None
-        return Registered(None, previous)
+            # Refused, then the row was gone: its holder deregistered between the two
+            # statements, so the node id is free now; try again.
+        raise RegistrationContended(
+            f"node.id {node_id}: registering it was refused {REGISTER_ATTEMPTS} times by "
+            "a live registration that was gone a moment later (brokers with this node.id "
+            "starting and stopping at once); start this broker again once the others "
+            "with this node.id have settled"
+        )
 
     async def renew(
         self,
