@@ -43,7 +43,7 @@ log = structlog.get_logger("spool.topics")
 
 class TopicStores(Protocol):
     """What creating a topic needs: cluster metadata, partition logs, the broker
-    config, and whom to tell."""
+    config, whom to tell, and when the new partitions are led."""
 
     @property
     def config(self) -> BrokerConfig: ...
@@ -53,6 +53,11 @@ class TopicStores(Protocol):
     def logs(self) -> LogManager: ...
     @property
     def topic_changed_hooks(self) -> list[Callable[[str], None]]: ...
+
+    async def claims_settled(self) -> None:
+        """Return once the partitions just opened are claimed: on a cluster's database
+        they are claimed as they open, and the answer waits for their leaders to be
+        known, so the client's next Metadata names them (broker.broker.Broker)."""
 
 
 class TopicsBroker(TopicStores, Guarded, Protocol):
@@ -138,15 +143,6 @@ def _open_created(
         except KafkaError as exc:
             outcomes[i] = exc
             failed.append(topic)
-
-
-async def _claims_settled(broker: object) -> None:
-    """On a cluster's database, the partitions just opened are claimed as they open:
-    answer once their leaders are known (broker.broker.Broker.claims_settled), so the
-    client's next Metadata names them. Brokers without it (tests' fakes) answer at once."""
-    settled = getattr(broker, "claims_settled", None)
-    if settled is not None:
-        await settled()
 
 
 def open_topic_logs(broker: TopicStores, topic: Topic, event: str) -> None:
@@ -245,7 +241,7 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
         op, applied=lambda outcomes: _open_created(broker, outcomes, created, failed)
     )
     await _undo_creations(broker, failed)
-    await _claims_settled(broker)
+    await broker.claims_settled()
     outcome = outcomes[0]
     if isinstance(outcome, KafkaError):
         raise outcome
@@ -341,7 +337,7 @@ async def create_topics(
         for i in created:
             outcomes[i] = exc
     await _undo_creations(broker, failed)
-    await _claims_settled(broker)
+    await broker.claims_settled()
     m = resp.create_topics_v7
     results = []
     for t, outcome in zip([t.name for t in entries], outcomes, strict=True):
@@ -576,7 +572,7 @@ async def create_partitions(
             exc for _ in req.topics
         ]
     await _undo_growths(broker, failed)
-    await _claims_settled(broker)
+    await broker.claims_settled()
     m = resp.create_partitions_v3
     results = tuple(
         m.CreatePartitionsTopicResult(

@@ -467,6 +467,10 @@ async def test_a_follower_fetch_needs_cluster_action_not_read(
 # -- CreateTopics, DeleteTopics, CreatePartitions, configs --------------------------------
 
 
+async def settled() -> None:
+    """A broker's claims_settled with nothing to wait for (no cluster)."""
+
+
 @pytest.fixture
 async def meta(tmp_path: Path) -> AsyncIterator[Any]:
     commit = GroupCommit()
@@ -481,6 +485,7 @@ async def meta(tmp_path: Path) -> AsyncIterator[Any]:
         topic_deleted_hooks=[],
         authorizer=NO_AUTHORIZER,
         groups=untouchable(),
+        claims_settled=settled,
     )
     try:
         yield broker

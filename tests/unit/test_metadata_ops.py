@@ -64,9 +64,22 @@ class Logs:
         return {name: configs.get(name, key.default) for name, key in TOPIC_KEYS.items()}
 
 
+class Settled:
+    """The broker's `claims_settled`: how many log events there were at each call (an
+    answer waits for the claims of the partitions it opened)."""
+
+    def __init__(self, logs: Logs) -> None:
+        self.logs = logs
+        self.calls: list[int] = []
+
+    async def __call__(self) -> None:
+        self.calls.append(len(self.logs.events))
+
+
 class Broker(SimpleNamespace):
     metadata: MetadataStore
     logs: Logs
+    claims_settled: Settled
 
 
 @pytest.fixture
@@ -88,14 +101,16 @@ def open_broker(tmp_path: Path, commit: GroupCommit) -> Callable[[], Broker]:
             opened[-1].close()
         store = MetadataStore(tmp_path / "meta", commit)
         opened.append(store)
+        logs = Logs()
         return Broker(
             config=BrokerConfig({}),
             node_id=1,
             metadata=store,
-            logs=Logs(),
+            logs=logs,
             topic_changed_hooks=[],
             topic_deleted_hooks=[],
             authorizer=NO_AUTHORIZER,
+            claims_settled=Settled(logs),
         )
 
     return make
@@ -170,6 +185,20 @@ async def test_auto_creation_racing_creates_gets_the_one_topic(
     topics = await asyncio.gather(*(auto_create_topic(broker, "auto") for _ in range(N)))
     assert len({t.topic_id for t in topics}) == 1
     assert [e[0] for e in broker.logs.events] == ["open"]
+
+
+async def test_creations_and_growths_answer_once_their_claims_settled(
+    open_broker: Callable[[], Broker],
+) -> None:
+    """CreateTopics, CreatePartitions and auto-creation wait for the broker's
+    claims_settled after opening their logs (a cluster's leaders known before the
+    answer)."""
+    broker = open_broker()
+    await create_topics(None, _create("t"), broker)
+    await create_partitions(None, _grow("t", 5), broker)
+    await auto_create_topic(broker, "auto")
+    assert [e[0] for e in broker.logs.events] == ["open", "open", "open"]
+    assert broker.claims_settled.calls == [1, 2, 3]
 
 
 async def test_deletes_and_creates_run_in_the_order_they_came(
