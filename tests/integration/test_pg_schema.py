@@ -1,7 +1,9 @@
-"""spool_commit and its migrations against a real PostgreSQL 15 (persister.pg_schema):
-a v1 database is migrated to v2 and keeps its rows, a commit sent again after its first
-attempt was stored (the answer lost) leaves exactly one copy of each batch, with or
-without a truncation between, and a fenced log is left untouched next to an owned one."""
+"""spool_commit, spool_append and their migrations against a real PostgreSQL 15
+(persister.pg_schema): a v1 database is migrated to v2 and keeps its rows, a commit sent
+again after its first attempt was stored (the answer lost) leaves exactly one copy of
+each batch, with or without a truncation between (the commits of one log only appending
+are spool_append's), a fenced log is left untouched next to an owned one, and an append
+racing a claim waits for it and is refused."""
 
 from __future__ import annotations
 
@@ -182,3 +184,32 @@ async def test_two_writers_at_one_offset_of_a_shared_log_never_both_go_in(pg_dsn
         assert [o for o, _ in got] == list(range(20))
     finally:
         await p.close()
+
+
+async def test_an_append_waits_for_a_claim_in_progress_and_is_then_fenced(
+    pool: asyncpg.Pool, pg_dsn: str
+) -> None:
+    """Schema v6's spool_append checks the epoch on the row it locks: an append racing a
+    claim that bumps the epoch waits for the claim's transaction and is refused after
+    it, with nothing of it stored; before the claim it goes in."""
+    committer = PgCommitter(pool)
+    assert await committer._execute([LogWrite(1, 5, "a", [b(0)], None, 1)]) == []
+    claimer = await asyncpg.connect(pg_dsn)
+    try:
+        claim = claimer.transaction()
+        await claim.start()
+        await claimer.execute("UPDATE spool_logs SET leader_epoch = 6 WHERE log_id = 1")
+        append = asyncio.ensure_future(
+            committer._execute([LogWrite(1, 5, "a", [b(1, b"stale")], None, 2)])
+        )
+        await asyncio.sleep(0.2)
+        assert not append.done()  # waiting on the claim's row lock
+        await claim.commit()
+        assert await append == [1]
+    finally:
+        await claimer.close()
+    assert await rows(pool) == [(0, b"x")]
+    assert await pool.fetchval("SELECT next_offset FROM spool_logs WHERE log_id = 1") == 1
+    # The new holder appends under its epoch.
+    assert await committer._execute([LogWrite(1, 6, "a", [b(1, b"new")], None, 2)]) == []
+    assert await rows(pool) == [(0, b"x"), (1, b"new")]

@@ -1,4 +1,5 @@
-"""PgCommitter without a database (a fake asyncpg pool): heavy writes that arrive while a
+"""PgCommitter without a database (a fake asyncpg pool): one log appending alone goes
+through spool_append, anything else through spool_commit; heavy writes that arrive while a
 commit is in flight share the next one, light writes of other logs go in a transaction
 beside it (up to max_in_flight, never two of one log, one at a time during an outage),
 a dead connection is dropped and the commit
@@ -16,6 +17,8 @@ import asyncpg
 import pytest
 import structlog
 
+from persister.pg_commit import _APPEND_SQL as APPEND
+from persister.pg_commit import _COMMIT_SQL as COMMIT
 from persister.pg_commit import _WRITE_PROBE_SQL as WRITE_PROBE
 from persister.pg_commit import Batch, LogWrite, PgCommitter
 from persister.storage import Fenced, StorageUnavailable
@@ -26,18 +29,30 @@ class FakeConnection:
         self.pool = pool
         self.terminated = False
 
-    async def fetchval(self, sql: str, *args: Any) -> list[int]:
-        self.pool.calls.append(args)
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        appending = sql == APPEND
+        self.pool.calls.append(_as_commit_args(args) if appending else args)
         self.pool.statements.append(sql)
         gate = self.pool.gate
         if gate is not None:
             await gate
         if self.pool.failures:
             raise self.pool.failures.pop(0)
-        return list(self.pool.fenced)
+        if appending:
+            return args[0] not in self.pool.fenced
+        return [log_id for log_id in self.pool.fenced if log_id in args[0]]
 
     def terminate(self) -> None:
         self.terminated = True
+
+
+def _as_commit_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """spool_append's arguments as the spool_commit call of the same write has them."""
+    log_id, epoch, next_offset, base, last, ts, data = args
+    return (
+        [log_id], [epoch], [None], [next_offset], [None], [None],
+        [log_id] * len(base), base, last, ts, data,
+    )  # fmt: skip
 
 
 class FakePool:
@@ -188,6 +203,39 @@ async def test_only_the_fenced_logs_writers_are_refused() -> None:
     )
     assert results[0] is None
     assert isinstance(results[1], Fenced)
+
+
+async def test_one_log_appending_alone_commits_with_the_lighter_function() -> None:
+    pool = FakePool()
+    committer = PgCommitter(pool)
+    await committer.commit(write(1, 0))
+    assert pool.statements == [APPEND]
+    # What spool_append cannot do goes to spool_commit: a truncation, a moved log
+    # start, a shared log's expected end, several logs in one transaction.
+    truncating = LogWrite(1, 1, "log-1", [Batch(0, 0, 0, b"y")], 0, 1)
+    moving_start = LogWrite(1, 1, "log-1", [], None, 1, log_start_offset=1)
+    shared = LogWrite(3, 0, "meta", [Batch(0, 0, 0, b"m")], None, 1, expect_end=0)
+    for w in (truncating, moving_start, shared):
+        await committer.commit(w)
+    pool.gate = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(committer.commit(heavy(5, 0)))
+    await turns()
+    together = [asyncio.ensure_future(committer.commit(heavy(i, 0))) for i in (6, 7)]
+    await turns()
+    gate, pool.gate = pool.gate, None
+    gate.set_result(None)
+    await asyncio.gather(first, *together)
+    assert pool.statements == [APPEND, COMMIT, COMMIT, COMMIT, APPEND, COMMIT]
+    assert sorted(pool.calls[-1][0]) == [6, 7]
+
+
+async def test_a_fenced_append_is_refused_as_fenced() -> None:
+    pool = FakePool()
+    pool.fenced = [1]
+    committer = PgCommitter(pool)
+    with pytest.raises(Fenced):
+        await committer.commit(write(1, 0))
+    assert pool.statements == [APPEND]
 
 
 class Clock:
