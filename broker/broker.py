@@ -757,17 +757,22 @@ class CoordinatorLogsHost:
     async def open_coordinator(self, name: str, claimed: ClaimedLog) -> None:
         b = self.broker
         runtime = self._runtime(name)
-        runtime.unload("being loaded")
-        await runtime.quiesce()
-        runtime.record_log.close()  # restore_claimed works on a closed log
-        await self.storage.restore_claimed(name, claimed)
-        record_log = self._log(name)
-        if name == "groups":
-            b.groups.reload(record_log)
-        elif name == "transactions":
-            b.transactions.reload(record_log)
-        else:
-            b.share_persister.reload(record_log)
+        # Until reloaded, its requests are answered COORDINATOR_LOAD_IN_PROGRESS.
+        runtime.begin_loading(f"claimed at epoch {claimed.epoch}")
+        try:
+            await runtime.quiesce()
+            runtime.record_log.close()  # restore_claimed works on a closed log
+            await self.storage.restore_claimed(name, claimed)
+            record_log = self._log(name)
+            if name == "groups":
+                b.groups.reload(record_log)
+            elif name == "transactions":
+                b.transactions.reload(record_log)
+            else:
+                b.share_persister.reload(record_log)
+        except BaseException:
+            runtime.unload("its load failed")
+            raise
         log.info("coordinator_loaded", log=name, epoch=claimed.epoch)
 
     async def release_coordinator(self, name: str, reason: str) -> None:

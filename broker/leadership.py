@@ -45,8 +45,10 @@ broker alone gets all three, three brokers one each), claimed conditionally with
 cleared, log replayed, timers started); a release (the layout moved it) stops taking
 writes, lets the ones in flight finish and unloads; a claim by another broker (this one
 was fenced) unloads at once. `coordinator(log)` names the live holder, which
-FindCoordinator answers; a broker that does not lead a coordinator log refuses its
-requests with NOT_COORDINATOR (coordinator.runtime's `unload`). When the holder dies,
+FindCoordinator answers, the claimer from its claim on; a broker that does not lead a
+coordinator log refuses its requests with NOT_COORDINATOR (coordinator.runtime's
+`unload`), and the claimer, while it loads the log, with COORDINATOR_LOAD_IN_PROGRESS
+(`begin_loading`), which clients retry on the same broker. When the holder dies,
 its lease expires after `broker.session.timeout.ms` and the next broker in the layout
 claims the log at its next heartbeat.
 
@@ -451,13 +453,17 @@ class Leadership:
             return
         self.claims += 1
         self.mine[name] = claimed.epoch
+        # Named as the coordinator from the claim on, while it loads too (its requests
+        # are answered COORDINATOR_LOAD_IN_PROGRESS meanwhile), as Kafka's
+        # FindCoordinator names a coordinator partition's leader whether it loaded or not.
+        self._holders[name] = Holder(self._node_id, claimed.epoch)
         try:
             await self.coordinators.open_coordinator(name, claimed)
         except BaseException:
             # Claimed but not loaded: the next reconcile claims it again (epoch + 1).
             del self.mine[name]
+            self._holders.pop(name, None)
             raise
-        self._holders[name] = Holder(self._node_id, claimed.epoch)
         log.info("coordinator_led", log=name, epoch=claimed.epoch)
 
     async def _release_coordinator(self, name: str, epoch: int, reason: str) -> None:

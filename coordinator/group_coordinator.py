@@ -268,11 +268,8 @@ class GroupCoordinator:
         self.start()
 
     def _check_coordinator(self) -> None:
-        if self.runtime.fenced is not None:
-            raise KafkaError(
-                ErrorCode.not_coordinator,
-                f"the groups log was claimed by another broker: {self.runtime.fenced}",
-            )
+        # NOT_COORDINATOR, or COORDINATOR_LOAD_IN_PROGRESS while the log loads here.
+        self.runtime.check_led()
 
     # -- records ----------------------------------------------------------------
 

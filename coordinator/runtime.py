@@ -47,6 +47,13 @@ succeeds. If the truncation itself fails, the log's files may disagree with memo
 runtime refuses every later write with KAFKA_STORAGE_ERROR until a restart replays the
 log.
 
+Leadership (broker.leadership, on a cluster): a runtime whose log this broker does not
+lead refuses every operation with NOT_COORDINATOR (`unload`), and one whose log it
+claimed and is loading (restoring it from the database, replaying it) with
+COORDINATOR_LOAD_IN_PROGRESS (`begin_loading`, until `reopen`), as Kafka's
+CoordinatorRuntime answers for a context in state LOADING: the client retries the same
+broker rather than looking the coordinator up again.
+
 Compaction: a runtime with a `Compaction` compacts the log's closed segments in the
 background after a segment roll, off the event loop, swapping the result in on the loop;
 only segments whose records are all committed are touched, and a plan made while a
@@ -137,6 +144,21 @@ class NotLed(Fenced):
 
     def __init__(self, name: str, reason: str) -> None:
         OSError.__init__(self, errno.EPERM, f"this broker does not lead the {name} log: {reason}")
+        self.log_name = name
+        self.epoch = 0
+
+
+class Loading(NotLed):
+    """Why a runtime refuses every operation while this broker, which claimed its log,
+    restores and replays it (`CoordinatorRuntime.begin_loading`): Kafka's coordinator in
+    state LOADING, whose requests are answered COORDINATOR_LOAD_IN_PROGRESS (the client
+    retries the same broker) rather than NOT_COORDINATOR (it looks the coordinator up
+    again)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        OSError.__init__(
+            self, errno.EAGAIN, f"this broker is loading the {name} log it leads: {reason}"
+        )
         self.log_name = name
         self.epoch = 0
 
@@ -427,6 +449,8 @@ class CoordinatorRuntime(Generic[R]):
             self.on_fenced()
 
     def _not_coordinator(self) -> KafkaError:
+        if isinstance(self.fenced, Loading):
+            return KafkaError(ErrorCode.coordinator_load_in_progress, str(self.fenced.strerror))
         if isinstance(self.fenced, NotLed):
             return KafkaError(ErrorCode.not_coordinator, str(self.fenced.strerror))
         return KafkaError(
@@ -439,11 +463,35 @@ class CoordinatorRuntime(Generic[R]):
     def unload(self, reason: str) -> None:
         """This broker does not lead the log (never claimed here, or handed over): every
         operation from now on answers NOT_COORDINATOR without writing, and no checkpoint
-        is written of the state the coordinator then clears. `reopen` undoes it."""
-        if self.fenced is None:
+        is written of the state the coordinator then clears. `reopen` undoes it. A load
+        under way (`begin_loading`) that is given up is unloaded so too."""
+        if self.fenced is None or isinstance(self.fenced, Loading):
             self.fenced = NotLed(self.name, reason)
             log.info("coordinator_unloaded", runtime=self.name, reason=reason)
         self._since_checkpoint = 0
+
+    def begin_loading(self, reason: str) -> None:
+        """This broker claimed the log and is loading it (restoring it from the database,
+        then `reopen` and the state machine's replay): every operation until `reopen`
+        answers COORDINATOR_LOAD_IN_PROGRESS without writing, as Kafka's
+        CoordinatorRuntime and TransactionStateManager answer for a coordinator
+        partition they are loading. `unload` ends it if the load is given up."""
+        self.fenced = Loading(self.name, reason)
+        self._since_checkpoint = 0
+        log.info("coordinator_loading", runtime=self.name, reason=reason)
+
+    @property
+    def loading(self) -> bool:
+        """Whether the log is being loaded here (`begin_loading`, until `reopen`)."""
+        return isinstance(self.fenced, Loading)
+
+    def check_led(self) -> None:
+        """Raise what every operation is answered while this broker does not serve the
+        log: NOT_COORDINATOR (not led here, or claimed by another broker), or
+        COORDINATOR_LOAD_IN_PROGRESS (being loaded). For reads, which do not go
+        through `run`."""
+        if self.fenced is not None:
+            raise self._not_coordinator()
 
     async def quiesce(self, timeout_s: float = 10.0) -> None:
         """Wait (at most `timeout_s`) for the operations holding or waiting for a key to

@@ -47,7 +47,7 @@ from persister.share_compaction import plan_share_compaction, write_cleaned_segm
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
 from persister.spark import adopt as spark_adopt
 from persister.storage import FILE_STORAGE, CoordinatorLog, StorageEngine
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import KafkaError
 
 log = structlog.get_logger("spool.share_coordinator")
 
@@ -195,12 +195,9 @@ class _ShardPersister:
         await self.runtime.run(key, lambda: self.shard.delete_state(key))
 
     async def read_summary(self, key: ShareStateKey) -> ShareState:
-        # A read: committed state only, nothing to write.
-        if self.runtime.fenced is not None:
-            raise KafkaError(
-                ErrorCode.not_coordinator,
-                f"the share-state log was claimed by another broker: {self.runtime.fenced}",
-            )
+        # A read: committed state only, nothing to write. NOT_COORDINATOR, or
+        # COORDINATOR_LOAD_IN_PROGRESS while the log loads here.
+        self.runtime.check_led()
         return self.shard.read_summary(key)
 
     def load(self) -> int:

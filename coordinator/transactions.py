@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import struct
 from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -964,3 +965,74 @@ class TransactionCoordinator:
 
     def describe(self) -> Mapping[str, TxnMetadata]:
         return dict(self.transactions)
+
+    # -- DescribeTransactions / ListTransactions ----------------------------------
+
+    def describe_transaction(self, transactional_id: str) -> TxnMetadata:
+        """One transactional id's state, as Kafka's handleDescribeTransactions answers
+        it: NOT_COORDINATOR on a broker that does not lead the transactions log (the
+        admin client asks its coordinator), COORDINATOR_LOAD_IN_PROGRESS while this one
+        loads it, TRANSACTIONAL_ID_NOT_FOUND for an id it does not know (or expiring)."""
+        if not transactional_id:
+            raise KafkaError(ErrorCode.invalid_request, "The transactional id must not be empty")
+        self.runtime.check_led()
+        m = self.transactions.get(transactional_id)
+        if m is None or m.state == S.DEAD:
+            raise KafkaError(
+                ErrorCode.transactional_id_not_found,
+                f"The transaction coordinator knows no transactional id {transactional_id!r}",
+            )
+        return m
+
+    def list_transactions(
+        self,
+        *,
+        states: Collection[str] = (),
+        producer_ids: Collection[int] = (),
+        min_duration_ms: int = -1,
+        pattern: str | None = None,
+    ) -> ListedTransactions:
+        """The transactional ids this broker coordinates that pass every filter, as
+        Kafka's TransactionStateManager.listTransactionStates lists those of the
+        coordinator partitions the broker leads: none on a broker that does not lead
+        the transactions log (the admin client asks every broker and merges),
+        COORDINATOR_LOAD_IN_PROGRESS while this one loads it. A state name Kafka does
+        not know is returned in `unknown_state_filters`; `min_duration_ms` >= 0 keeps
+        transactions running longer than it; `pattern` (a regular expression, matched
+        against the whole id) INVALID_REGULAR_EXPRESSION when it does not compile."""
+        if self.runtime.loading:
+            self.runtime.check_led()
+        by_name = {state.state_name: state for state in TxnState}
+        wanted = {by_name[name] for name in states if name in by_name}
+        unknown = [name for name in states if name not in by_name]
+        matcher = None
+        if pattern:
+            try:
+                matcher = re.compile(pattern)
+            except re.error as exc:
+                raise KafkaError(
+                    ErrorCode.invalid_regular_expression,
+                    f"Transaction ID pattern `{pattern}` is not a valid regular expression: {exc}.",
+                ) from None
+        now = self.clock.now_ms()
+        found = []
+        if self.runtime.fenced is None:
+            for m in self.transactions.values():
+                if (
+                    m.state == S.DEAD
+                    or (producer_ids and m.producer_id not in producer_ids)
+                    or (states and m.state not in wanted)
+                    or (min_duration_ms >= 0 and now - m.txn_start_ms <= min_duration_ms)
+                    or (matcher is not None and matcher.fullmatch(m.transactional_id) is None)
+                ):
+                    continue
+                found.append(m)
+        return ListedTransactions(sorted(found, key=lambda m: m.transactional_id), tuple(unknown))
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTransactions:
+    """What `TransactionCoordinator.list_transactions` found."""
+
+    transactions: list[TxnMetadata]
+    unknown_state_filters: tuple[str, ...]

@@ -84,6 +84,9 @@ APIS: tuple[Api, ...] = (
     Api(25, 0, 4, transactions.add_offsets_to_txn),
     Api(26, 0, 4, transactions.end_txn),
     Api(28, 0, 5, transactions.txn_offset_commit),
+    Api(65, 0, 0, transactions.describe_transactions),
+    # v1 adds the duration filter (KIP-994), v2 the transactional id pattern (KIP-1152).
+    Api(66, 0, 2, transactions.list_transactions),
     Api(19, 2, 7, topics.create_topics),
     Api(20, 1, 6, topics.delete_topics),
     Api(37, 0, 3, topics.create_partitions),

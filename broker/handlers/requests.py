@@ -79,6 +79,7 @@ from kio.schema.describe_configs import v3 as describe_configs_v3
 from kio.schema.describe_configs import v4 as describe_configs_v4
 from kio.schema.describe_share_group_offsets import v0 as describe_share_group_offsets_v0
 from kio.schema.describe_share_group_offsets import v1 as describe_share_group_offsets_v1
+from kio.schema.describe_transactions import v0 as describe_transactions_v0
 from kio.schema.describe_user_scram_credentials import v0 as describe_user_scram_credentials_v0
 from kio.schema.end_txn import v0 as end_txn_v0
 from kio.schema.end_txn import v1 as end_txn_v1
@@ -133,6 +134,9 @@ from kio.schema.list_offsets import v8 as list_offsets_v8
 from kio.schema.list_offsets import v9 as list_offsets_v9
 from kio.schema.list_offsets import v10 as list_offsets_v10
 from kio.schema.list_offsets import v11 as list_offsets_v11
+from kio.schema.list_transactions import v0 as list_transactions_v0
+from kio.schema.list_transactions import v1 as list_transactions_v1
+from kio.schema.list_transactions import v2 as list_transactions_v2
 from kio.schema.metadata import v0 as metadata_v0
 from kio.schema.metadata import v1 as metadata_v1
 from kio.schema.metadata import v2 as metadata_v2
@@ -388,6 +392,12 @@ EndTxnRequest: TypeAlias = (
     | end_txn_v4.EndTxnRequest
 )
 
+DescribeTransactionsRequest: TypeAlias = describe_transactions_v0.DescribeTransactionsRequest
+ListTransactionsRequest: TypeAlias = (
+    list_transactions_v0.ListTransactionsRequest
+    | list_transactions_v1.ListTransactionsRequest
+    | list_transactions_v2.ListTransactionsRequest
+)
 DeleteGroupsRequest: TypeAlias = (
     delete_groups_v0.DeleteGroupsRequest
     | delete_groups_v1.DeleteGroupsRequest

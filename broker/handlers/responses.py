@@ -46,6 +46,7 @@ __all__ = [
     "describe_cluster_v2",
     "describe_configs_v4",
     "describe_share_group_offsets_v1",
+    "describe_transactions_v0",
     "describe_user_scram_credentials_v0",
     "end_txn_v4",
     "fetch_v12",
@@ -57,6 +58,7 @@ __all__ = [
     "initialize_share_group_state_v0",
     "list_groups_v5",
     "list_offsets_v11",
+    "list_transactions_v2",
     "metadata_v10",
     "metadata_v13",
     "produce_v12",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from kio.schema.describe_share_group_offsets.v1 import (
         response as describe_share_group_offsets_v1,
     )
+    from kio.schema.describe_transactions.v0 import response as describe_transactions_v0
     from kio.schema.describe_user_scram_credentials.v0 import (
         response as describe_user_scram_credentials_v0,
     )
@@ -112,6 +115,7 @@ if TYPE_CHECKING:
     )
     from kio.schema.list_groups.v5 import response as list_groups_v5
     from kio.schema.list_offsets.v11 import response as list_offsets_v11
+    from kio.schema.list_transactions.v2 import response as list_transactions_v2
     from kio.schema.metadata.v10 import response as metadata_v10
     from kio.schema.metadata.v13 import response as metadata_v13
     from kio.schema.produce.v12 import response as produce_v12
@@ -168,6 +172,8 @@ else:
         "kio.schema.initialize_share_group_state.v0.response"
     )
     list_groups_v5 = lazy_module("kio.schema.list_groups.v5.response")
+    list_transactions_v2 = lazy_module("kio.schema.list_transactions.v2.response")
+    describe_transactions_v0 = lazy_module("kio.schema.describe_transactions.v0.response")
     list_offsets_v11 = lazy_module("kio.schema.list_offsets.v11.response")
     metadata_v10 = lazy_module("kio.schema.metadata.v10.response")
     metadata_v13 = lazy_module("kio.schema.metadata.v13.response")

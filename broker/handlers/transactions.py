@@ -1,6 +1,14 @@
 """Transactions: InitProducerId with a transactional id, AddPartitionsToTxn,
-AddOffsetsToTxn, TxnOffsetCommit, EndTxn, the produce-side verification guard, and the
-markers EndTxn writes (`coordinator.transactions` holds the state).
+AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions, ListTransactions, the
+produce-side verification guard, and the markers EndTxn writes
+(`coordinator.transactions` holds the state).
+
+On a cluster, one broker leads the transactions log (broker.leadership): the others
+answer its requests NOT_COORDINATOR, and the claimer COORDINATOR_LOAD_IN_PROGRESS while
+it loads the log (coordinator.runtime's `begin_loading`), as Kafka's
+TransactionStateManager does for a partition in `loadingPartitions`. ListTransactions
+lists what the asked broker coordinates, none elsewhere: `spool transactions --list`
+asks every broker, as kafka-transactions.sh does.
 
 As Kafka 4.2 with transaction.version 1 (spool does not finalize transaction.version 2,
 KIP-890 part 2): EndTxn is served up to v4, since v5 means an epoch bump per transaction;
@@ -24,11 +32,12 @@ and TxnOffsetCommit READ on the group, TxnOffsetCommit READ on each topic.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+import datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 from kio.schema.types import ProducerId, TopicName, TransactionalId
-from kio.static.primitive import i16, i32
+from kio.static.primitive import TZAware, i16, i32, i32Timedelta
 
 from broker.handlers import responses as resp
 from broker.handlers.access import Guarded
@@ -53,8 +62,10 @@ if TYPE_CHECKING:
         AddOffsetsToTxnRequest,
         AddPartitionsToTxnBatchRequest,
         AddPartitionsToTxnRequest,
+        DescribeTransactionsRequest,
         EndTxnRequest,
         InitProducerIdRequest,
+        ListTransactionsRequest,
         TxnOffsetCommitRequest,
     )
     from broker.partitions import LogManager, Partition
@@ -202,6 +213,12 @@ async def _add_one(
         }
     coordinator = broker.transactions
     if verify_only:
+        try:
+            # Kafka's handleVerifyPartitionsInTransaction: NOT_COORDINATOR, or
+            # COORDINATOR_LOAD_IN_PROGRESS while the transactions log loads here.
+            coordinator.runtime.check_led()
+        except KafkaError as exc:
+            return dict.fromkeys(wanted, exc.code)
         return coordinator.verify(transactional_id, producer_id, producer_epoch, wanted)
     try:
         await coordinator.add_partitions(transactional_id, producer_id, producer_epoch, wanted)
@@ -385,6 +402,129 @@ async def end_txn(
         _log_refused("EndTxn", req.transactional_id, exc, ctx.header.client_id or "")
         code = _code(exc, ctx.api_version, 2)
     return resp.end_txn_v4.EndTxnResponse(throttle_time=NO_THROTTLE, error_code=code)
+
+
+# ------------------------------------------------------------------ DescribeTransactions
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+async def describe_transactions(
+    ctx: RequestContext, req: DescribeTransactionsRequest, broker: TxnBroker
+) -> resp.describe_transactions_v0.DescribeTransactionsResponse:
+    """Each transactional id's state, as Kafka's handleDescribeTransactionsRequest: DESCRIBE
+    on the id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), then the coordinator's answer,
+    NOT_COORDINATOR on a broker that does not lead the transactions log (the admin
+    client asks the id's coordinator, FindCoordinator), COORDINATOR_LOAD_IN_PROGRESS
+    while this one loads it; the partitions of topics the principal may not DESCRIBE
+    are left out."""
+    m = resp.describe_transactions_v0
+    az = broker.authorizer
+
+    def failed(transactional_id: str, code: ErrorCode) -> Any:
+        # Kafka sets only the id and the error: the other fields keep their zero defaults.
+        return m.TransactionState(
+            error_code=code,
+            transactional_id=TransactionalId(transactional_id),
+            transaction_state="",
+            transaction_timeout=i32Timedelta.parse(datetime.timedelta(0)),
+            transaction_start_time=TZAware.parse(_EPOCH),
+            producer_id=ProducerId(0),
+            producer_epoch=i16(0),
+            topics=(),
+        )
+
+    states = []
+    for transactional_id in req.transactional_ids:
+        if not az.allows(
+            ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, transactional_id
+        ):
+            states.append(failed(transactional_id, ErrorCode.transactional_id_authorization_failed))
+            continue
+        try:
+            t = broker.transactions.describe_transaction(transactional_id)
+        except KafkaError as exc:
+            states.append(failed(transactional_id, exc.code))
+            continue
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(t.partitions):
+            by_topic.setdefault(topic, []).append(partition)
+        visible = set(az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, sorted(by_topic)))
+        states.append(
+            m.TransactionState(
+                error_code=ErrorCode.none,
+                transactional_id=TransactionalId(transactional_id),
+                transaction_state=t.state.state_name,
+                transaction_timeout=i32Timedelta.parse(
+                    datetime.timedelta(milliseconds=t.txn_timeout_ms)
+                ),
+                # -1 before the first transaction, as Kafka sends it (kio's type
+                # checks a timestamp on reading only).
+                transaction_start_time=cast(
+                    TZAware, _EPOCH + datetime.timedelta(milliseconds=t.txn_start_ms)
+                ),
+                producer_id=ProducerId(t.producer_id),
+                producer_epoch=i16(t.producer_epoch),
+                topics=tuple(
+                    m.TopicData(topic=TopicName(topic), partitions=tuple(i32(p) for p in parts))
+                    for topic, parts in by_topic.items()
+                    if topic in visible
+                ),
+            )
+        )
+    return m.DescribeTransactionsResponse(
+        throttle_time=NO_THROTTLE, transaction_states=tuple(states)
+    )
+
+
+# ------------------------------------------------------------------ ListTransactions
+
+
+async def list_transactions(
+    ctx: RequestContext, req: ListTransactionsRequest, broker: TxnBroker
+) -> resp.list_transactions_v2.ListTransactionsResponse:
+    """The transactions this broker coordinates, as Kafka's handleListTransactionsRequest:
+    only those of the transactions log it leads (none elsewhere: the admin client and
+    kafka-transactions.sh ask every broker and merge), COORDINATOR_LOAD_IN_PROGRESS
+    while it loads it, and only ids the principal may DESCRIBE. v1 adds the duration
+    filter (KIP-994), v2 the transactional id pattern (KIP-1152)."""
+    m = resp.list_transactions_v2
+    try:
+        listed = broker.transactions.list_transactions(
+            states=list(req.state_filters),
+            producer_ids={int(pid) for pid in req.producer_id_filters},
+            min_duration_ms=int(getattr(req, "duration_filter", -1)),  # v1+
+            pattern=getattr(req, "transactional_id_pattern", None),  # v2+
+        )
+    except KafkaError as exc:
+        log.info(
+            "list_transactions_refused",
+            error=exc.code.name,
+            reason=exc.message,
+            client_id=ctx.header.client_id or "",
+        )
+        return m.ListTransactionsResponse(
+            throttle_time=NO_THROTTLE, error_code=exc.code, transaction_states=()
+        )
+    ids = [t.transactional_id for t in listed.transactions]
+    allowed = set(
+        broker.authorizer.filter(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, ids)
+    )
+    return m.ListTransactionsResponse(
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        unknown_state_filters=listed.unknown_state_filters,
+        transaction_states=tuple(
+            m.TransactionState(
+                transactional_id=TransactionalId(t.transactional_id),
+                producer_id=ProducerId(t.producer_id),
+                transaction_state=t.state.state_name,
+            )
+            for t in listed.transactions
+            if t.transactional_id in allowed
+        ),
+    )
 
 
 # ------------------------------------------------------------------ markers

@@ -251,6 +251,13 @@ class Backoff:
         return int(term * spread)
 
 
+def _loading(persister: Persister) -> bool:
+    """Whether the local share coordinator is loading its log (coordinator.runtime's
+    `begin_loading`); a persister without a runtime never is."""
+    runtime = getattr(persister, "runtime", None)
+    return bool(getattr(runtime, "loading", False))
+
+
 class _Retry(Exception):
     """The coordinator could not be found this time (retriable)."""
 
@@ -615,10 +622,12 @@ class RoutedPersister:
 
     async def _is_local(self) -> bool:
         """Whether this broker leads the share-state log (no look-up over the network:
-        the common case, and a broker alone, costs one view look-up)."""
+        the common case, and a broker alone, costs one view look-up) and has loaded it.
+        While it loads the log it claimed, calls take the retrying path (`_run`): the
+        local share coordinator answers COORDINATOR_LOAD_IN_PROGRESS until loaded."""
         view = self._cluster()
         leader = view.coordinator(SHARE_STATE_LOG)
-        return leader is not None and view.is_local(leader)
+        return leader is not None and view.is_local(leader) and not _loading(self.local)
 
     async def _target(self, key: ShareStateKey) -> Target | None:
         """Where the share coordinator is now: None for this broker, else the leader's
@@ -714,12 +723,15 @@ class RoutedPersister:
                 if target is None:
                     results = await rpc.local(self.local, [items[i] for i in pending])
                     for i, result in zip(pending, results, strict=True):
-                        if (
-                            isinstance(result, KafkaError)
-                            and result.code == ErrorCode.not_coordinator
-                            and not await self._is_local()
+                        if isinstance(result, KafkaError) and (
+                            result.code == ErrorCode.coordinator_load_in_progress
+                            or (
+                                result.code == ErrorCode.not_coordinator
+                                and not await self._is_local()
+                            )
                         ):
-                            # The share-state log moved while the call ran here: go there.
+                            # This broker is still loading the share-state log it
+                            # claimed, or the log moved while the call ran here: retry.
                             last[i] = result
                             retry.append(i)
                         else:

@@ -584,3 +584,22 @@ def test_a_clustered_broker_without_a_plaintext_inter_broker_listener_is_refused
     assert "secret" not in str(raised.value)
     # A broker on the file engine is alone: nothing to refuse.
     assert _inter_broker(sasl_only, clustered=False) == "PLAINTEXT"
+
+
+async def test_a_local_share_coordinator_still_loading_is_retried_after_a_backoff() -> None:
+    # This broker claimed the share-state log and loads it: the view names it (as
+    # FindCoordinator does) and its share coordinator answers COORDINATOR_LOAD_IN_PROGRESS
+    # until loaded, which is retried here, as Kafka's PersisterStateManager retries it.
+    h = Harness(leader_id=1)
+    await h.seed()
+    h.local.runtime.begin_loading("claimed at epoch 2")
+    loaded = h.local.runtime.record_log
+
+    def finish_loading() -> None:
+        h.local.reload(loaded)
+
+    h.clock.call_at(h.clock.now_ms() + 1, finish_loading)
+    await h.run(h.persister.write_state(KEY, 0, 0, 0, _batches()))
+    assert h.transport.sent == []
+    assert len(h.waits) == 1
+    assert (await h.local.read_state(KEY, 0)).batches == _batches()
