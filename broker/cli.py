@@ -80,6 +80,7 @@ TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.users",
     "broker.tools.storage",
     "broker.tools.migrate",
+    "broker.tools.transactions",
     "persister.spark.audit",
     "persister.spark.compact",
 )

@@ -42,6 +42,7 @@ LIST_OFFSETS, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 2, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DELETE_GROUPS = 32, 44, 42
 SHARE_GROUP_DESCRIBE = 77
 DESCRIBE_CLUSTER = 60
+LIST_TRANSACTIONS = 66
 DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS = 90, 91, 92
 
 # The versions this client can build and read, per api key: the broker's ApiVersions
@@ -62,6 +63,7 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
     ALTER_SHARE_GROUP_OFFSETS: (0, 0),
     DELETE_SHARE_GROUP_OFFSETS: (0, 0),
+    LIST_TRANSACTIONS: (0, 2),  # v1 the duration filter, v2 the id pattern
 }
 API_VERSIONS_VERSION = 3
 
@@ -193,6 +195,16 @@ class GroupListing:
     group_id: str
     state: str
     type: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    """A transaction as ListTransactions lists it, with the broker that coordinates it."""
+
+    transactional_id: str
+    coordinator: int
+    producer_id: int
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -812,6 +824,60 @@ class AdminClient:
             for g in resp.groups:
                 seen[g.group_id] = GroupListing(g.group_id, g.group_state, g.group_type)
         return sorted(seen.values(), key=lambda g: g.group_id)
+
+    async def list_transactions(
+        self,
+        states: Iterable[str] = (),
+        producer_ids: Iterable[int] = (),
+        duration_ms: int = -1,
+        pattern: str | None = None,
+    ) -> list[TransactionListing]:
+        """ListTransactions on every live broker, each listing the transactions it
+        coordinates, merged (Kafka's Admin.listTransactions, AllBrokersStrategy). A
+        broker still loading its transactions log (COORDINATOR_LOAD_IN_PROGRESS) or
+        without one available is asked again after a backoff, within the timeout; a
+        filter a broker's version cannot carry is an error, not dropped."""
+        deadline = self._deadline()
+        await self._metadata([], deadline)
+        body: dict[str, Any] = {
+            "state_filters": list(states),
+            "producer_id_filters": list(producer_ids),
+            "duration_filter": duration_ms,
+            "transactional_id_pattern": pattern,
+        }
+        found: list[TransactionListing] = []
+        nodes = sorted(self._nodes.values(), key=lambda n: n.node_id)
+        for node in nodes:
+            address = (node.host, node.port)
+            conn = await self._connection(address, deadline)
+            version = self._version(conn, LIST_TRANSACTIONS)
+            if (duration_ms >= 0 and version < 1) or (pattern and version < 2):
+                raise AdminError(
+                    "UNSUPPORTED_VERSION",
+                    f"broker {node.node_id} answers ListTransactions v{version}, which has no "
+                    + ("duration filter" if version < 1 else "transactional id pattern"),
+                )
+            backoff = BACKOFF_MS
+            while True:
+                resp = await self._send(address, LIST_TRANSACTIONS, body, deadline)
+                code = ErrorCode(resp.error_code)
+                if code not in (
+                    ErrorCode.coordinator_load_in_progress,
+                    ErrorCode.coordinator_not_available,
+                ):
+                    break
+                if deadline - asyncio.get_running_loop().time() <= backoff / 1000:
+                    break
+                await asyncio.sleep(backoff / 1000)
+                backoff = min(backoff * 2, BACKOFF_MAX_MS)
+            check(code, None, f"ListTransactions on broker {node.node_id} failed")
+            found += [
+                TransactionListing(
+                    t.transactional_id, node.node_id, int(t.producer_id), t.transaction_state
+                )
+                for t in resp.transaction_states
+            ]
+        return found
 
     async def describe_share_group(self, group: str) -> ShareGroupDescription:
         async def call(address: tuple[str, int], deadline: float) -> Any:

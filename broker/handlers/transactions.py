@@ -195,10 +195,15 @@ async def _add_one(
         denied = set(names) - set(
             az.filter(ctx, AclOperation.WRITE, ResourceType.TOPIC, names, log_denied=True)
         )
+    # Known to the cluster's metadata (Kafka's metadataCache.contains): on a cluster the
+    # partition is usually led by another broker than the transaction coordinator.
+    topics = broker.metadata.state.topics
     unknown = {
-        tp
-        for tp in wanted
-        if tp[0] not in denied and broker.logs.get(tp[0], tp[1]) is None and tp[0] != OFFSETS_TOPIC
+        (name, index)
+        for name, index in wanted
+        if name not in denied
+        and name != OFFSETS_TOPIC
+        and (name not in topics or not 0 <= index < topics[name].partitions)
     }
     if unknown or denied:
         # Any denied or unknown partition fails the whole request; the others were not
