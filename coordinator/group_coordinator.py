@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ EXPIRY_SWEEP_MS = 250
 # before it initializes the partition itself (Kafka's offsets.commit.timeout.ms).
 INITIALIZE_WAIT_MS = OFFSETS_COMMIT_TIMEOUT_MS
 
+_SHARE_GROUP_RECORDS = typing.get_args(ShareGroupRecord)
 # Records that only remove a member: for a group that is not there they change nothing.
 _MEMBER_TOMBSTONES = (
     ShareGroupMemberMetadataTombstone,
@@ -278,6 +280,15 @@ class GroupCoordinator:
         if isinstance(record, GroupConfigRecord):
             (self.legacy_configs if self.configs_in_metadata else self.configs).replay(record)
             return
+        if not isinstance(record, _SHARE_GROUP_RECORDS):
+            # Consumer-group, classic-group and offset records: the codec knows them, but
+            # this coordinator serves share groups only; a log holding them was written by
+            # a spool that serves those groups, and loading it here would lose them.
+            raise ValueError(
+                f"the groups log holds a {type(record).__name__} record (group "
+                f"{record.group_id!r}): consumer and classic groups are not served by this "
+                "version of spool"
+            )
         group = self.groups.get(record.group_id)
         if isinstance(record, ShareGroupTombstone):
             if group is not None:

@@ -1,4 +1,5 @@
-"""Codec for the group coordinator's records (share groups and group configs) in `data/groups/`.
+"""Codec for the group coordinator's records (share, consumer and classic groups, their
+committed offsets, group configs) in `data/groups/`.
 
 The records are the dataclasses of `coordinator.share_group` and
 `coordinator.group_config`. Each is stored under a key named after Kafka's record type,
@@ -14,8 +15,23 @@ newest record per key (one key per group-metadata piece, per member, per config)
     15    ShareGroupStatePartitionMetadata    group_id
     4     ConfigRecord                        resource_type (32, GROUP), resource_name, config
 
-(the share-group numbers are the `apiKey`s of Kafka 4.2's ShareGroup*Key.json coordinator
-keys; ConfigRecord is the KRaft metadata record Kafka stores group configs as). The key
+and, for consumer and classic groups and their committed offsets (coordinator.offsets,
+coordinator.classic_group, coordinator.consumer_group):
+
+    1     OffsetCommit                            group_id, topic, partition
+    2     GroupMetadata                           group_id
+    3     ConsumerGroupMetadata                   group_id
+    5     ConsumerGroupMemberMetadata             group_id, member_id
+    6     ConsumerGroupTargetAssignmentMetadata   group_id
+    7     ConsumerGroupTargetAssignmentMember     group_id, member_id
+    8     ConsumerGroupCurrentMemberAssignment    group_id, member_id
+    16    ConsumerGroupRegularExpression          group_id, regex
+    1000  PendingTxnOffsetCommit                  group_id, producer_id, topic, partition
+
+(the numbers are the `apiKey`s of Kafka 4.2's group coordinator record keys; 1000 is
+spool's own, for transactional offsets, see coordinator.offsets; ConfigRecord is the
+KRaft metadata record Kafka stores group configs as, and keeps its own key shape, so its
+4 is told from ConsumerGroupPartitionMetadata's, which Kafka 4.2 no longer writes). The key
 is compact JSON: `{"type": 10, "name": "ShareGroupMemberMetadata", "group_id": ...}`; the
 value is spool's own JSON layout of the other fields with a `version`, or null for a
 tombstone, as Kafka deletes a key. A group's deletion is tombstones on its three
@@ -29,18 +45,28 @@ reads both, and `compaction_keys` maps both onto the keys above.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import uuid
 from collections.abc import Hashable, Mapping
 from typing import Any
 
+from coordinator import classic_group as cl
+from coordinator import consumer_group as cg
+from coordinator import offsets as of
 from coordinator import share_group as sg
 from coordinator.assignor import TopicMetadata
 from coordinator.group_config import GroupConfigRecord
 from persister.coordinator_log import KeyValue
 
-GroupRecord = sg.ShareGroupRecord | GroupConfigRecord
+GroupRecord = (
+    sg.ShareGroupRecord
+    | GroupConfigRecord
+    | cg.ConsumerGroupRecord
+    | cl.ClassicGroupRecord
+    | of.OffsetRecord
+)
 
 VALUE_VERSION = 0
 # Kafka's ConfigResource.Type.GROUP.
@@ -53,8 +79,26 @@ SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER = 13
 SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT = 14
 SHARE_GROUP_STATE_PARTITION_METADATA = 15
 CONFIG_RECORD = 4
+OFFSET_COMMIT = 1
+GROUP_METADATA = 2
+CONSUMER_GROUP_METADATA = 3
+CONSUMER_GROUP_MEMBER_METADATA = 5
+CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA = 6
+CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER = 7
+CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT = 8
+CONSUMER_GROUP_REGULAR_EXPRESSION = 16
+PENDING_TXN_OFFSET_COMMIT = 1000
 
 TYPE_NAMES = {
+    OFFSET_COMMIT: "OffsetCommit",
+    GROUP_METADATA: "GroupMetadata",
+    CONSUMER_GROUP_METADATA: "ConsumerGroupMetadata",
+    CONSUMER_GROUP_MEMBER_METADATA: "ConsumerGroupMemberMetadata",
+    CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA: "ConsumerGroupTargetAssignmentMetadata",
+    CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER: "ConsumerGroupTargetAssignmentMember",
+    CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT: "ConsumerGroupCurrentMemberAssignment",
+    CONSUMER_GROUP_REGULAR_EXPRESSION: "ConsumerGroupRegularExpression",
+    PENDING_TXN_OFFSET_COMMIT: "PendingTxnOffsetCommit",
     SHARE_GROUP_MEMBER_METADATA: "ShareGroupMemberMetadata",
     SHARE_GROUP_METADATA: "ShareGroupMetadata",
     SHARE_GROUP_TARGET_ASSIGNMENT_METADATA: "ShareGroupTargetAssignmentMetadata",
@@ -96,6 +140,43 @@ _GROUP_KEYS = (
 _KEY_FIELDS = frozenset({"group_id", "member_id"})
 _ASSIGNMENTS = {"assignment", "initializing", "initialized"}
 
+# The consumer-group, classic-group and offset records: their key fields after group_id.
+_MEMBER_KEY = ("member_id",)
+_PARTITION_KEY = ("topic", "partition")
+_KEYED_VALUES: dict[type[Any], tuple[int, tuple[str, ...]]] = {
+    of.OffsetCommitRecord: (OFFSET_COMMIT, _PARTITION_KEY),
+    of.PendingTxnOffsetCommitRecord: (PENDING_TXN_OFFSET_COMMIT, ("producer_id", *_PARTITION_KEY)),
+    cl.GroupMetadataRecord: (GROUP_METADATA, ()),
+    cg.ConsumerGroupMetadataRecord: (CONSUMER_GROUP_METADATA, ()),
+    cg.ConsumerGroupMemberMetadataRecord: (CONSUMER_GROUP_MEMBER_METADATA, _MEMBER_KEY),
+    cg.ConsumerGroupTargetAssignmentMetadataRecord: (CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA, ()),
+    cg.ConsumerGroupTargetAssignmentMemberRecord: (
+        CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER,
+        _MEMBER_KEY,
+    ),
+    cg.ConsumerGroupCurrentMemberAssignmentRecord: (
+        CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT,
+        _MEMBER_KEY,
+    ),
+    cg.ConsumerGroupRegularExpressionRecord: (CONSUMER_GROUP_REGULAR_EXPRESSION, ("regex",)),
+}
+_KEYED_TOMBSTONES: dict[type[Any], int] = {
+    of.OffsetCommitTombstone: OFFSET_COMMIT,
+    of.PendingTxnOffsetCommitTombstone: PENDING_TXN_OFFSET_COMMIT,
+    cl.ClassicGroupTombstone: GROUP_METADATA,
+    cg.ConsumerGroupMemberMetadataTombstone: CONSUMER_GROUP_MEMBER_METADATA,
+    cg.ConsumerGroupTargetAssignmentMemberTombstone: CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER,
+    cg.ConsumerGroupCurrentMemberAssignmentTombstone: CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT,
+    cg.ConsumerGroupRegularExpressionTombstone: CONSUMER_GROUP_REGULAR_EXPRESSION,
+}
+_KEYED_FIELDS = {number: fields for number, fields in _KEYED_VALUES.values()}
+_KEYED_VALUE_CLASSES = {number: cls for cls, (number, _) in _KEYED_VALUES.items()}
+_KEYED_TOMBSTONE_CLASSES = {number: cls for cls, number in _KEYED_TOMBSTONES.items()}
+# A consumer group's deletion: its group-level keys, the metadata last (its tombstone,
+# replayed, forgets the group); the assignment metadata's needs no replay.
+_CONSUMER_GROUP_KEYS = (CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA, CONSUMER_GROUP_METADATA)
+_CONSUMER_ASSIGNMENTS = {"assignment", "assigned_partitions", "partitions_pending_revocation"}
+
 
 # ------------------------------------------------------------------ field codec
 
@@ -122,6 +203,76 @@ def _from_json(name: str, value: Any) -> Any:
     if name == "subscription_metadata":
         return tuple(TopicMetadata(uuid.UUID(tid), n, p) for tid, n, p in value)
     return value
+
+
+def _keyed_to_json(name: str, value: Any) -> Any:
+    """A field of a consumer-group, classic-group or offset record, as stored."""
+    if name in _CONSUMER_ASSIGNMENTS:
+        return {str(tid): sorted(parts) for tid, parts in value.items()}
+    if name == "subscribed_topic_names":
+        return sorted(value)
+    if name == "topics":
+        return list(value)
+    if name == "topic_id":
+        return None if value is None else str(value)
+    if name == "members":
+        return [
+            {
+                f.name: (
+                    base64.b64encode(getattr(m, f.name)).decode()
+                    if f.name in ("subscription", "assignment")
+                    else getattr(m, f.name)
+                )
+                for f in dataclasses.fields(m)
+            }
+            for m in value
+        ]
+    return value
+
+
+def _keyed_from_json(name: str, value: Any) -> Any:
+    if name in _CONSUMER_ASSIGNMENTS:
+        return {uuid.UUID(tid): frozenset(parts) for tid, parts in value.items()}
+    if name == "subscribed_topic_names":
+        return frozenset(value)
+    if name == "topics":
+        return tuple(value)
+    if name == "topic_id":
+        return None if value is None else uuid.UUID(value)
+    if name == "members":
+        return tuple(
+            cl.ClassicMember(
+                **{
+                    **m,
+                    "subscription": base64.b64decode(m["subscription"]),
+                    "assignment": base64.b64decode(m["assignment"]),
+                }
+            )
+            for m in value
+        )
+    return value
+
+
+def _keyed_key(record_type: int, group_id: str, key: Mapping[str, Any]) -> bytes:
+    fields = {name: key[name] for name in _KEYED_FIELDS[record_type]}
+    return json.dumps(
+        {"type": record_type, "name": TYPE_NAMES[record_type], "group_id": group_id, **fields},
+        separators=(",", ":"),
+    ).encode()
+
+
+def _keyed_value(record: Any, key_fields: tuple[str, ...]) -> bytes:
+    skip = {"group_id", *key_fields}
+    fields = {
+        f.name: _keyed_to_json(f.name, getattr(record, f.name))
+        for f in dataclasses.fields(record)
+        if f.name not in skip
+    }
+    return json.dumps({"version": VALUE_VERSION, **fields}, sort_keys=True).encode()
+
+
+def _record_key_fields(record: Any, record_type: int) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in _KEYED_FIELDS[record_type]}
 
 
 def _stored_fields(cls: type[Any], data: Mapping[str, Any], skip: frozenset[str]) -> dict[str, Any]:
@@ -165,6 +316,17 @@ def encode(record: GroupRecord) -> list[KeyValue]:
         return [(_key(CONFIG_RECORD, record.group_id, record.name), value)]
     if isinstance(record, sg.ShareGroupTombstone):
         return [(_key(t, record.group_id), None) for t in _GROUP_KEYS]
+    if isinstance(record, cg.ConsumerGroupTombstone):
+        return [(_keyed_key(t, record.group_id, {}), None) for t in _CONSUMER_GROUP_KEYS]
+    keyed = _KEYED_VALUES.get(type(record))
+    if keyed is not None:
+        number, key_fields = keyed
+        key = _keyed_key(number, record.group_id, _record_key_fields(record, number))
+        return [(key, _keyed_value(record, key_fields))]
+    keyed_tombstone = _KEYED_TOMBSTONES.get(type(record))
+    if keyed_tombstone is not None:
+        fields = _record_key_fields(record, keyed_tombstone)
+        return [(_keyed_key(keyed_tombstone, record.group_id, fields), None)]
     member_id = getattr(record, "member_id", None)
     tombstone_type = _TOMBSTONE_TYPES.get(type(record))
     if tombstone_type is not None:
@@ -209,6 +371,8 @@ def decode(key: bytes | None, value: bytes | None) -> GroupRecord | None:
         config_value = None if value is None else json.loads(value)["value"]
         return GroupConfigRecord(parsed["resource_name"], parsed["config"], config_value)
     group_id = parsed["group_id"]
+    if record_type in _KEYED_FIELDS:
+        return _decode_keyed(record_type, parsed, value)
     member = {"member_id": parsed["member_id"]} if record_type in _MEMBER_TYPES else {}
     if value is None:
         if record_type == SHARE_GROUP_METADATA:
@@ -224,6 +388,34 @@ def decode(key: bytes | None, value: bytes | None) -> GroupRecord | None:
     cls = _VALUE_CLASSES[record_type]
     fields = _stored_fields(cls, data, _KEY_FIELDS)
     record: GroupRecord = cls(group_id=group_id, **member, **fields)
+    return record
+
+
+def _decode_keyed(
+    record_type: int, parsed: Mapping[str, Any], value: bytes | None
+) -> GroupRecord | None:
+    """A consumer-group, classic-group or offset record (see `_KEYED_VALUES`)."""
+    group_id = parsed["group_id"]
+    key = {name: parsed[name] for name in _KEYED_FIELDS[record_type]}
+    if value is None:
+        if record_type == CONSUMER_GROUP_METADATA:
+            return cg.ConsumerGroupTombstone(group_id)
+        tombstone = _KEYED_TOMBSTONE_CLASSES.get(record_type)
+        return None if tombstone is None else tombstone(group_id=group_id, **key)
+    data: Mapping[str, Any] = json.loads(value)
+    if data.get("version") != VALUE_VERSION:
+        raise ValueError(
+            f"{TYPE_NAMES[record_type]} value version {data.get('version')!r} is not "
+            f"supported (only {VALUE_VERSION})"
+        )
+    cls = _KEYED_VALUE_CLASSES[record_type]
+    skip = {"group_id", *key}
+    fields = {
+        f.name: _keyed_from_json(f.name, data[f.name])
+        for f in dataclasses.fields(cls)
+        if f.name not in skip and (f.name in data or f.default is dataclasses.MISSING)
+    }
+    record: GroupRecord = cls(group_id=group_id, **key, **fields)
     return record
 
 
@@ -265,6 +457,14 @@ def _record_keys(record: GroupRecord) -> list[tuple[Hashable, bool]]:
         return [((CONFIG_RECORD, record.group_id, record.name), record.value is None)]
     if isinstance(record, sg.ShareGroupTombstone):
         return [((t, record.group_id, ""), True) for t in _GROUP_KEYS]
+    if isinstance(record, cg.ConsumerGroupTombstone):
+        return [((t, record.group_id), True) for t in _CONSUMER_GROUP_KEYS]
+    keyed = _KEYED_VALUES.get(type(record))
+    keyed_tombstone = _KEYED_TOMBSTONES.get(type(record))
+    number = keyed[0] if keyed is not None else keyed_tombstone
+    if number is not None:
+        fields = tuple(_record_key_fields(record, number).values())
+        return [((number, record.group_id, *fields), keyed is None)]
     member_id = getattr(record, "member_id", "")
     tombstone_type = _TOMBSTONE_TYPES.get(type(record))
     if tombstone_type is not None:
@@ -281,6 +481,9 @@ def compaction_keys(key: bytes | None, value: bytes | None) -> list[tuple[Hashab
         assert record is not None
         return _record_keys(record)
     record_type = _record_type(parsed)
+    if record_type in _KEYED_FIELDS:
+        fields = tuple(parsed[name] for name in _KEYED_FIELDS[record_type])
+        return [((record_type, parsed["group_id"], *fields), value is None)]
     if record_type == CONFIG_RECORD:
         subkey = parsed["config"]
         group_id = parsed["resource_name"]
