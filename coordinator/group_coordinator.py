@@ -35,6 +35,7 @@ from coordinator.group_config import (
     GroupConfigRecord,
     GroupConfigStore,
 )
+from coordinator.group_host import GroupType, OffsetGroup
 from coordinator.group_records import GroupRecord
 from coordinator.runtime import (
     CoordinatorRuntime,
@@ -151,6 +152,10 @@ class GroupCoordinator:
         self.legacy_configs = GroupConfigStore(config_store.broker)
         self.clock = clock
         self.groups: dict[str, ShareGroup] = {}
+        # The other group types of the one group-id namespace (coordinator.group_host):
+        # an id is a key of at most one of these dicts and `groups`.
+        self.classic_groups: dict[str, OffsetGroup] = {}
+        self.consumer_groups: dict[str, OffsetGroup] = {}
         self.runtime: CoordinatorRuntime[GroupRecord] = CoordinatorRuntime(
             "groups",
             record_log if record_log is not None else MemoryRecordLog(),
@@ -304,6 +309,26 @@ class GroupCoordinator:
     def config(self, group_id: str) -> GroupConfig:
         return self.configs.config(group_id)
 
+    def group_type(self, group_id: str) -> GroupType | None:
+        """The type of the group `group_id` names, None if there is none."""
+        share = self.groups.get(group_id)
+        if share is not None and not share.deleted:
+            return GroupType.SHARE
+        for groups in (self.classic_groups, self.consumer_groups):
+            other = groups.get(group_id)
+            if other is not None:
+                return other.group_type
+        return None
+
+    def _refuse_other_type(self, group_id: str) -> None:
+        """A share-group RPC naming a classic or consumer group: GROUP_ID_NOT_FOUND, as
+        Kafka 4.2's shareGroup() lookup answers."""
+        found = self.group_type(group_id)
+        if found is not None and found != GroupType.SHARE:
+            raise KafkaError(
+                ErrorCode.group_id_not_found, f"Group {group_id} is not a share group."
+            )
+
     def _with_initializing(
         self, group: ShareGroup, records: Sequence[ShareGroupRecord]
     ) -> tuple[list[ShareGroupRecord], Partitions]:
@@ -342,6 +367,7 @@ class GroupCoordinator:
         )
 
         def op() -> tuple[list[ShareGroupRecord], tuple[HeartbeatResult, set[str], Partitions]]:
+            self._refuse_other_type(group_id)
             group = self.groups.get(group_id)
             if group is None:
                 if member_epoch != 0:
@@ -597,6 +623,7 @@ class GroupCoordinator:
 
     def describe(self, group_id: str) -> ShareGroupDescription:
         self._check_coordinator()
+        self._refuse_other_type(group_id)
         group = self.groups.get(group_id)
         if group is None or group.deleted:
             raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
@@ -754,6 +781,7 @@ class GroupCoordinator:
                     entries.append(PartitionResult(partition))
 
         def begin() -> tuple[list[ShareGroupRecord], None]:
+            self._refuse_other_type(group_id)
             group = self.groups.get(group_id) or ShareGroup(group_id)
             group.require_empty()
             return group.mark_altering(valid, self.clock.now_ms()), None
@@ -930,6 +958,7 @@ class GroupCoordinator:
         log.info("group_deleted", group=group_id, topics=len(to_delete))
 
     def _existing(self, group_id: str) -> ShareGroup:
+        self._refuse_other_type(group_id)
         group = self.groups.get(group_id)
         if group is None or group.deleted:
             raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
