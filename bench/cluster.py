@@ -10,18 +10,40 @@ broker.leadership: the partitions are spread evenly over the live brokers).
 
 - Share consumption with per-record acknowledgements: the records (value size the run's
   first --sizes) are produced once to a 6-partition topic while one broker runs; then
-  the cluster grows and shrinks, 1, 2, 3, 2, 1 brokers (a broker joins, or one not
-  holding the coordinators stops gracefully and hands its partitions over: coordinator
-  logs are not handed over on a stop yet; each reading waits until every live broker
-  names the same leaders, spread evenly over them), and at each size a new share group
-  reads every record from the earliest offset with CONSUMERS ShareConsumers in
-  explicit acknowledgement mode, each record acknowledged ACCEPT and each poll's
-  acknowledgements sent with commit_sync. The consumers are separate processes (one
-  ShareConsumer each), so one client process's interpreter lock does not bound the
-  rate; the rate counts from the first record to the last, as in bench.share. The
-  sizes visited twice (1 and 2 brokers, on the way up and down) take the mean of their
-  two readings, which cancels a drift of the machine's other load over the run. The
-  ratio 2 brokers / 1 broker is `cluster.share_ratio_2_1`.
+  the cluster grows and shrinks, 1, 2, 3, 2, 1 brokers (a broker joins, or one stops
+  gracefully and hands its partitions and coordinators over, preferably one holding
+  no coordinator; each reading waits until every live broker names the same leaders,
+  spread evenly over them). At each size two readings, each by a new share group
+  reading every record from the earliest offset with CONSUMERS consumer processes in
+  explicit acknowledgement mode, every record acknowledged ACCEPT:
+  - `protocol`, the figure: bench.share_client's consumer, which behaves on the wire
+    as Kafka's Java KafkaShareConsumer 4.2: a ShareFetch to every leader of its
+    partitions at once, each node's next one sent when its answer is handled, the
+    acknowledgements of a delivery piggybacked on the next ShareFetch to that node
+    (the last ones on the ShareAcknowledge closing the session). Its per-record work
+    is small (batch headers, not records, are read), so the brokers, not the
+    consumers, take most of the machine. `cluster.share_ratio_2_1` is the ratio of
+    its mean rates on 2 brokers and on 1.
+  - `librdkafka`, informational: confluent-kafka's ShareConsumer with librdkafka's
+    defaults, each poll's acknowledgements sent with commit_sync. It has one
+    ShareFetch in flight at a time, to one broker picked round-robin over its
+    partitions; a broker with nothing for it holds that fetch for fetch.wait.max.ms
+    (500 ms) while the other broker's partitions wait. Its consumers also use more
+    CPU per record than the protocol ones.
+  The clock starts once the group's assignment has settled (every member holds its
+  target, the partitions split between them): a member takes a new target only at
+  its own heartbeat (5 s), and a reading taken meanwhile has the first member on
+  every partition, the others on few. The consumers are separate processes, so one
+  client's interpreter lock does not bound the rate; the rate counts from the first
+  record delivered to the last. Every earlier delivery has then been acknowledged:
+  a protocol consumer's next ShareFetch carries the acknowledgements (and is only
+  answered once they are applied), a librdkafka one counts records after
+  commit_sync. The last ShareFetch of each protocol consumer's nodes, at most
+  max.poll.records of them, are acknowledged when it closes, after the clock;
+  every reading then checks that each share-partition's start offset reached the
+  log end (all records acknowledged). The sizes visited twice (1 and 2 brokers, on
+  the way up and down) take the mean of their two readings, which cancels a drift
+  of the machine's other load over the run.
 - Failover: for each broker.session.timeout.ms of FAILOVER_SESSIONS_MS (Kafka's
   default 9000, with broker.heartbeat.interval.ms at its default 2000, and 3000 with
   500), three brokers on a new database, a 6-partition topic, an idempotent producer
@@ -34,19 +56,20 @@ broker.leadership: the partitions are spread evenly over the live brokers).
   (`cluster.failover_s_9000`, `cluster.failover_s_3000`).
 
 Everything runs on the same machine: the brokers, PostgreSQL and the consumer
-processes share its cores (2 here), with whatever else runs there; the load average
-at each reading is printed beside it, with the cores each broker and the machine
-used. When one broker uses well under a core while the machine is busy on both, the
-clients and the rest of the machine bound the rate, not the broker, and a second
-broker has little to add; a share-partition leader that is not the share
-coordinator's broker also sends its share-state writes over the wire to it, more
-work per record than a broker doing both.
+processes share its cores (2 here), with whatever else runs there. Beside each
+reading: the load average, and the cores used while it ran by each broker, the
+consumer processes together, PostgreSQL (all its processes) and the whole machine.
+A second broker can only add what the machine has left: with B, C and P the cores
+the broker, the consumers and PostgreSQL use per unit of rate, 2 brokers reach at
+most 2 / (B + C + P) units where one broker, if it is the bound, reaches 1 / B, so
+the ratio is at most 2B / (B + C + P) on 2 cores, less whatever else runs. A
+share-partition leader that is not the share coordinator's broker also sends its
+share-state writes over the wire to it, more work per record than a broker doing
+both.
 SPOOL_BENCH_CLUSTER_RECORDS (200000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
-consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more consumer
-properties: the readings use librdkafka's defaults, and with several consumers and
-several brokers they wait on its ShareFetch long poll (fetch.wait.max.ms, 500 ms),
-the brokers near idle; `SPOOL_BENCH_CLUSTER_CLIENT=fetch.wait.max.ms=10` shows the
-rate without that wait.
+consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more librdkafka
+consumer properties (e.g. fetch.wait.max.ms=10), SPOOL_BENCH_CLUSTER_DEBUG=1 has each
+protocol consumer print its ShareFetch count, time in flight and records per node.
 """
 
 from __future__ import annotations
@@ -73,6 +96,7 @@ from bench import (
     Result,
     fill_topic,
     progress,
+    share_client,
     share_group_from_earliest,
 )
 
@@ -86,6 +110,16 @@ SETTLE_TIMEOUT_S = 60.0
 FAILOVER_SESSIONS_MS = {9000: 2000, 3000: 500}
 PRODUCE_INTERVAL_MS = 5.0
 PROBE_GROUP = "spool-bench-probe"
+# The consumers of each reading: bench.share_client's protocol-level share consumer
+# (the figure), then confluent-kafka's ShareConsumer (informational).
+PROTOCOL_CLIENT, LIBRDKAFKA_CLIENT = "protocol", "librdkafka"
+CLIENTS = (PROTOCOL_CLIENT, LIBRDKAFKA_CLIENT)
+CLIENT_TITLES = {
+    PROTOCOL_CLIENT: "bench.share_client consumers (a ShareFetch per leader at once, "
+    "as Kafka's Java KafkaShareConsumer): cluster.share_ratio_2_1",
+    LIBRDKAFKA_CLIENT: "confluent-kafka ShareConsumer (librdkafka: one ShareFetch at a "
+    "time, round-robin over brokers; informational)",
+}
 FIGURES = (
     "cluster.share_ratio_2_1",
     "cluster.failover_s_9000",
@@ -98,9 +132,13 @@ class Reading:
     brokers: int
     result: Result
     load: float  # the 1-minute load average when it ended
-    # Cores used while the records were read: each broker's, and the whole machine's.
+    client: str = PROTOCOL_CLIENT
+    # Cores used while the records were read: each broker's, the consumer processes'
+    # (together), PostgreSQL's (all its processes) and the whole machine's.
     broker_cores: dict[int, float] = dataclasses.field(default_factory=dict)
     machine_cores: float | None = None
+    client_cores: float | None = None
+    postgres_cores: float | None = None
 
 
 @dataclasses.dataclass
@@ -109,31 +147,75 @@ class CpuSample:
     brokers: dict[int, float]  # node id -> CPU seconds
     busy: float  # machine-wide busy and total jiffies (/proc/stat)
     total: float
+    clients: float = 0.0  # CPU seconds of the consumer processes
+    postgres: float | None = None  # CPU seconds of PostgreSQL's processes
 
 
-def cpu_sample(brokers: dict[int, BrokerProcess]) -> CpuSample:
-    """CPU seconds of each broker process and the machine's busy/total time, from /proc
-    (zeros where it cannot be read)."""
+def _process_cpu_s(pid: int, tick: int) -> float | None:
+    """utime + stime of a process, in seconds (None when it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+    return None
+
+
+def _tree_cpu_s(root: int, tick: int) -> float | None:
+    """CPU seconds of `root` and its children (PostgreSQL's postmaster and backends);
+    backends that ended between two samples are missed, so it is a lower bound."""
+    total = _process_cpu_s(root, tick)
+    if total is None:
+        return None
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == root:
+                    total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def cpu_sample(
+    brokers: dict[int, BrokerProcess],
+    clients: list[int] | None = None,
+    postgres_pid: int | None = None,
+) -> CpuSample:
+    """CPU seconds of each broker process, of the `clients` processes together, of
+    PostgreSQL (its postmaster `postgres_pid` and children), and the machine's
+    busy/total time, from /proc (left out where it cannot be read)."""
     tick = os.sysconf("SC_CLK_TCK")
     used: dict[int, float] = {}
     for node_id, b in brokers.items():
         if b.process is None:
             continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{b.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            used[node_id] = (int(fields[11]) + int(fields[12])) / tick
+        cpu = _process_cpu_s(b.process.pid, tick)
+        if cpu is not None:
+            used[node_id] = cpu
+    client_s = sum(filter(None, (_process_cpu_s(pid, tick) for pid in clients or ())))
+    postgres_s = None if postgres_pid is None else _tree_cpu_s(postgres_pid, tick)
     busy = total = 0.0
     with contextlib.suppress(OSError, ValueError):
         values = [float(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
         total = sum(values)
         busy = total - values[3] - (values[4] if len(values) > 4 else 0.0)  # idle, iowait
-    return CpuSample(time.monotonic(), used, busy, total)
+    return CpuSample(time.monotonic(), used, busy, total, client_s, postgres_s)
 
 
-def cores_used(before: CpuSample, after: CpuSample) -> tuple[dict[int, float], float | None]:
+@dataclasses.dataclass
+class Cores:
+    """Cores used between two samples (CPU seconds / wall seconds)."""
+
+    brokers: dict[int, float]
+    machine: float | None
+    clients: float | None
+    postgres: float | None
+
+
+def cores_used(before: CpuSample, after: CpuSample) -> Cores:
     wall = after.at - before.at
     if wall <= 0:
-        return {}, None
+        return Cores({}, None, None, None)
     brokers = {
         n: (after.brokers[n] - before.brokers[n]) / wall
         for n in before.brokers
@@ -141,7 +223,18 @@ def cores_used(before: CpuSample, after: CpuSample) -> tuple[dict[int, float], f
     }
     span = after.total - before.total
     machine = (after.busy - before.busy) / span * (os.cpu_count() or 1) if span > 0 else None
-    return brokers, machine
+    clients = (after.clients - before.clients) / wall
+    postgres = None
+    if before.postgres is not None and after.postgres is not None:
+        postgres = max(after.postgres - before.postgres, 0.0) / wall
+    return Cores(brokers, machine, clients, postgres)
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """PostgreSQL's postmaster pid, from postmaster.pid in its data directory."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int((data_dir / "postmaster.pid").read_text().split()[0])
+    return None
 
 
 @dataclasses.dataclass
@@ -269,9 +362,15 @@ def start_from_earliest(ctx: BenchContext, bootstrap: str, group: str, topic: st
 
 # --- share consumption in processes -----------------------------------------------------
 
+# What the consumer processes add up in a shared array of doubles.
+RECORDS, FIRST_AT, DONE_AT, REDELIVERED, ERRORS, READY = range(6)
+ACK_FAILED, ACKED, FETCHES, EMPTY_FETCHES = range(6, 10)
+SHARED_SLOTS = 10
+
 
 def client_overrides() -> dict[str, str]:
-    """SPOOL_BENCH_CLUSTER_CLIENT=key=value,key=value: more consumer properties."""
+    """SPOOL_BENCH_CLUSTER_CLIENT=key=value,key=value: more librdkafka consumer
+    properties (the confluent-kafka reading only)."""
     text = os.environ.get("SPOOL_BENCH_CLUSTER_CLIENT", "")
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
 
@@ -287,10 +386,10 @@ def _consumer_process(
     go: Any,
     stop: Any,
 ) -> None:
-    """One ShareConsumer, explicit acknowledgements; adds its first deliveries to
-    `shared` = [records, first_at, done_at, redeliveries, errors, ready] (time.monotonic).
-    It counts itself ready once subscribed and polls once `go` is set, so every
-    consumer process has started (imported, connected) before the clock runs."""
+    """One confluent-kafka ShareConsumer, explicit acknowledgements, each poll's
+    acknowledgements sent with commit_sync; adds its first deliveries to `shared`
+    (the slots above; times are time.monotonic) once they are committed. It counts
+    itself ready once subscribed and polls once `go` is set."""
     from confluent_kafka import AcknowledgeType, ShareConsumer
 
     consumer = ShareConsumer(
@@ -304,12 +403,15 @@ def _consumer_process(
     )
     consumer.subscribe([topic])
     with lock:
-        shared[5] += 1
+        shared[READY] += 1
     go.wait(time_limit_s)
     deadline = time.monotonic() + time_limit_s
     try:
         while not stop.is_set() and time.monotonic() < deadline:
             msgs = list(consumer.poll(0.5))
+            with lock:
+                shared[FETCHES] += 1
+                shared[EMPTY_FETCHES] += not msgs
             if not msgs:
                 continue
             first = redelivered = errors = 0
@@ -322,19 +424,84 @@ def _consumer_process(
                     first += 1
                 else:
                     redelivered += 1
-            consumer.commit_sync(30.0)
+            acked = True
+            try:
+                consumer.commit_sync(30.0)
+            except Exception:
+                acked = False
             now = time.monotonic()
             with lock:
-                if shared[1] == 0.0 and first:
-                    shared[1] = now
-                shared[0] += first
-                shared[3] += redelivered
-                shared[4] += errors
-                if shared[0] >= expected and shared[2] == 0.0:
-                    shared[2] = now
+                if shared[FIRST_AT] == 0.0 and first:
+                    shared[FIRST_AT] = now
+                shared[RECORDS] += first
+                shared[REDELIVERED] += redelivered
+                shared[ERRORS] += errors
+                shared[ACKED if acked else ACK_FAILED] += first + redelivered
+                if shared[RECORDS] >= expected and shared[DONE_AT] == 0.0:
+                    shared[DONE_AT] = now
                     stop.set()
     finally:
         consumer.close()
+
+
+CLIENT_PROCESSES: dict[str, Callable[..., None]] = {
+    PROTOCOL_CLIENT: share_client.consumer_process,
+    LIBRDKAFKA_CLIENT: _consumer_process,
+}
+
+
+async def _describe(bootstrap: str, group: str) -> Any:
+    from protocol.admin import AdminClient
+
+    async with await AdminClient.connect(bootstrap, 10.0, "spool-bench-cluster") as admin:
+        return await admin.describe_share_group(group)
+
+
+def assignment_settled(description: Any, topic: str, members: int, partitions: int) -> bool:
+    """`members` members, each holding the group's current target assignment (member
+    epoch = assignment epoch), their partitions of `topic` disjoint and covering all."""
+    if len(description.members) != members:
+        return False
+    held: list[int] = []
+    for m in description.members:
+        if m.member_epoch != description.assignment_epoch:
+            return False
+        held += m.assignment.get(topic, ())
+    return sorted(held) == list(range(partitions))
+
+
+def wait_for_assignment(
+    bootstrap: str, group: str, topic: str, members: int, timeout_s: float
+) -> float | None:
+    """Seconds until every member holds its target assignment (`assignment_settled`),
+    or None if it did not within `timeout_s`. A member takes its target only at its
+    own heartbeat (group.share.heartbeat.interval.ms, 5000): until then the first to
+    join still holds every partition."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        with contextlib.suppress(Exception):
+            if assignment_settled(
+                asyncio.run(_describe(bootstrap, group)), topic, members, PARTITIONS
+            ):
+                return time.monotonic() - start
+        time.sleep(0.1)
+    return None
+
+
+async def _unacknowledged(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
+    """Per partition, the offsets between the group's share-partition start offset and
+    the log end (0 once every record was acknowledged; None when not known)."""
+    from protocol.admin import LATEST_TIMESTAMP, AdminClient
+
+    async with await AdminClient.connect(bootstrap, 30.0, "spool-bench-cluster") as admin:
+        offsets = await admin.describe_share_group_offsets(group, {topic: range(PARTITIONS)})
+        ends = await admin.list_offsets({(topic, p): LATEST_TIMESTAMP for p in range(PARTITIONS)})
+    return {
+        o.partition: None
+        if o.start_offset is None
+        else ends[(topic, o.partition)].offset - o.start_offset
+        for o in offsets
+    }
 
 
 def share_consume_processes(
@@ -344,19 +511,23 @@ def share_consume_processes(
     consumers: int,
     expected: int,
     time_limit_s: float,
-    sample: Callable[[], CpuSample] | None = None,
+    sample: Callable[[list[int]], CpuSample] | None = None,
+    target: Callable[..., None] = _consumer_process,
 ) -> tuple[Result, CpuSample | None, CpuSample | None]:
-    """`consumers` ShareConsumer processes in `group` read `topic` until `expected` first
-    deliveries (or the time limit); the rate from the first record to the last, and
-    `sample()` taken when the consumers start polling and when they are done."""
+    """`consumers` processes running `target` (a consumer in `group`) read `topic`
+    until `expected` first deliveries (or the time limit); the rate from the first
+    record to the last, and `sample(consumer pids)` taken when they start fetching and
+    when they are done. The clock starts once the group's assignment has settled
+    (`wait_for_assignment`), so no reading runs while the first member still holds
+    every partition."""
     mp = multiprocessing.get_context("spawn")  # no fork of a process running librdkafka
-    shared = mp.Array("d", 6, lock=False)
+    shared = mp.Array("d", SHARED_SLOTS, lock=False)
     lock = mp.Lock()
     go = mp.Event()
     stop = mp.Event()
     procs = [
         mp.Process(
-            target=_consumer_process,
+            target=target,
             args=(bootstrap, topic, group, expected, time_limit_s, shared, lock, go, stop),
             daemon=True,
         )
@@ -365,15 +536,17 @@ def share_consume_processes(
     for p in procs:
         p.start()
     ready_by = time.monotonic() + 60
-    while shared[5] < consumers and time.monotonic() < ready_by:
+    while shared[READY] < consumers and time.monotonic() < ready_by:
         time.sleep(0.02)
-    before = sample() if sample else None
+    settled = wait_for_assignment(bootstrap, group, topic, consumers, SETTLE_TIMEOUT_S / 2)
+    pids = [p.pid for p in procs if p.pid is not None]
+    before = sample(pids) if sample else None
     start = time.monotonic()
     deadline = start + time_limit_s
     go.set()
     while not stop.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
-    after = sample() if sample else None
+    after = sample(pids) if sample else None
     for p in procs:
         p.join(max(deadline - time.monotonic(), 0) + 30)
     for p in procs:
@@ -383,13 +556,30 @@ def share_consume_processes(
     records, first_at, done_at, redelivered, errors = (shared[i] for i in range(5))
     first_at = first_at or start
     seconds = (done_at or time.monotonic()) - first_at
-    notes = [f"first record after {first_at - start:.2f}s"]
+    notes = [
+        "assignment settled after "
+        + (f"{settled:.1f}s" if settled is not None else "- (not settled: started anyway)"),
+        f"first record after {first_at - start:.2f}s",
+        f"{int(shared[FETCHES])} fetches ({int(shared[EMPTY_FETCHES])} empty)",
+    ]
     if records < expected:
         notes.append(f"time limit hit: {int(records)} of {expected}")
     if redelivered:
         notes.append(f"{int(redelivered)} redeliveries")
     if errors:
         notes.append(f"{int(errors)} error events")
+    if shared[ACK_FAILED]:
+        notes.append(f"{int(shared[ACK_FAILED])} acknowledgements failed")
+    try:
+        left = asyncio.run(_unacknowledged(bootstrap, group, topic))
+        unsettled = {p: n for p, n in left.items() if n != 0}
+        notes.append(
+            "every record acknowledged (share-partition start offsets at the log end)"
+            if not unsettled
+            else f"offsets not acknowledged per partition {unsettled}"
+        )
+    except Exception as exc:
+        notes.append(f"start offsets not read: {exc}")
     failed = [p.exitcode for p in procs if p.exitcode not in (0, None)]
     if failed:
         notes.append(f"consumer exit codes {failed}")
@@ -557,27 +747,51 @@ def _create_database(server_dsn: str, name: str) -> str:
 
 
 def describe_cores(r: Reading) -> str:
-    brokers = " ".join(f"b{n} {c:.2f}" for n, c in sorted(r.broker_cores.items()))
+    parts = [" ".join(f"b{n} {c:.2f}" for n, c in sorted(r.broker_cores.items()))]
+    if r.client_cores is not None:
+        parts.append(f"consumers {r.client_cores:.2f}")
+    if r.postgres_cores is not None:
+        parts.append(f"postgres {r.postgres_cores:.2f}")
     machine = "n/a" if r.machine_cores is None else f"{r.machine_cores:.2f}"
-    return f"{brokers}, machine {machine} of {os.cpu_count()}"
+    parts.append(f"machine {machine} of {os.cpu_count()}")
+    return ", ".join(parts)
+
+
+def mean_rates(readings: list[Reading], client: str) -> dict[int, float]:
+    """Broker count -> the mean rate of `client`'s readings at that count."""
+    by_size: dict[int, list[float]] = {}
+    for r in readings:
+        if r.client == client:
+            by_size.setdefault(r.brokers, []).append(r.result.records_per_s)
+    return {n: sum(rates) / len(rates) for n, rates in by_size.items()}
 
 
 def format_side_by_side(readings: list[Reading], failovers: list[Failover]) -> str:
-    """Rates by broker count (each reading, and the mean of a count's readings), the
-    ratios to 1 broker, then the failover times."""
-    by_size: dict[int, list[Reading]] = {}
-    for r in readings:
-        by_size.setdefault(r.brokers, []).append(r)
-    means = {n: sum(r.result.records_per_s for r in rs) / len(rs) for n, rs in by_size.items()}
-    header = f"{'brokers':>7} {'share rec/s (mean)':>19} {'vs 1 broker':>11}  readings (load avg)"
-    lines = [header, "-" * len(header)]
-    for n in sorted(by_size):
-        ratio = f"{means[n] / means[1]:.2f}" if means.get(1) else "n/a"
-        each = ", ".join(f"{r.result.records_per_s:,.0f} ({r.load:.1f})" for r in by_size[n])
-        lines.append(f"{n:>7} {means[n]:>19,.0f} {ratio:>11}  {each}")
-        for r in by_size[n]:
-            if r.broker_cores:
-                lines.append(f"{'':>7} {'':>19} {'':>11}    cores used: {describe_cores(r)}")
+    """Per consumer kind: rates by broker count (each reading with the load average,
+    and the mean of a count's readings), the ratios to 1 broker, the cores used; then
+    the failover times."""
+    lines: list[str] = []
+    for client in CLIENTS:
+        mine = [r for r in readings if r.client == client]
+        if not mine:
+            continue
+        means = mean_rates(mine, client)
+        if lines:
+            lines.append("")
+        lines.append(CLIENT_TITLES[client])
+        header = (
+            f"{'brokers':>7} {'share rec/s (mean)':>19} {'vs 1 broker':>11}  readings (load avg)"
+        )
+        lines += [header, "-" * len(header)]
+        for n in sorted(means):
+            ratio = f"{means[n] / means[1]:.2f}" if means.get(1) else "n/a"
+            each = ", ".join(
+                f"{r.result.records_per_s:,.0f} ({r.load:.1f})" for r in mine if r.brokers == n
+            )
+            lines.append(f"{n:>7} {means[n]:>19,.0f} {ratio:>11}  {each}")
+            for r in mine:
+                if r.brokers == n and r.broker_cores:
+                    lines.append(f"{'':>7} {'':>19} {'':>11}    cores used: {describe_cores(r)}")
     if failovers:
         lines.append("")
         header = f"{'broker.session.timeout.ms':>25} {'failover s':>10}  killed"
@@ -614,6 +828,7 @@ def bench_cluster(ctx: BenchContext, records: int | None = None) -> list[Result]
             server = PostgresServer()
             stack.callback(server.cleanup)
             server.start()
+            postgres = postmaster_pid(server.data)
         except (PostgresUnavailable, OSError, subprocess.CalledProcessError) as exc:
             return not_run(f"no PostgreSQL server: {exc}")
         cluster = Cluster(tmp / "scale", _create_database(server.dsn, "spool_bench_scale"))
@@ -631,35 +846,50 @@ def bench_cluster(ctx: BenchContext, records: int | None = None) -> list[Result]
                     progress(f"cluster: starting broker {brokers}")
                     cluster.start(brokers)
                 elif brokers < len(live):
-                    # Not the coordinators' broker: coordinator logs are not handed over
-                    # on a graceful stop yet (broker.leadership), partitions are.
+                    # Preferably not a coordinators' broker: a graceful stop hands
+                    # partitions and coordinators over (broker.leadership), but the
+                    # coordinators' state would be loading as the next reading starts.
                     held = asyncio.run(_coordinators(cluster.bootstrap, PROBE_GROUP))
-                    leaving = min(set(live) - held)
+                    leaving = min(set(live) - held, default=max(live))
                     progress(f"cluster: stopping broker {leaving} (hand-over)")
                     live[leaving].stop()
                 layout = settle(cluster, topic)
-                group = f"bench-cluster-{run}-{brokers}b"
-                start_from_earliest(ctx, cluster.bootstrap, group, topic)
-                progress(
-                    f"cluster: {CONSUMERS} consumers on {brokers} broker(s), leaders "
-                    f"{dict(sorted(layout.items()))}"
-                )
                 live = cluster.live()
-                result, before, after = share_consume_processes(
-                    cluster.bootstrap,
-                    topic,
-                    group,
-                    CONSUMERS,
-                    stored,
-                    CASE_TIME_LIMIT_S,
-                    functools.partial(cpu_sample, live),
-                )
-                result.case = f"{result.case} {brokers} broker{'s' if brokers > 1 else ''}"
-                reading = Reading(brokers, result, os.getloadavg()[0])
-                if before is not None and after is not None:
-                    reading.broker_cores, reading.machine_cores = cores_used(before, after)
-                    result.notes += "; cores: " + describe_cores(reading)
-                readings.append(reading)
+                for client in CLIENTS:
+                    group = f"bench-cluster-{run}-{brokers}b-{client}"
+                    start_from_earliest(ctx, cluster.bootstrap, group, topic)
+                    progress(
+                        f"cluster: {CONSUMERS} {client} consumers on {brokers} broker(s), "
+                        f"leaders {dict(sorted(layout.items()))}"
+                    )
+                    result, before, after = share_consume_processes(
+                        cluster.bootstrap,
+                        topic,
+                        group,
+                        CONSUMERS,
+                        stored,
+                        CASE_TIME_LIMIT_S,
+                        functools.partial(cpu_sample, live, postgres_pid=postgres),
+                        CLIENT_PROCESSES[client],
+                    )
+                    result.case = (
+                        f"{result.case} {brokers} broker{'s' if brokers > 1 else ''} {client}"
+                    )
+                    reading = Reading(brokers, result, os.getloadavg()[0], client)
+                    if before is not None and after is not None:
+                        cores = cores_used(before, after)
+                        reading.broker_cores, reading.machine_cores = cores.brokers, cores.machine
+                        reading.client_cores, reading.postgres_cores = (
+                            cores.clients,
+                            cores.postgres,
+                        )
+                        result.notes += "; cores: " + describe_cores(reading)
+                    result.notes += f"; load {reading.load:.2f}"
+                    progress(
+                        f"cluster: {client} on {brokers} broker(s): "
+                        f"{result.records_per_s:,.0f} rec/s; {result.notes}"
+                    )
+                    readings.append(reading)
         except Exception as exc:
             for n, b in cluster.brokers.items():
                 code = None if b.process is None else b.process.poll()
@@ -674,14 +904,10 @@ def bench_cluster(ctx: BenchContext, records: int | None = None) -> list[Result]
             except (RuntimeError, AssertionError) as exc:
                 ctx.not_run[f"cluster.failover_s_{session_ms}"] = f"failover run failed: {exc}"
     ctx.sections.append(format_side_by_side(readings, failovers))
-    complete = [r for r in readings if r.result.records >= stored > 0]
-    rates: dict[int, list[float]] = {}
-    for r in complete:
-        rates.setdefault(r.brokers, []).append(r.result.records_per_s)
-    if len(complete) == len(readings) and 1 in rates and 2 in rates:
-        one = sum(rates[1]) / len(rates[1])
-        two = sum(rates[2]) / len(rates[2])
-        ctx.figures["cluster.share_ratio_2_1"] = two / one
+    figure = [r for r in readings if r.client == PROTOCOL_CLIENT]
+    rates = mean_rates(figure, PROTOCOL_CLIENT)
+    if all(r.result.records >= stored > 0 for r in figure) and 1 in rates and 2 in rates:
+        ctx.figures["cluster.share_ratio_2_1"] = rates[2] / rates[1]
     else:
         ctx.not_run["cluster.share_ratio_2_1"] = "a reading did not read all its records"
     for f in failovers:

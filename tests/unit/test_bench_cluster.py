@@ -3,8 +3,20 @@ side-by-side table from given readings (no timing asserted)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from bench import Result
-from bench.cluster import Failover, Reading, format_side_by_side, spread_evenly
+from bench.cluster import (
+    LIBRDKAFKA_CLIENT,
+    PROTOCOL_CLIENT,
+    CpuSample,
+    Failover,
+    Reading,
+    assignment_settled,
+    cores_used,
+    format_side_by_side,
+    spread_evenly,
+)
 
 
 def test_settled_means_all_brokers_agree_and_the_spread_is_even() -> None:
@@ -19,26 +31,65 @@ def test_settled_means_all_brokers_agree_and_the_spread_is_even() -> None:
 
 
 def test_the_table_gives_means_ratios_loads_and_failovers() -> None:
-    def reading(brokers: int, rate: float, load: float) -> Reading:
-        return Reading(brokers, Result("share", int(rate * 2), 2.0, 0), load)
+    def reading(brokers: int, rate: float, load: float, client: str = PROTOCOL_CLIENT) -> Reading:
+        return Reading(brokers, Result("share", int(rate * 2), 2.0, 0), load, client)
 
     readings = [
         reading(1, 10_000, 3.0),
+        reading(1, 5_000, 3.0, LIBRDKAFKA_CLIENT),
         reading(2, 14_000, 4.0),
+        reading(2, 1_000, 4.0, LIBRDKAFKA_CLIENT),
         reading(3, 15_000, 5.0),
         reading(2, 16_000, 4.5),
         reading(1, 12_000, 3.5),
     ]
+    readings[0].broker_cores = {1: 0.9}
+    readings[0].client_cores, readings[0].postgres_cores = 0.3, 0.1
     failovers = [
         Failover(9000, 10.5, 2, (1, 4), "900 records delivered"),
         Failover(3000, None, 1, (0, 3), "no record"),
     ]
     lines = format_side_by_side(readings, failovers).splitlines()
-    rows = {line.split()[0]: line for line in lines[2:5]}
+    assert "cluster.share_ratio_2_1" in lines[0]
+    rows = {line.split()[0]: line for line in lines[3:7] if not line.strip().startswith("cores")}
     assert rows["1"].split()[1:3] == ["11,000", "1.00"]
     assert rows["2"].split()[1:3] == ["15,000", "1.36"]
     assert "14,000 (4.0), 16,000 (4.5)" in rows["2"]
     assert rows["3"].split()[1:3] == ["15,000", "1.36"]
+    assert "cores used: b1 0.90, consumers 0.30, postgres 0.10, machine n/a" in lines[4]
+    # The librdkafka readings come second, with their own ratio.
+    second = lines.index("", 3)
+    assert "informational" in lines[second + 1]
+    assert lines[second + 4].split()[1:3] == ["5,000", "1.00"]
+    assert lines[second + 5].split()[1:3] == ["1,000", "0.20"]
     assert lines[-2].split()[:4] == ["9000", "10.50", "broker", "2"]
     assert "(partitions 1,4)" in lines[-2]
     assert lines[-1].split()[:2] == ["3000", "n/a"]
+
+
+def describe(epoch: int, *members: tuple[int, tuple[int, ...]]) -> SimpleNamespace:
+    return SimpleNamespace(
+        assignment_epoch=epoch,
+        members=[SimpleNamespace(member_epoch=e, assignment={"t": ps}) for e, ps in members],
+    )
+
+
+def test_the_assignment_settles_when_every_member_holds_its_disjoint_target() -> None:
+    settled = describe(3, (3, (0, 1)), (3, (2, 3)), (3, (4, 5)))
+    assert assignment_settled(settled, "t", 3, 6)
+    assert not assignment_settled(settled, "t", 4, 6)  # a member missing
+    # The first member has not heartbeated since the others joined: it holds all.
+    assert not assignment_settled(
+        describe(3, (1, tuple(range(6))), (3, (2, 3)), (3, (4, 5))), "t", 3, 6
+    )
+    assert not assignment_settled(describe(3, (3, (0, 1)), (3, (1, 2)), (3, (4, 5))), "t", 3, 6)
+    assert not assignment_settled(describe(3, (3, (0, 1)), (3, (2, 3)), (3, (4,))), "t", 3, 6)
+
+
+def test_cores_are_cpu_seconds_over_wall_seconds() -> None:
+    before = CpuSample(10.0, {1: 5.0, 2: 1.0}, 100.0, 400.0, 2.0, 3.0)
+    after = CpuSample(12.0, {1: 6.5, 2: 2.0}, 300.0, 800.0, 3.0, 3.5)
+    cores = cores_used(before, after)
+    assert cores.brokers == {1: 0.75, 2: 0.5}
+    assert (cores.clients, cores.postgres) == (0.5, 0.25)
+    assert cores.machine is not None and cores.machine > 0
