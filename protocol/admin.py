@@ -819,7 +819,7 @@ class AdminClient:
         nodes = list(self._nodes.values()) or []
         addresses = [(n.host, n.port) for n in nodes] or [self._bootstrap[0]]
         for address in addresses:
-            resp = await self._send(address, LIST_GROUPS, body, deadline)
+            resp = await self._send_while_loading(address, LIST_GROUPS, body, deadline)
             check(resp.error_code, None, "ListGroups failed")
             for g in resp.groups:
                 seen[g.group_id] = GroupListing(g.group_id, g.group_state, g.group_type)
@@ -857,20 +857,8 @@ class AdminClient:
                     f"broker {node.node_id} answers ListTransactions v{version}, which has no "
                     + ("duration filter" if version < 1 else "transactional id pattern"),
                 )
-            backoff = BACKOFF_MS
-            while True:
-                resp = await self._send(address, LIST_TRANSACTIONS, body, deadline)
-                code = ErrorCode(resp.error_code)
-                if code not in (
-                    ErrorCode.coordinator_load_in_progress,
-                    ErrorCode.coordinator_not_available,
-                ):
-                    break
-                if deadline - asyncio.get_running_loop().time() <= backoff / 1000:
-                    break
-                await asyncio.sleep(backoff / 1000)
-                backoff = min(backoff * 2, BACKOFF_MAX_MS)
-            check(code, None, f"ListTransactions on broker {node.node_id} failed")
+            resp = await self._send_while_loading(address, LIST_TRANSACTIONS, body, deadline)
+            check(resp.error_code, None, f"ListTransactions on broker {node.node_id} failed")
             found += [
                 TransactionListing(
                     t.transactional_id, node.node_id, int(t.producer_id), t.transaction_state
@@ -878,6 +866,25 @@ class AdminClient:
                 for t in resp.transaction_states
             ]
         return found
+
+    async def _send_while_loading(
+        self, address: tuple[str, int], api_key: int, body: Mapping[str, Any], deadline: float
+    ) -> Any:
+        """`_send`, asked again after a backoff (within the deadline) while the answer's
+        error is COORDINATOR_LOAD_IN_PROGRESS or COORDINATOR_NOT_AVAILABLE: a listing of
+        what a broker coordinates, which Kafka's admin client retries on those."""
+        backoff = BACKOFF_MS
+        while True:
+            resp = await self._send(address, api_key, body, deadline)
+            if ErrorCode(resp.error_code) not in (
+                ErrorCode.coordinator_load_in_progress,
+                ErrorCode.coordinator_not_available,
+            ):
+                return resp
+            if deadline - asyncio.get_running_loop().time() <= backoff / 1000:
+                return resp
+            await asyncio.sleep(backoff / 1000)
+            backoff = min(backoff * 2, BACKOFF_MAX_MS)
 
     async def describe_share_group(self, group: str) -> ShareGroupDescription:
         async def call(address: tuple[str, int], deadline: float) -> Any:

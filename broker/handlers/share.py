@@ -240,6 +240,12 @@ async def list_groups(
     types_filter: tuple[str, ...] = getattr(req, "types_filter", ())  # v5+
     states = {s.lower() for s in states_filter or ()}
     types = {t.lower() for t in types_filter or ()}
+    if broker.groups.runtime.loading:
+        # Kafka's GroupCoordinatorService.listGroups: a groups log being loaded fails the
+        # listing, which the admin client retries; one not led here lists nothing.
+        return m.ListGroupsResponse(
+            throttle_time=NO_THROTTLE, error_code=ErrorCode.coordinator_load_in_progress, groups=()
+        )
     groups = []
     az = broker.authorizer
     # DESCRIBE on the cluster lists every group (Kafka keeps it for compatibility);

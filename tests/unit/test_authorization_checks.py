@@ -621,6 +621,7 @@ class Groups:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.runtime = SimpleNamespace(loading=False)  # its log loaded
 
     async def heartbeat(self, *args: Any) -> Any:
         self.calls.append(("heartbeat", args[0]))

@@ -1,11 +1,11 @@
 """A coordinator log this broker claimed and is still loading (broker.broker's
 `CoordinatorLogsHost.open_coordinator`, the restore from the database held open here):
-every RPC that reaches its coordinator answers COORDINATOR_LOAD_IN_PROGRESS, as Kafka
-4.2's CoordinatorRuntime (a context in state LOADING) and TransactionStateManager (a
-partition in `loadingPartitions`) answer, so clients retry the same broker; once loaded
-they are served from the state the log holds. A broker that does not lead the logs
-answers NOT_COORDINATOR instead (clients look the coordinator up again), and so does
-one whose load failed.
+every RPC that reaches its coordinator answers COORDINATOR_LOAD_IN_PROGRESS (ListGroups
+and ListTransactions as a whole), as Kafka 4.2's CoordinatorRuntime (a context in state
+LOADING) and TransactionStateManager (a partition in `loadingPartitions`) answer, so
+clients retry the same broker; once loaded they are served from the state the log holds.
+A broker that does not lead the logs answers NOT_COORDINATOR instead (clients look the
+coordinator up again; the listings list nothing), and so does one whose load failed.
 
 The coordinators are the real ones on in-memory logs; the handlers are called as the
 broker calls them, with a stand-in broker holding just what they use.
@@ -162,6 +162,8 @@ async def _answers(b: Any, pid: int, epoch: int) -> dict[str, list[ErrorCode]]:
     out["ShareGroupHeartbeat"] = [hb.error_code]
     described = await share.share_group_describe(ctx(1), request(77, 1, {"group_ids": [GROUP]}), b)
     out["ShareGroupDescribe"] = [g.error_code for g in described.groups]
+    groups = await share.list_groups(ctx(5), request(16, 5, {}), b)
+    out["ListGroups"] = [groups.error_code]
 
     def parts(answer: Any) -> list[ErrorCode]:
         return [p.error_code for r in answer.results for p in r.partitions]
@@ -335,6 +337,7 @@ async def test_a_coordinator_being_loaded_answers_load_in_progress_then_serves()
     # Not led here: every coordinator RPC sends the client to look it up again, and
     # ListTransactions lists nothing (the admin client asks every broker).
     assert not_led.pop("ListTransactions") == [ErrorCode.none]
+    assert not_led.pop("ListGroups") == [ErrorCode.none]
     assert not_led == {name: [NOT_COORDINATOR] for name in not_led}
 
     held = HeldRestore()
@@ -374,6 +377,7 @@ async def test_a_load_that_fails_leaves_the_coordinator_not_coordinator() -> Non
             await load
     answers = await _answers(b, pid, epoch)
     assert answers.pop("ListTransactions") == [ErrorCode.none]
+    assert answers.pop("ListGroups") == [ErrorCode.none]
     assert answers == {name: [NOT_COORDINATOR] for name in answers}
 
 
