@@ -14,7 +14,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from coordinator.group_config import BROKER_CONFIG_DEFS, ShareGroupBrokerConfig
+from coordinator.group_config import (
+    BROKER_CONFIG_DEFS,
+    GROUP_COORDINATOR_CONFIG_DEFS,
+    GroupCoordinatorConfig,
+    ShareGroupBrokerConfig,
+)
 from protocol.configs import ConfigDef, ConfigType, one_of
 from protocol.errors import ErrorCode, KafkaError
 
@@ -502,6 +507,9 @@ def listener_override(name: str) -> tuple[str, str] | None:
 
 # KIP-932's broker-level share-group keys (defaults and bounds of the group configs).
 BROKER_KEYS.update(BROKER_CONFIG_DEFS)
+# The group coordinator's keys for consumer and classic groups and committed offsets
+# (Kafka's GroupCoordinatorConfig), read at start.
+BROKER_KEYS.update(GROUP_COORDINATOR_CONFIG_DEFS)
 
 # Where the broker's logs are durable (persister.storage), read at start. A password in
 # the URL makes the key sensitive: it is typed PASSWORD, so DescribeConfigs hides it.
@@ -744,6 +752,7 @@ class BrokerConfig:
         self.dynamic: dict[str, Any] = {}
         self.dynamic_default: dict[str, Any] = {}
         self.share_groups()  # the group.share.* keys must also agree with each other
+        self.group_coordinator()  # and the group.consumer.* keys
         self._check_broker_lease()
 
     def _check_broker_lease(self) -> None:
@@ -766,6 +775,13 @@ class BrokerConfig:
         """The effective `group.share.*` values, checked against each other."""
         return ShareGroupBrokerConfig.from_mapping(
             {name: self.get(name) for name in BROKER_CONFIG_DEFS}
+        )
+
+    def group_coordinator(self) -> GroupCoordinatorConfig:
+        """The group coordinator's keys (consumer, classic and share groups, offsets),
+        checked against each other, as one frozen object."""
+        return GroupCoordinatorConfig.from_mapping(
+            {name: self.get(name) for name in (*GROUP_COORDINATOR_CONFIG_DEFS, *BROKER_CONFIG_DEFS)}
         )
 
     def get(self, name: str) -> Any:

@@ -1,4 +1,6 @@
-"""Share-group configs: Kafka's `GroupConfig` (share.*) and `ShareGroupConfig` (group.share.*).
+"""Group configs (Kafka's `GroupConfig`) and the group coordinator's broker keys.
+
+Share groups: `GroupConfig`'s share.* keys and `ShareGroupConfig`'s group.share.*.
 
 A group config (`share.record.lock.duration.ms`, ...) is set per group with
 IncrementalAlterConfigs on resource type GROUP; when a group has no override the
@@ -20,12 +22,24 @@ the cluster metadata log, so any broker alters and describes them and every brok
 share partitions see them. spool before that kept them in the `groups` log; a broker
 loading such a log copies them to the metadata log once
 (`MetadataStore.adopt_group_configs`).
+
+The group coordinator's own broker keys (Kafka's `GroupCoordinatorConfig`, 4.2):
+`group.consumer.*` for KIP-848 consumer groups, `group.min/max.session.timeout.ms`,
+`group.initial.rebalance.delay.ms` and `group.max.size` for classic groups, and the
+`offsets.*` keys of committed offsets, are `GROUP_COORDINATOR_CONFIG_DEFS`, read-only
+(Kafka cannot change them dynamically either) and checked against each other as
+Kafka's constructor does; `GroupCoordinatorConfig` carries them, with the share keys,
+as one frozen object. The consumer group configs `consumer.session.timeout.ms` and
+`consumer.heartbeat.interval.ms` are defined (`CONSUMER_GROUP_CONFIG_DEFS`, bounded by
+the `group.consumer.min/max.*` keys as Kafka's `GroupConfig` validates them) but not
+yet part of `GROUP_CONFIG_DEFS`: IncrementalAlterConfigs and DescribeConfigs of a group
+serve the `share.*` keys only until consumer groups are served (issue 26).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -34,27 +48,35 @@ from protocol.errors import ErrorCode, KafkaError
 
 __all__ = [
     "BROKER_CONFIG_DEFS",
+    "CONSUMER_GROUP_CONFIG_DEFS",
     "EARLIEST_TIMESTAMP",
     "GROUP_CONFIG_DEFS",
+    "GROUP_COORDINATOR_CONFIG_DEFS",
     "LATEST_TIMESTAMP",
+    "MIGRATION_POLICIES",
     "AlterConfigOp",
     "AutoOffsetReset",
     "ConfigDef",
     "ConfigValue",
+    "ConsumerGroupConfig",
     "GroupConfig",
     "GroupConfigEntry",
     "GroupConfigRecord",
     "GroupConfigStore",
+    "GroupCoordinatorConfig",
     "ShareGroupBrokerConfig",
     "parse_auto_offset_reset",
     "parse_iso8601_duration_ms",
     "validate",
     "validate_all",
+    "validate_consumer_configs",
 ]
 
 ConfigValue = int | str | bool
 
 INT = ConfigType.INT
+LONG = ConfigType.LONG
+LIST = ConfigType.LIST
 STRING = ConfigType.STRING
 BOOLEAN = ConfigType.BOOLEAN
 INT32_MAX = 2**31 - 1
@@ -804,3 +826,442 @@ class GroupConfigStore:
 assert {f.name for f in fields(ShareGroupBrokerConfig)} == {
     _field_name(k) for k in BROKER_CONFIG_DEFS
 }
+
+
+# ---------------------------------------------------------------------------
+# The group coordinator's broker keys: consumer and classic groups, offsets
+
+
+# The server-side assignors spool offers: Kafka's built-in `UniformAssignor` and
+# `RangeAssignor`. Kafka also loads assignor classes by name; spool has none to load.
+BUILTIN_CONSUMER_ASSIGNORS = ("uniform", "range")
+# Kafka's `ConsumerGroupMigrationPolicy`, matched without regard to case.
+MIGRATION_POLICIES = ("disabled", "upgrade", "downgrade", "bidirectional")
+
+
+def _assignors_problem(value: str) -> str | None:
+    names = [name.strip() for name in value.split(",")]
+    if names == [""]:
+        return "at least one assignor is required"
+    if len(set(names)) != len(names):
+        return "an assignor is listed twice"
+    unknown = [name for name in names if name not in BUILTIN_CONSUMER_ASSIGNORS]
+    if unknown:
+        return (
+            f"unknown assignor {unknown[0]!r}: the built-in assignors are "
+            f"{', '.join(BUILTIN_CONSUMER_ASSIGNORS)} (spool loads no assignor classes)"
+        )
+    return None
+
+
+def _migration_policy_problem(value: str) -> str | None:
+    if value.strip().lower() in MIGRATION_POLICIES:
+        return None
+    return f"must be one of {', '.join(MIGRATION_POLICIES)} (in any case)"
+
+
+def _coordinator_key(
+    name: str,
+    kind: ConfigType,
+    default: Any,
+    doc: str,
+    *,
+    min: int | None = None,
+    validator: Callable[[Any], str | None] | None = None,
+) -> ConfigDef:
+    # Read-only: Kafka 4.2 does not reconfigure any of them dynamically.
+    return ConfigDef(name, kind, default, doc, validator, read_only=True, min=min)
+
+
+# Kafka 4.2's `GroupCoordinatorConfig` keys for consumer and classic groups and offsets,
+# with its defaults and fixed bounds.
+GROUP_COORDINATOR_CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        _coordinator_key(
+            "group.consumer.session.timeout.ms",
+            INT,
+            45000,
+            "How long a consumer group member (consumer protocol) may go without a "
+            "heartbeat before it is removed from the group.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.min.session.timeout.ms",
+            INT,
+            45000,
+            "The smallest session timeout a consumer group may be configured with.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.max.session.timeout.ms",
+            INT,
+            60000,
+            "The largest session timeout a consumer group may be configured with.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.heartbeat.interval.ms",
+            INT,
+            5000,
+            "The heartbeat interval the coordinator tells consumer group members to use.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.min.heartbeat.interval.ms",
+            INT,
+            5000,
+            "The smallest heartbeat interval a consumer group may be configured with.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.max.heartbeat.interval.ms",
+            INT,
+            15000,
+            "The largest heartbeat interval a consumer group may be configured with.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.max.size",
+            INT,
+            INT32_MAX,
+            "The most members a consumer group (consumer protocol) may have; classic "
+            "groups are bounded by group.max.size.",
+            min=1,
+        ),
+        _coordinator_key(
+            "group.consumer.assignors",
+            LIST,
+            ",".join(BUILTIN_CONSUMER_ASSIGNORS),
+            "The server-side assignors of consumer groups, by name; the first is used "
+            "for members that ask for none. Built in: uniform, range.",
+            validator=_assignors_problem,
+        ),
+        _coordinator_key(
+            "group.consumer.migration.policy",
+            STRING,
+            "bidirectional",
+            "Whether a non-empty classic group may become a consumer group and back as "
+            "members switch protocols: disabled, upgrade, downgrade or bidirectional. "
+            "Empty groups are always converted.",
+            validator=_migration_policy_problem,
+        ),
+        _coordinator_key(
+            "group.consumer.regex.refresh.interval.ms",
+            INT,
+            600000,
+            "How often the topics matching a consumer group's subscribed regular "
+            "expressions are looked up again.",
+            min=10000,
+        ),
+        _coordinator_key(
+            "group.min.session.timeout.ms",
+            INT,
+            6000,
+            "The smallest session timeout a classic group member may ask for.",
+        ),
+        _coordinator_key(
+            "group.max.session.timeout.ms",
+            INT,
+            1800000,
+            "The largest session timeout a classic group member may ask for.",
+        ),
+        _coordinator_key(
+            "group.initial.rebalance.delay.ms",
+            INT,
+            3000,
+            "How long a new classic group waits for more members to join before its "
+            "first rebalance.",
+        ),
+        _coordinator_key(
+            "group.max.size",
+            INT,
+            INT32_MAX,
+            "The most members a classic group may have.",
+            min=1,
+        ),
+        _coordinator_key(
+            "offsets.retention.minutes",
+            INT,
+            7 * 24 * 60,
+            "How long committed offsets are kept once their group is empty (or, for a "
+            "group no longer subscribed to the topic or a group without members, since "
+            "the last commit).",
+            min=1,
+        ),
+        _coordinator_key(
+            "offsets.retention.check.interval.ms",
+            LONG,
+            600000,
+            "How often expired committed offsets are looked for.",
+            min=1,
+        ),
+        _coordinator_key(
+            "offset.metadata.max.bytes",
+            INT,
+            4096,
+            "The longest metadata string an offset commit may carry.",
+        ),
+        _coordinator_key(
+            "offsets.commit.timeout.ms",
+            INT,
+            OFFSETS_COMMIT_TIMEOUT_MS,
+            "How long a write of the group coordinator may take before it is answered "
+            "with a timeout.",
+            min=1,
+        ),
+    ]
+}
+
+# GroupCoordinatorConfig field -> the Kafka key it holds.
+_COORDINATOR_FIELDS = {
+    "consumer_group_session_timeout_ms": "group.consumer.session.timeout.ms",
+    "consumer_group_min_session_timeout_ms": "group.consumer.min.session.timeout.ms",
+    "consumer_group_max_session_timeout_ms": "group.consumer.max.session.timeout.ms",
+    "consumer_group_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
+    "consumer_group_min_heartbeat_interval_ms": "group.consumer.min.heartbeat.interval.ms",
+    "consumer_group_max_heartbeat_interval_ms": "group.consumer.max.heartbeat.interval.ms",
+    "consumer_group_max_size": "group.consumer.max.size",
+    "consumer_group_assignors": "group.consumer.assignors",
+    "consumer_group_migration_policy": "group.consumer.migration.policy",
+    "consumer_group_regex_refresh_interval_ms": "group.consumer.regex.refresh.interval.ms",
+    "classic_group_min_session_timeout_ms": "group.min.session.timeout.ms",
+    "classic_group_max_session_timeout_ms": "group.max.session.timeout.ms",
+    "classic_group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
+    "classic_group_max_size": "group.max.size",
+    "offsets_retention_minutes": "offsets.retention.minutes",
+    "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
+    "offset_metadata_max_bytes": "offset.metadata.max.bytes",
+    "offsets_commit_timeout_ms": "offsets.commit.timeout.ms",
+}
+
+
+def _coordinator_value(definition: ConfigDef, value: object) -> int | str:
+    """A broker key's value parsed by type and checked against its fixed rules."""
+    name = definition.name
+    parsed: int | str
+    if definition.type in (INT, LONG):
+        if isinstance(value, bool) or not (
+            isinstance(value, int)
+            or (isinstance(value, str) and re.fullmatch(r"[-+]?\d+", value.strip()))
+        ):
+            raise _invalid(name, value, "expected an integer")
+        parsed = int(value)
+        limit = INT32_MAX if definition.type == INT else 2**63 - 1
+        if not -limit - 1 <= parsed <= limit:
+            raise _invalid(name, value, "out of range")
+    elif isinstance(value, str):
+        parsed = value.strip()
+    else:
+        raise _invalid(name, value, "expected a string")
+    problem = definition.problem(parsed)
+    if problem:
+        raise _invalid(name, value, problem)
+    return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCoordinatorConfig:
+    """The group coordinator's broker keys, one frozen object (Kafka's
+    `GroupCoordinatorConfig`): consumer groups, classic groups, offsets, and the
+    `group.share.*` keys (`share`)."""
+
+    consumer_group_session_timeout_ms: int = 45000
+    consumer_group_min_session_timeout_ms: int = 45000
+    consumer_group_max_session_timeout_ms: int = 60000
+    consumer_group_heartbeat_interval_ms: int = 5000
+    consumer_group_min_heartbeat_interval_ms: int = 5000
+    consumer_group_max_heartbeat_interval_ms: int = 15000
+    consumer_group_max_size: int = INT32_MAX
+    consumer_group_assignors: tuple[str, ...] = BUILTIN_CONSUMER_ASSIGNORS
+    consumer_group_migration_policy: str = "bidirectional"
+    consumer_group_regex_refresh_interval_ms: int = 600000
+    classic_group_min_session_timeout_ms: int = 6000
+    classic_group_max_session_timeout_ms: int = 1800000
+    classic_group_initial_rebalance_delay_ms: int = 3000
+    classic_group_max_size: int = INT32_MAX
+    offsets_retention_minutes: int = 7 * 24 * 60
+    offsets_retention_check_interval_ms: int = 600000
+    offset_metadata_max_bytes: int = 4096
+    offsets_commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS
+    share: ShareGroupBrokerConfig = field(default_factory=ShareGroupBrokerConfig)
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        return self.offsets_retention_minutes * 60_000
+
+    @property
+    def consumer_group_default_assignor(self) -> str:
+        """The assignor of members that name none: the first listed."""
+        return self.consumer_group_assignors[0]
+
+    def value(self, key: str) -> int | str:
+        """A key's value by its Kafka name, e.g. `group.consumer.max.size` (a list as
+        Kafka writes it, comma-separated)."""
+        if key in BROKER_CONFIG_DEFS:
+            return self.share.value(key)
+        for attr, name in _COORDINATOR_FIELDS.items():
+            if name == key:
+                result: int | str | tuple[str, ...] = getattr(self, attr)
+                return ",".join(result) if isinstance(result, tuple) else result
+        raise KeyError(key)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> GroupCoordinatorConfig:
+        """Build from broker config values keyed by Kafka name (other keys are
+        ignored), checking each value's own rules and the relations Kafka requires
+        between them; raises KafkaError(INVALID_CONFIG)."""
+        kwargs: dict[str, Any] = {}
+        for attr, key in _COORDINATOR_FIELDS.items():
+            if key in values:
+                kwargs[attr] = _coordinator_value(GROUP_COORDINATOR_CONFIG_DEFS[key], values[key])
+        if "consumer_group_assignors" in kwargs:
+            kwargs["consumer_group_assignors"] = tuple(
+                name.strip() for name in kwargs["consumer_group_assignors"].split(",")
+            )
+        if "consumer_group_migration_policy" in kwargs:
+            kwargs["consumer_group_migration_policy"] = kwargs[
+                "consumer_group_migration_policy"
+            ].lower()
+        config = cls(share=ShareGroupBrokerConfig.from_mapping(values), **kwargs)
+        config._check()
+        return config
+
+    def _check(self) -> None:
+        # Kafka's GroupCoordinatorConfig constructor, consumer group part, in its order.
+        def require(ok: bool, message: str) -> None:
+            if not ok:
+                raise KafkaError(ErrorCode.invalid_config, message)
+
+        for name in ("heartbeat.interval.ms", "session.timeout.ms"):
+            lo, value, hi = (self.value(f"group.consumer.{p}{name}") for p in ("min.", "", "max."))
+            assert isinstance(lo, int) and isinstance(value, int) and isinstance(hi, int)
+            require(
+                hi >= lo,
+                f"group.consumer.max.{name} must be greater than or equal to "
+                f"group.consumer.min.{name}",
+            )
+            require(
+                value >= lo,
+                f"group.consumer.{name} must be greater than or equal to group.consumer.min.{name}",
+            )
+            require(
+                value <= hi,
+                f"group.consumer.{name} must be less than or equal to group.consumer.max.{name}",
+            )
+        require(
+            self.consumer_group_heartbeat_interval_ms < self.consumer_group_session_timeout_ms,
+            "group.consumer.heartbeat.interval.ms must be less than "
+            "group.consumer.session.timeout.ms",
+        )
+
+
+assert set(_COORDINATOR_FIELDS.values()) == set(GROUP_COORDINATOR_CONFIG_DEFS)
+assert set(_COORDINATOR_FIELDS) | {"share"} == {f.name for f in fields(GroupCoordinatorConfig)}
+
+
+# ---------------------------------------------------------------------------
+# Consumer group configs (Kafka's GroupConfig consumer.*), not yet served
+
+
+CONSUMER_GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef(
+            "consumer.session.timeout.ms",
+            INT,
+            45000,
+            "How long a member of this consumer group may go without a heartbeat before "
+            "it is removed.",
+            min=1,
+            broker_synonym="group.consumer.session.timeout.ms",
+            broker_min="group.consumer.min.session.timeout.ms",
+            broker_max="group.consumer.max.session.timeout.ms",
+        ),
+        ConfigDef(
+            "consumer.heartbeat.interval.ms",
+            INT,
+            5000,
+            "The heartbeat interval given to the members of this consumer group.",
+            min=1,
+            broker_synonym="group.consumer.heartbeat.interval.ms",
+            broker_min="group.consumer.min.heartbeat.interval.ms",
+            broker_max="group.consumer.max.heartbeat.interval.ms",
+        ),
+    ]
+}
+
+
+def validate_consumer_configs(
+    configs: Mapping[str, object], coordinator: GroupCoordinatorConfig | None = None
+) -> dict[str, int]:
+    """Check a consumer group's `consumer.*` overrides as Kafka's `GroupConfig.validate`
+    does and return them parsed: each within its floor and the broker's
+    `group.consumer.min/max.*` keys, and the session timeout above the heartbeat
+    interval (the broker's value standing in for whichever is not overridden).
+    Raises KafkaError(INVALID_CONFIG) naming the key and the bound."""
+    coordinator = coordinator or GroupCoordinatorConfig()
+    parsed: dict[str, int] = {}
+    for name, value in configs.items():
+        definition = CONSUMER_GROUP_CONFIG_DEFS.get(name)
+        if definition is None:
+            raise KafkaError(ErrorCode.invalid_config, f"Unknown group config name: {name}")
+        number = _parse(definition, value)
+        assert isinstance(number, int)
+        parsed[name] = number
+    # Kafka checks the heartbeat interval's bounds, then the session timeout's.
+    for name in ("consumer.heartbeat.interval.ms", "consumer.session.timeout.ms"):
+        definition = CONSUMER_GROUP_CONFIG_DEFS[name]
+        assert definition.broker_min and definition.broker_max
+        if name not in parsed:
+            continue
+        if parsed[name] < int(coordinator.value(definition.broker_min)):
+            raise _invalid(
+                name,
+                configs[name],
+                f"{name} must be greater than or equal to {definition.broker_min} "
+                f"({coordinator.value(definition.broker_min)})",
+            )
+        if parsed[name] > int(coordinator.value(definition.broker_max)):
+            raise _invalid(
+                name,
+                configs[name],
+                f"{name} must be less than or equal to {definition.broker_max} "
+                f"({coordinator.value(definition.broker_max)})",
+            )
+    session = parsed.get(
+        "consumer.session.timeout.ms", coordinator.consumer_group_session_timeout_ms
+    )
+    heartbeat = parsed.get(
+        "consumer.heartbeat.interval.ms", coordinator.consumer_group_heartbeat_interval_ms
+    )
+    if session <= heartbeat:
+        raise KafkaError(
+            ErrorCode.invalid_config,
+            f"consumer.session.timeout.ms ({session}) must be greater than "
+            f"consumer.heartbeat.interval.ms ({heartbeat})",
+        )
+    return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupConfig:
+    """The effective `consumer.*` configs of one consumer group: its overrides, else
+    the broker's `group.consumer.*` values. Kafka 4.2 reads a stored override as it
+    is (no clamping into bounds narrowed since)."""
+
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 5000
+
+    @classmethod
+    def effective(
+        cls, overrides: Mapping[str, ConfigValue], coordinator: GroupCoordinatorConfig
+    ) -> ConsumerGroupConfig:
+        session = overrides.get(
+            "consumer.session.timeout.ms", coordinator.consumer_group_session_timeout_ms
+        )
+        heartbeat = overrides.get(
+            "consumer.heartbeat.interval.ms", coordinator.consumer_group_heartbeat_interval_ms
+        )
+        assert isinstance(session, int) and isinstance(heartbeat, int)
+        return cls(session_timeout_ms=session, heartbeat_interval_ms=heartbeat)
