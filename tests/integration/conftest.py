@@ -9,13 +9,17 @@ pass `storage_settings_for(request, storage)` to `module_broker` keep their stat
 default) or on PostgreSQL, as the `storage` fixture says. A module or test runs on both
 with `@BOTH_STORAGES` (or `pytestmark = BOTH_STORAGES`): each test runs once per engine,
 ids `[file]` and `[postgresql]`; on PostgreSQL every broker gets a fresh database of its
-own on the session's throwaway server (tests/integration/pg_helpers.py), started only
-when a test needs it. A broker given an explicit `storage` setting keeps it.
+own on the session's throwaway server (the `pg_server` fixture, tests/postgres.py),
+started only when a test needs it. A broker given an explicit `storage` setting keeps
+it. The PostgreSQL tests' own helpers (a database per test, brokers of one cluster) are
+in tests/integration/pg_helpers.py, which builds on this module.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -39,7 +44,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.integration.pg_helpers import new_database, pg_server
+from tests.postgres import PostgresServer, postgres_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -53,8 +58,6 @@ TEST_DEFAULTS: dict[str, str | None] = {
 # The engines a test parametrised with BOTH_STORAGES runs on (the `storage` fixture).
 STORAGES = ("file", "postgresql")
 BOTH_STORAGES = pytest.mark.parametrize("storage", STORAGES, indirect=True)
-
-__all__ = ["pg_server"]  # a fixture, from pg_helpers, for the brokers on PostgreSQL
 
 # Log files of the brokers a test started, for the failure report (paths only, so the
 # brokers and their clients are freed after the test).
@@ -210,6 +213,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for log_path in item.stash.get(_LOGS_KEY, []):
             report.sections.append((f"broker log {log_path}", _tail(log_path)))
     return report
+
+
+# --- PostgreSQL: one throwaway server per test session, a database per broker ------
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    with postgres_server() as server:
+        yield server
+
+
+def create_database(server: PostgresServer, name: str) -> str:
+    """A new empty database on `server`; its URL."""
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return server.dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+def new_database(server: PostgresServer) -> str:
+    """The URL of a new empty database on `server`, named for no one else."""
+    return create_database(server, f"spool_test_{next(_databases)}")
 
 
 @pytest.fixture(scope="module")

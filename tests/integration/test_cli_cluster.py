@@ -17,9 +17,8 @@ from typing import Any
 
 from tests.integration.cli_helpers import ok
 from tests.integration.conftest import Broker, create_topic
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.pg_helpers import ClusterBroker, cluster, db_rows, pg_dsn, pg_server
 from tests.integration.test_pg_leadership import PARTITIONS, leaders, start_cluster
-from tests.integration.test_pg_registry import ClusterBroker, cluster
 
 __all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures
 

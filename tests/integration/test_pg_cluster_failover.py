@@ -76,15 +76,18 @@ from tests.integration.conftest import (
     create_topic,
     producer_config,
 )
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
-from tests.integration.share_helpers import close_quietly, log_lines, share_consumer
-from tests.integration.test_pg_leadership import PARTITIONS, leaders, settled, start_cluster
-from tests.integration.test_pg_registry import (
+from tests.integration.pg_helpers import (
     SESSION_MS,
     ClusterBroker,
     cluster,
-    with_signal,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
 )
+from tests.integration.share_helpers import close_quietly, log_lines, share_consumer
+from tests.integration.test_pg_leadership import PARTITIONS, leaders, settled, start_cluster
+from tests.integration.test_pg_registry import with_signal
 
 __all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures
 
@@ -835,10 +838,7 @@ def test_a_broker_cut_off_by_the_network_is_replaced_and_rejoins(
     cut = brokers[2]
     traffic: Traffic | None = None
     try:
-        for b in brokers:
-            b.start()
-        for b in brokers:
-            wait_for(lambda b=b: b.sees() == 3, f"broker {b.node_id} to see 3 live brokers")
+        start_brokers(brokers, timeout=WAIT_S)
         create_topic(brokers[0], "netcut", PARTITIONS)
         wait_for(settled(brokers, "netcut", {1, 2, 3}), "the leaders spread over three")
         busiest = min(p for p, leader in leaders(brokers[0], "netcut").items() if leader == 3)

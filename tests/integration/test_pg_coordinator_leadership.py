@@ -22,7 +22,15 @@ from confluent_kafka import AcknowledgeType, KafkaException
 from broker.leadership import COORDINATOR_LOGS, coordinator_layout
 from protocol.client import KafkaClient
 from tests.integration.conftest import create_topic
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.pg_helpers import (
+    ClusterBroker,
+    cluster,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
+    wait_for,
+)
 from tests.integration.share_helpers import (
     close_quietly,
     earliest,
@@ -30,7 +38,6 @@ from tests.integration.share_helpers import (
     share_consumer,
     topic_id,
 )
-from tests.integration.test_pg_registry import ACTIVE, ClusterBroker, cluster, wait_for
 
 __all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures
 
@@ -89,10 +96,7 @@ def placed_as_the_layout(
 def test_coordinator_logs_follow_the_layout_and_fail_over_after_kill9(
     cluster: Callable[..., ClusterBroker], pg_dsn: str, victim_log: str
 ) -> None:
-    brokers = [cluster(n) for n in NODES]
-    for b in brokers:
-        b.start()
-    wait_for(lambda: all(b.metric(ACTIVE) == 3 for b in brokers), "three live brokers")
+    brokers = start_brokers([cluster(n) for n in NODES])
     create_topic(brokers[0], TOPIC, PARTITIONS)
     ids: list[uuid.UUID] = []
 

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 from tests.integration.conftest import produce, producer_config
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import ClusterBroker, cluster, pg_dsn, pg_server, wait_for
 from tests.integration.share_helpers import accept_all, close_quietly, consume, share_consumer
 from tests.integration.test_pg_leadership import PARTITIONS, leaders, start_cluster
-from tests.integration.test_pg_registry import ClusterBroker, cluster, wait_for
 from tests.integration.test_pg_remote_share_state import holder
 from tests.integration.test_pg_shared_metadata import described, set_config
 

@@ -6,9 +6,10 @@ partitions to the others while a producer runs, without an application error, a 
 or a duplicate; after a kill -9 its partitions are led by the others once its lease
 expired, with every acknowledged record there.
 
-Leases are short (broker.session.timeout.ms 3000, broker.heartbeat.interval.ms 500) to
-keep it fast. Leaders are read per broker with a Metadata request of its own, never
-through a client's cached view.
+The brokers are pg_helpers' `cluster` brokers, with short leases
+(broker.session.timeout.ms 3000, broker.heartbeat.interval.ms 500) to keep it fast.
+Leaders are read per broker with a Metadata request of its own, never through a
+client's cached view.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from tests.integration.conftest import (
     produce,
     producer_config,
 )
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
-from tests.integration.test_pg_registry import (
+from tests.integration.pg_helpers import (
     INTERVAL_MS,
     SESSION_MS,
     ClusterBroker,
     cluster,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
     wait_for,
 )
 
@@ -84,11 +88,7 @@ def settled(brokers: list[ClusterBroker], topic: str, live: set[int]) -> Callabl
 
 
 def start_cluster(make: Callable[..., ClusterBroker], topic: str) -> list[ClusterBroker]:
-    brokers = [make(n) for n in (1, 2, 3)]
-    for b in brokers:
-        b.start()
-    for b in brokers:
-        wait_for(lambda b=b: b.sees() == 3, f"broker {b.node_id} to see 3 live brokers")
+    brokers = start_brokers([make(n) for n in (1, 2, 3)])
     create_topic(brokers[0], topic, PARTITIONS)
     wait_for(settled(brokers, topic, {1, 2, 3}), "the leaders to spread over three brokers")
     return brokers

@@ -6,8 +6,9 @@ killed takes the node id over (at once on the holder's data dir, after the lease
 expired on another); a broker paused (SIGSTOP) past its lease whose node id
 was taken is fenced when it resumes and stops.
 
-Each broker has its own node id, data dir and ports; leases are short
-(broker.session.timeout.ms 3000, broker.heartbeat.interval.ms 500) to keep it fast.
+The brokers are pg_helpers' `cluster` brokers: each has its own node id, data dir and
+ports; leases are short (broker.session.timeout.ms 3000, broker.heartbeat.interval.ms
+500) to keep it fast.
 What each broker sees is read from its /metrics (ActiveBrokerCount) and asked of it in
 DescribeCluster and Metadata, what the registry holds from the `spool_brokers` table.
 Until partitions are led by lease, every broker on one database claims every log it
@@ -18,14 +19,11 @@ broker.
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -34,82 +32,26 @@ import pytest
 from persister.pg_registry import PgRegistryStore
 from persister.pg_schema import migrate
 from protocol.client import KafkaClient
-from tests.integration.conftest import Broker, BrokerError, free_port
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.conftest import Broker, BrokerError
+from tests.integration.pg_helpers import (
+    INTERVAL_MS,
+    ClusterBroker,
+    cluster,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
+    wait_for,
+)
 
-__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+__all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 
-SESSION_MS = 3000
-INTERVAL_MS = 500
-WAIT_S = 20.0
-ACTIVE = "kafka_controller_kafkacontroller_activebrokercount"
-
-
-class ClusterBroker(Broker):
-    """A broker of the test's database with its node id and `--metrics`."""
-
-    def __init__(self, root: Path, name: str, dsn: str, node_id: int) -> None:
-        super().__init__(
-            root / f"data-{name}",
-            root / f"{name}.log",
-            {
-                "storage": dsn,
-                "broker.session.timeout.ms": str(SESSION_MS),
-                "broker.heartbeat.interval.ms": str(INTERVAL_MS),
-            },
-        )
-        self.node_id = node_id
-        self.metrics_port = free_port()
-
-    def command(self) -> list[str]:
-        return [
-            *super().command(),
-            *("--node-id", str(self.node_id)),
-            *("--metrics", f"127.0.0.1:{self.metrics_port}"),
-        ]
-
-    def metric(self, name: str) -> float | None:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-        return None if found is None else float(found.group(1))
-
-    def sees(self) -> int | None:
-        value = self.metric(ACTIVE)
-        return None if value is None else int(value)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[..., ClusterBroker]]:
-    """Make (not start) brokers on the test's database; running ones stop at the end."""
-    made: list[ClusterBroker] = []
-
-    def make(node_id: int, name: str | None = None) -> ClusterBroker:
-        b = ClusterBroker(tmp_path, name or f"broker{node_id}", pg_dsn, node_id)
-        made.append(b)
-        return b
-
-    yield make
-    for b in made:
-        if b.process is not None and b.process.poll() is None:
-            with_signal(b, signal.SIGCONT)
-            b.stop()
+WAIT_S = 20.0  # for a broker to exit
 
 
 def with_signal(b: Broker, sig: signal.Signals) -> None:
     assert b.process is not None
     b.process.send_signal(sig)
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> float:
-    """Poll `check` until true; the seconds it took."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def registrations(dsn: str) -> dict[int, dict[str, object]]:
@@ -158,11 +100,7 @@ def exit_code(b: Broker, timeout: float = WAIT_S) -> int:
 def test_three_brokers_see_each_other_and_see_them_leave(
     cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
-    brokers = [cluster(n) for n in (1, 2, 3)]
-    for b in brokers:
-        b.start()
-    for b in brokers:
-        wait_for(lambda b=b: b.sees() == 3, f"broker {b.node_id} to see 3 live brokers")
+    brokers = start_brokers([cluster(n) for n in (1, 2, 3)])
     held = registrations(pg_dsn)
     assert sorted(held) == [1, 2, 3]
     assert all(r["live"] for r in held.values())

@@ -27,12 +27,9 @@ partition has been loaded.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,8 +37,16 @@ from confluent_kafka.admin import AdminClient
 
 from broker.leadership import coordinator_layout
 from protocol.client import KafkaClient
-from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, create_topic, free_port
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.conftest import ADMIN_TIMEOUT_S, create_topic
+from tests.integration.pg_helpers import (
+    ClusterBroker,
+    cluster,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
+    wait_all_live,
+)
 from tests.integration.share_helpers import (
     PollLog,
     accept_all,
@@ -53,7 +58,7 @@ from tests.integration.share_helpers import (
     share_consumer,
 )
 
-__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+__all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 
 try:
     import broker.leadership  # noqa: F401
@@ -62,66 +67,12 @@ try:
 except ImportError:
     HAS_LEADERSHIP = False
 
-SESSION_MS = 3000
-INTERVAL_MS = 500
 WAIT_S = 30.0
 PARTITIONS = 4
 PER_PARTITION = 20
 SUMMARY = 87
 FIND_COORDINATOR = 10
-ACTIVE = "kafka_controller_kafkacontroller_activebrokercount"
 WRITES = r'kafka_network_requestmetrics_requests_total\{request="WriteShareGroupState"[^}]*\}'
-
-
-class Node(Broker):
-    """A broker of the test's database with its node id and `--metrics`."""
-
-    def __init__(self, root: Path, name: str, dsn: str, node_id: int) -> None:
-        super().__init__(
-            root / f"data-{name}",
-            root / f"{name}.log",
-            {
-                "storage": dsn,
-                "broker.session.timeout.ms": str(SESSION_MS),
-                "broker.heartbeat.interval.ms": str(INTERVAL_MS),
-            },
-        )
-        self.node_id = node_id
-        self.metrics_port = free_port()
-
-    def command(self) -> list[str]:
-        return [
-            *super().command(),
-            *("--node-id", str(self.node_id)),
-            *("--metrics", f"127.0.0.1:{self.metrics_port}"),
-        ]
-
-    def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    def metric(self, pattern: str) -> float:
-        """The sum of the samples whose line matches `pattern` (a regex before the value)."""
-        return sum(
-            float(m.group(1))
-            for m in re.finditer(rf"^{pattern} (\S+)$", self.metrics(), re.MULTILINE)
-        )
-
-
-@pytest.fixture
-def nodes(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[[int, str], Node]]:
-    made: list[Node] = []
-
-    def make(node_id: int, name: str) -> Node:
-        n = Node(tmp_path, name, pg_dsn, node_id)
-        made.append(n)
-        return n
-
-    yield make
-    for n in made:
-        if n.running:
-            n.stop()
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
@@ -134,16 +85,16 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> An
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def _initialized(*brokers: Node) -> int:
+def _initialized(*brokers: ClusterBroker) -> int:
     """Share partitions loaded so far, by the brokers' logs."""
     return sum(len(log_lines(b, "share_partition_initialized")) for b in brokers)
 
 
-def bootstrap(*brokers: Node) -> str:
+def bootstrap(*brokers: ClusterBroker) -> str:
     return ",".join(b.bootstrap for b in brokers)
 
 
-def leaders(brokers: list[Node], topic: str) -> dict[int, int]:
+def leaders(brokers: list[ClusterBroker], topic: str) -> dict[int, int]:
     """Partition -> leader node id, from Metadata (-1 while a partition has none)."""
     admin = AdminClient({"bootstrap.servers": bootstrap(*brokers)})
     md = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
@@ -159,7 +110,7 @@ def holder(dsn: str, log: str) -> int | None:
     return rows[0]["leader_node"] if rows else None
 
 
-async def _find_group_coordinator(broker: Node, group: str) -> int:
+async def _find_group_coordinator(broker: ClusterBroker, group: str) -> int:
     client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
     try:
         response = await client.request(
@@ -172,7 +123,7 @@ async def _find_group_coordinator(broker: Node, group: str) -> int:
 
 
 async def _summaries(
-    broker: Node, group: str, topic_id: uuid.UUID, partitions: list[int]
+    broker: ClusterBroker, group: str, topic_id: uuid.UUID, partitions: list[int]
 ) -> dict[int, Any]:
     client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
     try:
@@ -196,7 +147,7 @@ async def _summaries(
     return {int(p.partition): p for p in result.partitions}
 
 
-async def _topic_id(broker: Node, topic: str) -> uuid.UUID:
+async def _topic_id(broker: ClusterBroker, topic: str) -> uuid.UUID:
     from tests.integration.share_helpers import topic_id
 
     client = await KafkaClient.connect(broker.host, broker.port, "spool-it-remote-share")
@@ -223,15 +174,12 @@ A_ID = next(
 
 
 def _accepted_on_two_brokers(
-    nodes: Callable[[int, str], Node], pg_dsn: str
-) -> tuple[Node, Node, list[int]]:
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
+) -> tuple[ClusterBroker, ClusterBroker, list[int]]:
     """A and B up, B the share coordinator, TOPIC's partitions on both, and every record
     of them delivered once and ACCEPTed by GROUP. Returns A, B and A's partitions."""
-    a = nodes(A_ID, "a")
-    b = nodes(2, "b")
-    a.start()
-    b.start()  # the layout gives B the share-state log: A hands it over
-    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live")
+    # B started second: the layout gives it the share-state log, A hands it over.
+    a, b = start_brokers([cluster(A_ID, "a"), cluster(B_ID, "b")], timeout=WAIT_S)
     create_topic(a, TOPIC, PARTITIONS)
     layout = wait_for(
         lambda: (lambda m: m if len(m) == PARTITIONS and set(m.values()) == {A_ID, B_ID} else None)(
@@ -281,7 +229,7 @@ def _accepted_on_two_brokers(
     return a, b, on_a
 
 
-def _only_new_records_delivered(a: Node, b: Node) -> None:
+def _only_new_records_delivered(a: ClusterBroker, b: ClusterBroker) -> None:
     """One record more per partition: a new consumer of GROUP gets exactly those, no
     record ACCEPTed before."""
     for p in range(PARTITIONS):
@@ -316,9 +264,9 @@ def _only_new_records_delivered(a: Node, b: Node) -> None:
 
 @NEEDS_LEADERSHIP
 def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
-    nodes: Callable[[int, str], Node], pg_dsn: str
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
-    a, b, on_a = _accepted_on_two_brokers(nodes, pg_dsn)
+    a, b, on_a = _accepted_on_two_brokers(cluster, pg_dsn)
     topic, group = TOPIC, GROUP
 
     # B's share coordinator holds the state of A's partitions: all acknowledged.
@@ -331,14 +279,14 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
         # leader's writes.
         assert summaries[p].leader_epoch >= 1, (p, summaries[p])
     # ... written by A's share-partition leader over the wire: no client sends these.
-    assert b.metric(WRITES) > 0
+    assert b.metric_sum(WRITES) > 0
 
     # Both restart: nothing ACCEPTed comes back; what is produced since is delivered.
     a.stop()
     b.stop()
     a.start()
     b.start()
-    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
+    wait_all_live([a, b], WAIT_S)
     wait_for(
         lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], topic)),
         "every partition led again",
@@ -348,16 +296,16 @@ def test_share_partitions_led_by_a_write_their_state_to_the_coordinator_on_b(
 
 @NEEDS_LEADERSHIP
 def test_a_share_coordinator_killed_and_restarted_is_reached_again(
-    nodes: Callable[[int, str], Node], pg_dsn: str
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
     """B (the share coordinator) kill -9'd and restarted: A's pooled connection to it
     died with it; A's share-partition leader reconnects to the new B and reads and writes
     its state there (nothing ACCEPTed comes back)."""
-    a, b, _ = _accepted_on_two_brokers(nodes, pg_dsn)
+    a, b, _ = _accepted_on_two_brokers(cluster, pg_dsn)
     b.kill9()
     b.start()  # the layout gives B the share-state log again (A held it meanwhile)
     wait_for(lambda: holder(pg_dsn, SHARE_LOG) == B_ID, "B holding the share-state log")
-    wait_for(lambda: a.metric(ACTIVE) == 2 and b.metric(ACTIVE) == 2, "both brokers live again")
+    wait_all_live([a, b], WAIT_S)
     wait_for(
         lambda: (lambda m: len(m) == PARTITIONS and -1 not in m.values())(leaders([a, b], TOPIC)),
         "every partition led again",

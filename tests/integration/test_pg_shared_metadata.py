@@ -10,30 +10,34 @@ the controller id is a live broker at random, as in Kafka), so what one broker s
 is checked here over a connection to that broker alone (`protocol.client`).
 
 Partitions are led by one broker each (broker.leadership; produce and fetch across
-brokers are tested in test_pg_leadership).
+brokers are tested in test_pg_leadership). The brokers are pg_helpers' `cluster`
+brokers, with short leases.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
-from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, admin_config, free_port
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.conftest import ADMIN_TIMEOUT_S, Broker, admin_config
+from tests.integration.pg_helpers import (
+    ClusterBroker,
+    cluster,
+    db_rows,
+    pg_dsn,
+    pg_server,
+    start_brokers,
+)
 
-__all__ = ["pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
+__all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures, from pg_helpers
 
 # How long a change may take to reach another broker here: its poll interval (500 ms)
 # many times over, for a loaded machine.
@@ -47,48 +51,10 @@ DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER, DYNAMIC_DEFAULT_BROKER = 1, 2, 3
 T = TypeVar("T")
 
 
-class ClusterBroker(Broker):
-    """A broker of the cluster, serving /metrics too."""
-
-    def __init__(self, data_dir: Path, log_path: Path, settings: dict[str, str | None]) -> None:
-        super().__init__(data_dir, log_path, settings)
-        self.metrics_port = free_port()
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--metrics", f"127.0.0.1:{self.metrics_port}"]
-
-    def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = response.read().decode()
-        for family in text_string_to_metric_families(body):
-            for sample in family.samples:
-                if sample.name == name:
-                    return float(sample.value)
-        raise AssertionError(f"no {name} in /metrics")
-
-
-def brokers_on(dsn: str, root: Path, n: int) -> list[ClusterBroker]:
-    return [
-        ClusterBroker(
-            root / f"data{i}", root / f"broker{i}.log", {"storage": dsn, "node.id": str(i + 1)}
-        )
-        for i in range(n)
-    ]
-
-
 @pytest.fixture
-def cluster(pg_dsn: str, tmp_path: Path) -> Iterator[list[ClusterBroker]]:
+def brokers(cluster: Callable[..., ClusterBroker]) -> list[ClusterBroker]:
     """Three brokers on the test's database, started one after another."""
-    brokers = brokers_on(pg_dsn, tmp_path, 3)
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            if b.running:
-                b.stop()
+    return start_brokers([cluster(n) for n in (1, 2, 3)])
 
 
 def on(broker: Broker, scenario: Callable[[KafkaClient], Awaitable[T]]) -> T:
@@ -231,32 +197,22 @@ def described(broker: Broker, resource_type: int, name: str) -> dict[str, tuple[
 
 
 def test_brokers_started_at_once_on_an_empty_database_share_one_cluster_id(
-    pg_dsn: str, tmp_path: Path
+    cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
-    brokers = brokers_on(pg_dsn, tmp_path, 3)
-    threads = [threading.Thread(target=b.start) for b in brokers]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=2 * ADMIN_TIMEOUT_S)
-        assert all(b.running for b in brokers)
-        admins = [AdminClient(admin_config(b)) for b in brokers]
-        ids = {a.describe_cluster().result(timeout=ADMIN_TIMEOUT_S).cluster_id for a in admins}
-        assert len(ids) == 1, ids
-        # One record in the metadata log: the first broker's cluster id.
-        [row] = db_rows(pg_dsn, "SELECT next_offset FROM spool_logs WHERE name = 'meta'")
-        assert row["next_offset"] == 1
-    finally:
-        for b in brokers:
-            if b.running:
-                b.stop()
+    brokers = start_brokers([cluster(n) for n in (1, 2, 3)], at_once=True)
+    assert all(b.running for b in brokers)
+    admins = [AdminClient(admin_config(b)) for b in brokers]
+    ids = {a.describe_cluster().result(timeout=ADMIN_TIMEOUT_S).cluster_id for a in admins}
+    assert len(ids) == 1, ids
+    # One record in the metadata log: the first broker's cluster id.
+    [row] = db_rows(pg_dsn, "SELECT next_offset FROM spool_logs WHERE name = 'meta'")
+    assert row["next_offset"] == 1
 
 
 def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_all(
-    cluster: list[ClusterBroker],
+    brokers: list[ClusterBroker],
 ) -> None:
-    a, b, c = cluster
+    a, b, c = brokers
     topic_id = create_on(a, "orders", 3)
     assert served_by(a, "orders") == (topic_id, 3)
     for other in (b, c):
@@ -293,7 +249,7 @@ def test_a_topic_created_on_one_broker_is_served_by_the_others_and_deleted_from_
 
 
 def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
-    cluster: list[ClusterBroker],
+    brokers: list[ClusterBroker],
 ) -> None:
     """Each round, two connections to each broker send CreateTopics of one new name at
     once: one creates it, the five others answer TOPIC_ALREADY_EXISTS, and every broker
@@ -302,7 +258,7 @@ def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
     async def rounds() -> list[list[Any]]:
         clients = [
             await KafkaClient.connect(b.host, b.port, f"race-{i}")
-            for i, b in enumerate(cluster)
+            for i, b in enumerate(brokers)
             for _ in range(2)
         ]
         try:
@@ -318,25 +274,25 @@ def test_concurrent_create_topics_of_one_name_over_three_brokers_create_it_once(
         codes = sorted(result.error_code for result in results)
         assert codes == [ErrorCode.none] + [ErrorCode.topic_already_exists] * 5, results
         [winner] = [res for res in results if res.error_code == ErrorCode.none]
-        for b in cluster:
+        for b in brokers:
             got = eventually(lambda b=b, r=r: served_by(b, f"race-{r}"), "the topic elsewhere")
             assert got == (winner.topic_id, 2), (b.port, r)
     # The races were run: brokers wrote at once and were refused, then retried; every
     # broker applied the metadata log up to one offset.
-    assert sum(b.metric("spool_metadata_conflicts_total") for b in cluster) > 0
+    assert sum(b.metric_sum("spool_metadata_conflicts_total") for b in brokers) > 0
     last = "kafka_server_broker_metadata_metrics_last_applied_record_offset"
     offsets = eventually(
-        lambda: (lambda o: o if len(set(o)) == 1 else None)([b.metric(last) for b in cluster]),
+        lambda: (lambda o: o if len(set(o)) == 1 else None)([b.metric_sum(last) for b in brokers]),
         "every broker at one offset",
     )
     assert offsets[0] >= ROUNDS
-    assert sum(b.metric("spool_metadata_records_followed_total") for b in cluster) > 0
+    assert sum(b.metric_sum("spool_metadata_records_followed_total") for b in brokers) > 0
 
 
 def test_configs_altered_on_one_broker_are_described_by_another(
-    cluster: list[ClusterBroker],
+    brokers: list[ClusterBroker],
 ) -> None:
-    a, b, _ = cluster
+    a, b, _ = brokers
     create_on(a, "orders", 1)
     # Altered on b at once after a created it: b catches up before the change (it does
     # not answer UNKNOWN_TOPIC_OR_PARTITION), and a follows b's change.
@@ -348,7 +304,7 @@ def test_configs_altered_on_one_broker_are_described_by_another(
         configs = described(broker, TOPIC, "orders")
         return {k: v for k, (v, source) in configs.items() if source == DYNAMIC_TOPIC_CONFIG}
 
-    for broker in cluster:
+    for broker in brokers:
         eventually(lambda broker=broker: dynamic(broker) == wanted, "the topic configs")
     # The cluster-wide dynamic broker configs (resource ""), set on b, apply on a; a
     # broker's own (resource "2", b's) apply on it alone, over the cluster's.
@@ -365,7 +321,7 @@ def test_configs_altered_on_one_broker_are_described_by_another(
 
 
 def test_producer_ids_are_never_handed_out_twice_across_brokers(
-    cluster: list[ClusterBroker],
+    brokers: list[ClusterBroker],
 ) -> None:
     async def init(client: KafkaClient) -> int:
         answer = await client.request(
@@ -383,7 +339,7 @@ def test_producer_ids_are_never_handed_out_twice_across_brokers(
 
     async def main() -> list[int]:
         clients = [
-            await KafkaClient.connect(b.host, b.port, f"pid-{i}") for i, b in enumerate(cluster)
+            await KafkaClient.connect(b.host, b.port, f"pid-{i}") for i, b in enumerate(brokers)
         ]
         try:
             got: list[int] = []
