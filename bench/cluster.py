@@ -66,7 +66,7 @@ the ratio is at most 2B / (B + C + P) on 2 cores, less whatever else runs. A
 share-partition leader that is not the share coordinator's broker also sends its
 share-state writes over the wire to it, more work per record than a broker doing
 both.
-SPOOL_BENCH_CLUSTER_RECORDS (200000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
+SPOOL_BENCH_CLUSTER_RECORDS (500000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
 consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more librdkafka
 consumer properties (e.g. fetch.wait.max.ms=10), SPOOL_BENCH_CLUSTER_DEBUG=1 has each
 protocol consumer print its ShareFetch count, time in flight and records per node.
@@ -100,7 +100,7 @@ from bench import (
     share_group_from_earliest,
 )
 
-DEFAULT_CLUSTER_RECORDS = int(os.environ.get("SPOOL_BENCH_CLUSTER_RECORDS", "200000"))
+DEFAULT_CLUSTER_RECORDS = int(os.environ.get("SPOOL_BENCH_CLUSTER_RECORDS", "500000"))
 CONSUMERS = int(os.environ.get("SPOOL_BENCH_CLUSTER_CONSUMERS", "3"))
 PARTITIONS = 6
 SIZES = (1, 2, 3, 2, 1)  # brokers at each reading: up, then down
