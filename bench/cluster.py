@@ -757,6 +757,41 @@ def describe_cores(r: Reading) -> str:
     return ", ".join(parts)
 
 
+def cpu_per_record(r: Reading) -> tuple[float, float, float] | None:
+    """CPU microseconds per record of a reading: brokers (together), consumers,
+    PostgreSQL; None when a part was not measured."""
+    if not r.broker_cores or r.client_cores is None or r.postgres_cores is None:
+        return None
+    if r.result.records <= 0 or r.result.seconds <= 0:
+        return None
+    per = r.result.seconds / r.result.records * 1e6
+    return sum(r.broker_cores.values()) * per, r.client_cores * per, r.postgres_cores * per
+
+
+def ceilings(readings: list[Reading], cores: int | None = None) -> list[str]:
+    """What the CPU per record allows on this machine: one broker at most one core's
+    worth (1 / its broker CPU per record), N brokers at most the machine's cores over
+    everything's CPU per record (brokers, consumers, PostgreSQL), nothing else running.
+    Lines for the broker counts of `readings` that were measured."""
+    cores = cores or os.cpu_count() or 1
+    by_size: dict[int, list[tuple[float, float, float]]] = {}
+    for r in readings:
+        measured = cpu_per_record(r)
+        if measured is not None:
+            by_size.setdefault(r.brokers, []).append(measured)
+    lines = []
+    for n, costs in sorted(by_size.items()):
+        b, c, p = (sum(x[i] for x in costs) / len(costs) for i in range(3))
+        limit = cores / (b + c + p) * 1e6
+        if n == 1:
+            limit = min(limit, 1e6 / b)
+        lines.append(
+            f"{n:>7} broker(s): CPU per record {b:.2f} us brokers, {c:.2f} us consumers, "
+            f"{p:.2f} us postgres: at most {limit:,.0f} rec/s on {cores} cores"
+        )
+    return lines
+
+
 def mean_rates(readings: list[Reading], client: str) -> dict[int, float]:
     """Broker count -> the mean rate of `client`'s readings at that count."""
     by_size: dict[int, list[float]] = {}
@@ -792,6 +827,7 @@ def format_side_by_side(readings: list[Reading], failovers: list[Failover]) -> s
             for r in mine:
                 if r.brokers == n and r.broker_cores:
                     lines.append(f"{'':>7} {'':>19} {'':>11}    cores used: {describe_cores(r)}")
+        lines += ceilings(mine)
     if failovers:
         lines.append("")
         header = f"{'broker.session.timeout.ms':>25} {'failover s':>10}  killed"
