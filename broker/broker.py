@@ -46,6 +46,7 @@ from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
+from coordinator.offsets import OffsetStore
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.share_persister import DurablePersister
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
@@ -471,6 +472,7 @@ class Broker:
             clock=self.clock,
         )
         follower = self._not_claimed_yet("groups")
+        group_config = self.config.group_coordinator()
         self.groups = GroupCoordinator(
             self.share_state,
             self._topics_metadata,
@@ -482,6 +484,11 @@ class Broker:
             ),
             clock=self.clock,
             configs_in_metadata=True,
+            offsets=OffsetStore(
+                metadata_max_bytes=group_config.offset_metadata_max_bytes,
+                retention_ms=group_config.offsets_retention_ms,
+            ),
+            offsets_retention_check_interval_ms=group_config.offsets_retention_check_interval_ms,
         )
         if follower:
             self.groups.drop("not claimed yet")
