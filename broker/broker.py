@@ -537,7 +537,7 @@ class Broker:
                 self.data_dir / "transactions", self.commit, clock=self.clock
             ),
             allocate_producer_id=self.metadata.allocate_producer_id,
-            markers=marker_writer(self.logs),
+            markers=marker_writer(self.logs, self._complete_offsets),
             config=TransactionConfig.from_mapping(self.config.get),
             clock=self.clock,
         )
@@ -584,6 +584,13 @@ class Broker:
     def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
         self.share.drop(None, topic_id)
         self._spawn(self.groups.on_topics_changed())
+
+    async def _complete_offsets(
+        self, producer_id: int, commit: bool, offsets_partitions: frozenset[int]
+    ) -> None:
+        """A transaction's marker for __consumer_offsets partitions: its pending offsets
+        of their groups are committed or dropped by the group coordinator."""
+        await self.groups.complete_transaction(producer_id, commit, offsets_partitions)
 
     def _topics_metadata(self) -> dict[Any, TopicMetadata]:
         return {

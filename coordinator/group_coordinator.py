@@ -65,6 +65,7 @@ from coordinator.share_state import (
     Persister,
     ShareStateKey,
 )
+from coordinator.transactions import offsets_partition
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.coordinator_log import MemoryRecordLog
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
@@ -639,6 +640,70 @@ class GroupCoordinator:
         self._check_coordinator()
         outcomes: list[tuple[PartitionCommit, ErrorCode]] = await self._run_admin(group_id, op)
         return outcomes
+
+    async def commit_transactional_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[PartitionCommit],
+        *,
+        api_version: int,
+    ) -> list[tuple[PartitionCommit, ErrorCode]]:
+        """TxnOffsetCommit (Kafka's commitTransactionalOffset), the producer verified by
+        the caller: pending offsets, committed by the transaction's marker. An id naming
+        no group takes them as a simple group's with generation -1, else
+        ILLEGAL_GENERATION; a stale member epoch is ILLEGAL_GENERATION too."""
+
+        def op() -> tuple[list[OffsetRecord], list[tuple[PartitionCommit, ErrorCode]]]:
+            group = self._offset_group(group_id)
+            if group is None:
+                if generation >= 0:
+                    raise KafkaError(
+                        ErrorCode.illegal_generation,
+                        f"Group {group_id} has no generation {generation}.",
+                    )
+                group = SimpleGroup(group_id)
+            try:
+                group.validate_offset_commit(
+                    member_id, instance_id, generation, transactional=True, api_version=api_version
+                )
+            except KafkaError as exc:
+                if exc.code != ErrorCode.stale_member_epoch:
+                    raise
+                raise KafkaError(ErrorCode.illegal_generation, exc.message) from exc
+            return self.offsets.commit_transactional(
+                group_id, producer_id, producer_epoch, partitions, self.clock.now_ms()
+            )
+
+        self._check_coordinator()
+        outcomes: list[tuple[PartitionCommit, ErrorCode]] = await self._run_admin(group_id, op)
+        return outcomes
+
+    async def complete_transaction(
+        self, producer_id: int, commit: bool, offsets_partitions: frozenset[int]
+    ) -> None:
+        """The marker of the producer's transaction for these `__consumer_offsets`
+        partitions: each group of them with pending offsets of the producer gets them
+        committed (or dropped); returns once that is durable. A failed write raises, so
+        the transaction coordinator retries the marker, as Kafka's does."""
+        for group_id in self.offsets.pending_groups(producer_id):
+            if offsets_partition(group_id) not in offsets_partitions:
+                continue
+
+            def op(group_id: str = group_id) -> tuple[list[OffsetRecord], None]:
+                return self.offsets.complete(group_id, producer_id, commit), None
+
+            await self.runtime.run(group_id, op)
+            log.info(
+                "transactional_offsets_completed",
+                group=group_id,
+                producer_id=producer_id,
+                commit=commit,
+            )
 
     def fetch_offsets(
         self,

@@ -302,6 +302,67 @@ class OffsetStore:
             outcomes.append((p, ErrorCode.none))
         return records, outcomes
 
+    def commit_transactional(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[PartitionCommit],
+        now_ms: int,
+    ) -> tuple[list[OffsetRecord], list[tuple[PartitionCommit, ErrorCode]]]:
+        """The records of a TxnOffsetCommit already validated: pending offsets of the
+        producer's transaction, committed or dropped by its marker (`complete`)."""
+        records: list[OffsetRecord] = []
+        outcomes = []
+        for p in partitions:
+            metadata = p.metadata or ""
+            if len(metadata) > self.metadata_max_bytes:
+                outcomes.append((p, ErrorCode.offset_metadata_too_large))
+                continue
+            records.append(
+                PendingTxnOffsetCommitRecord(
+                    group_id,
+                    producer_id,
+                    p.topic,
+                    p.partition,
+                    producer_epoch,
+                    p.offset,
+                    p.leader_epoch,
+                    metadata,
+                    now_ms,
+                )
+            )
+            outcomes.append((p, ErrorCode.none))
+        return records, outcomes
+
+    def pending_groups(self, producer_id: int) -> list[str]:
+        """The groups with offsets pending in the producer's transaction."""
+        return sorted(g for g, producers in self.pending.items() if producer_id in producers)
+
+    def complete(self, group_id: str, producer_id: int, commit: bool) -> list[OffsetRecord]:
+        """The transaction's marker reached the group (Kafka's replayEndTransactionMarker):
+        on commit its pending offsets become committed ones; either way they go."""
+        offsets = self.pending.get(group_id, {}).get(producer_id, {})
+        records: list[OffsetRecord] = []
+        if commit:
+            records += [
+                OffsetCommitRecord(
+                    group_id,
+                    topic,
+                    partition,
+                    p.offset,
+                    p.leader_epoch,
+                    p.metadata,
+                    p.commit_timestamp,
+                )
+                for (topic, partition), p in sorted(offsets.items())
+            ]
+        records += [
+            PendingTxnOffsetCommitTombstone(group_id, producer_id, topic, partition)
+            for topic, partition in sorted(offsets)
+        ]
+        return records
+
     def delete(
         self, group_id: str, topics: Sequence[tuple[str, Sequence[int]]], group: OffsetGroup
     ) -> tuple[list[OffsetRecord], list[tuple[str, list[tuple[int, ErrorCode]]]]]:

@@ -212,3 +212,45 @@ async def test_offsets_and_simple_groups_come_back_from_the_log() -> None:
     assert again.group_type("gone") is None
     [(_, _, fetched)] = again.fetch_offsets("app", [("orders", [0], None)])
     assert fetched[0].offset == 4
+
+
+async def test_transactional_offsets_wait_for_the_marker() -> None:
+    groups = coordinator()
+    outcomes = await groups.commit_transactional_offsets(
+        "app", "", None, -1, 77, 0, commits(("orders", 0, 9)), api_version=3
+    )
+    assert [code for _, code in outcomes] == [ErrorCode.none]
+    assert groups.group_type("app") == GroupType.CLASSIC  # a simple group, pending only
+    [(_, _, before)] = groups.fetch_offsets("app", [("orders", [0], None)])
+    assert before[0].offset == -1
+    # A marker for another __consumer_offsets partition leaves them pending.
+    from coordinator.transactions import offsets_partition
+
+    mine = offsets_partition("app")
+    await groups.complete_transaction(77, True, frozenset({mine + 1}))
+    [(_, _, still)] = groups.fetch_offsets("app", [("orders", [0], None)], require_stable=True)
+    assert still[0].error == ErrorCode.unstable_offset_commit
+    await groups.complete_transaction(77, True, frozenset({mine}))
+    [(_, _, after)] = groups.fetch_offsets("app", [("orders", [0], None)], require_stable=True)
+    assert (after[0].offset, after[0].error) == (9, ErrorCode.none)
+
+
+async def test_an_aborted_transactions_offsets_are_dropped_and_a_simple_group_goes() -> None:
+    from coordinator.transactions import offsets_partition
+
+    groups = coordinator()
+    await groups.commit_transactional_offsets(
+        "app", "", None, -1, 77, 0, commits(("orders", 0, 9)), api_version=3
+    )
+    await groups.complete_transaction(77, False, frozenset({offsets_partition("app")}))
+    assert groups.fetch_offsets("app", None) == []
+    assert groups.group_type("app") is None
+
+
+async def test_a_transactional_commit_with_a_generation_to_no_group_is_illegal_generation() -> None:
+    groups = coordinator()
+    with pytest.raises(KafkaError) as refused:
+        await groups.commit_transactional_offsets(
+            "ghost", "m", None, 2, 77, 0, commits(("orders", 0, 9)), api_version=3
+        )
+    assert refused.value.code == ErrorCode.illegal_generation
