@@ -6,7 +6,10 @@ No sockets."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import io
+from typing import Any
 
 import pytest
 from kio.schema.consumer_protocol_assignment.v3.data import (
@@ -22,10 +25,14 @@ from broker.cli import build_parser
 from broker.tools import consumer_groups as cg
 from broker.tools.common import UsageError
 from protocol.admin import (
+    AdminError,
     CommittedOffset,
     ConsumerGroupDescription,
     ConsumerMember,
+    ListedOffset,
     Node,
+    PartitionInfo,
+    TopicInfo,
     group_state_name,
     kafka_error_message,
     parse_consumer_assignment,
@@ -346,3 +353,163 @@ def test_kafka_error_messages() -> None:
     assert kafka_error_message("NON_EMPTY_GROUP") == "The group is not empty."
     assert kafka_error_message("GROUP_ID_NOT_FOUND") == "The group id does not exist."
     assert kafka_error_message("SOMETHING_ELSE") is None
+
+
+# --- the actions against a fake admin client (what the broker answers, without sockets) ---
+
+
+class FakeAdmin:
+    """The AdminClient calls the tool makes, answered from memory."""
+
+    def __init__(self, description: ConsumerGroupDescription | AdminError) -> None:
+        self.description = description
+        self.committed = {("t", 0): CommittedOffset(3, None, "")}
+        self.altered: list[dict[tuple[str, int], int]] = []
+        self.delete_result: dict[str, AdminError | None] = {}
+
+    async def describe_consumer_group(self, group: str) -> ConsumerGroupDescription:
+        if isinstance(self.description, AdminError):
+            raise self.description
+        return self.description
+
+    async def list_consumer_group_offsets(self, group: str) -> dict[Any, CommittedOffset]:
+        return dict(self.committed)
+
+    async def list_offsets(self, specs: dict[tuple[str, int], int]) -> dict[Any, ListedOffset]:
+        return {tp: ListedOffset(10 if spec == -1 else 0, -1) for tp, spec in specs.items()}
+
+    async def describe_topics(self, topics: list[str]) -> list[TopicInfo]:
+        return [TopicInfo(t, None, False, (PartitionInfo(0, 1, 0, (1,), (1,)),)) for t in topics]
+
+    async def alter_consumer_group_offsets(
+        self, group: str, offsets: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], AdminError | None]:
+        self.altered.append(dict(offsets))
+        return dict.fromkeys(offsets)
+
+    async def delete_groups(self, groups: list[str]) -> dict[str, AdminError | None]:
+        return {g: self.delete_result.get(g) for g in groups}
+
+
+def stable_group() -> ConsumerGroupDescription:
+    return ConsumerGroupDescription(
+        group_id="g",
+        type="consumer",
+        protocol_type="consumer",
+        state="Stable",
+        assignor="uniform",
+        coordinator=Node(1, "broker1", 9092),
+        members=(
+            ConsumerMember(
+                "m1",
+                "static-1",
+                "client-1",
+                "/10.0.0.1",
+                {"t": (0,)},
+                target_assignment={"t": (0, 1)},
+                member_epoch=5,
+                upgraded=True,
+            ),
+        ),
+        group_epoch=6,
+        target_assignment_epoch=6,
+    )
+
+
+def run_action(admin: FakeAdmin, handler: Any, *argv: str) -> int:
+    args = parse(*argv)
+    cg.validate(args)
+    return int(asyncio.run(handler(admin, args)))
+
+
+def test_describe_members_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    admin = FakeAdmin(stable_group())
+    assert (
+        run_action(admin, cg.describe, "--describe", "--group", "g", "--members", "--verbose") == 0
+    )
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines == [
+        [
+            "GROUP",
+            "CONSUMER-ID",
+            "GROUP-INSTANCE-ID",
+            "HOST",
+            "CLIENT-ID",
+            "#PARTITIONS",
+            "CURRENT-EPOCH",
+            "CURRENT-ASSIGNMENT",
+            "TARGET-EPOCH",
+            "TARGET-ASSIGNMENT",
+        ],
+        ["g", "m1", "static-1", "/10.0.0.1", "client-1", "1", "5", "t:0", "6", "t:0,1"],
+    ]
+
+
+def test_describe_state_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    admin = FakeAdmin(stable_group())
+    assert run_action(admin, cg.describe, "--describe", "--group", "g", "--state", "--verbose") == 0
+    out = capsys.readouterr().out
+    assert "GROUP-EPOCH" in out and "TARGET-ASSIGNMENT-EPOCH" in out
+    row = next(line for line in out.splitlines() if line.startswith("g "))
+    assert row.split() == ["g", "broker1:9092", "(1)", "uniform", "Stable", "6", "6", "1"]
+
+
+def test_describe_offsets_names_the_member(capsys: pytest.CaptureFixture[str]) -> None:
+    admin = FakeAdmin(stable_group())
+    assert run_action(admin, cg.describe, "--describe", "--group", "g") == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("g ")]
+    assert [r.split() for r in row] == [
+        ["g", "t", "0", "3", "10", "7", "m1", "/10.0.0.1", "client-1"]
+    ]
+
+
+def test_describe_without_describe_apis_still_prints_offsets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    unsupported = AdminError("UNSUPPORTED_VERSION", "the broker serves neither ...")
+    assert run_action(FakeAdmin(unsupported), cg.describe, "--describe", "--group", "g") == 0
+    out = capsys.readouterr()
+    assert "Error: UNSUPPORTED_VERSION" in out.err
+    assert [line.split() for line in out.out.splitlines() if line.startswith("g ")] == [
+        ["g", "t", "0", "3", "10", "7", "-", "-", "-"]
+    ]
+    # --members needs them: an error, exit 1.
+    assert (
+        run_action(FakeAdmin(unsupported), cg.describe, "--describe", "--group", "g", "--members")
+        == 1
+    )
+
+
+def test_describe_dead_group_says_it_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    dead = dataclasses.replace(stable_group(), state="Dead", members=())
+    admin = FakeAdmin(dead)
+    admin.committed = {}
+    assert run_action(admin, cg.describe, "--describe", "--group", "g", "--state") == 0
+    assert "Error: Consumer group 'g' does not exist." in capsys.readouterr().err
+
+
+def test_reset_of_an_active_group_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    admin = FakeAdmin(stable_group())
+    argv = ("--reset-offsets", "--group", "g", "--topic", "t", "--to-earliest", "--execute")
+    assert run_action(admin, cg.reset_offsets, *argv) == 1
+    assert admin.altered == []
+    assert (
+        "Assignments can only be reset if the group 'g' is inactive, but the current state "
+        "is Stable." in capsys.readouterr().err
+    )
+    empty = FakeAdmin(dataclasses.replace(stable_group(), state="Empty", members=()))
+    assert run_action(empty, cg.reset_offsets, *argv) == 0
+    assert empty.altered == [{("t", 0): 0}]
+
+
+def test_delete_of_a_non_empty_group(capsys: pytest.CaptureFixture[str]) -> None:
+    admin = FakeAdmin(stable_group())
+    admin.delete_result = {"g": AdminError("NON_EMPTY_GROUP", "group 'g'")}
+    assert run_action(admin, cg.delete, "--delete", "--group", "g", "--group", "h") == 1
+    out = capsys.readouterr()
+    assert "Error: Deletion of some consumer groups failed:" in out.err
+    assert (
+        "* Group 'g' could not be deleted due to: NON_EMPTY_GROUP: The group is not empty."
+        in out.out
+    )
+    assert "These consumer groups were deleted successfully: 'h'" in out.out
