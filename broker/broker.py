@@ -490,6 +490,7 @@ class Broker:
             ),
             offsets_retention_check_interval_ms=group_config.offsets_retention_check_interval_ms,
         )
+        self.groups.consumer.config = group_config
         if follower:
             self.groups.drop("not claimed yet")
         else:

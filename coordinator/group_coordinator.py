@@ -28,6 +28,7 @@ import structlog
 
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
+from coordinator.consumer_group_ops import CONSUMER_GROUP_RECORDS, ConsumerGroupOps
 from coordinator.group_config import (
     OFFSETS_COMMIT_TIMEOUT_MS,
     AlterConfigOp,
@@ -191,12 +192,15 @@ class GroupCoordinator:
         self._initializing: set[asyncio.Task[None]] = set()
         self._stopped = False
         self.runtime.on_fenced = self._unload
+        # KIP-848 consumer groups (ConsumerGroupHeartbeat): coordinator.consumer_group_ops.
+        self.consumer = ConsumerGroupOps(self)
 
     # -- lifecycle --------------------------------------------------------------
 
     def load(self) -> None:
         """Rebuild groups and configs by replaying the record log (startup)."""
         count = self.runtime.load()
+        self.consumer.on_loaded()
         now = self.clock.now_ms()
         for group_id, group in self.groups.items():
             group.on_loaded(now, self.config(group_id))
@@ -251,6 +255,7 @@ class GroupCoordinator:
             self._expiry_task.cancel()
         for task in list(self._initializing):
             task.cancel()
+        self.consumer.unload()
         await self.runtime.stop()
 
     def close(self) -> None:
@@ -269,6 +274,7 @@ class GroupCoordinator:
         if self._retention_timer is not None:
             self._retention_timer.cancel()
             self._retention_timer = None
+        self.consumer.unload()
         unloaded = len(self.groups) + len(self.classic_groups) + len(self.consumer_groups)
         self.groups.clear()
         self._forget_offsets()
@@ -311,6 +317,9 @@ class GroupCoordinator:
             return
         if isinstance(record, _OFFSET_RECORDS):
             self._replay_offsets(record)
+            return
+        if isinstance(record, CONSUMER_GROUP_RECORDS):
+            self.consumer.replay(record)
             return
         if not isinstance(record, _SHARE_GROUP_RECORDS):
             # Consumer-group, classic-group and offset records: the codec knows them, but
@@ -867,6 +876,7 @@ class GroupCoordinator:
         """Topics were created, deleted or grew: recompute assignments, drop dead state
         and the offsets of deleted topics."""
         await self._delete_offsets_of_deleted_topics()
+        await self.consumer.on_topics_changed()
         topics = self.topics()
         for group_id in list(self.groups):
 
