@@ -100,9 +100,8 @@ def run_until(members: list[Member], done: Callable[[], bool], what: str) -> Non
         assert len(held) == len(set(held)), f"a partition assigned twice: {sorted(held)}"
         if done():
             return
-    raise AssertionError(
-        f"never {what}: assignments {[(m.name, sorted(m.assigned())) for m in members if not m.closed]}"
-    )
+    live = [(m.name, sorted(m.assigned())) for m in members if not m.closed]
+    raise AssertionError(f"never {what}: assignments {live}")
 
 
 def split(members: list[Member], sizes: list[int]) -> Callable[[], bool]:
