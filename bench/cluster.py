@@ -64,8 +64,15 @@ the broker, the consumers and PostgreSQL use per unit of rate, 2 brokers reach a
 most 2 / (B + C + P) units where one broker, if it is the bound, reaches 1 / B, so
 the ratio is at most 2B / (B + C + P) on 2 cores, less whatever else runs. A
 share-partition leader that is not the share coordinator's broker also sends its
-share-state writes over the wire to it, more work per record than a broker doing
-both.
+share-state writes over the wire to it (broker.share.remote_persister, one request
+in flight per broker, RPC and group), more work per record than a broker doing both. And
+every share-state write of the cluster is committed by the one broker holding the
+`share-state` coordinator log (broker.leadership.COORDINATOR_LOGS; one commit in
+flight per log, persister.pg_commit), whatever the number of brokers: with one
+ShareFetch in flight per consumer and node, a round that crosses more processes
+(consumer, leader, share coordinator's broker, PostgreSQL, and back) delivers fewer
+records per second unless the CPU, not the round trip, was the bound. Under
+SPOOL_BENCH_CLUSTER_DEBUG=1 the consumers print each node's time per ShareFetch.
 SPOOL_BENCH_CLUSTER_RECORDS (500000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
 consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more librdkafka
 consumer properties (e.g. fetch.wait.max.ms=10), SPOOL_BENCH_CLUSTER_DEBUG=1 has each
