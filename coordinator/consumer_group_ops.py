@@ -172,6 +172,15 @@ class ConsumerGroupOps:
             result: ConsumerHeartbeatResult = await self.host.runtime.run(group_id, op)
         except KafkaError as exc:
             raise for_coordinator_rpc(exc) from exc
+        if request.member_epoch == 0:
+            log.info(
+                "consumer_member_joined",
+                group=group_id,
+                member=result.member_id,
+                member_epoch=result.member_epoch,
+                instance_id=request.instance_id,
+                client_id=request.client_id,
+            )
         self._after(group_id, result)
         return result
 

@@ -16,6 +16,8 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from protocol.client import KafkaClient
+from protocol.errors import ErrorCode
 from tests.integration.conftest import (
     ADMIN_TIMEOUT_S,
     Broker,
@@ -193,3 +195,166 @@ def test_consumers_split_rebalance_and_consume_everything_once(
     heartbeats = [line for line in protocol_log.lines if "ConsumerGroupHeartbeat" in line]
     sends = [line for line in heartbeats if "Sent ConsumerGroupHeartbeatRequest" in line]
     assert sends and all("(v1," in line for line in sends), sends[:3]
+
+
+# -- the wire: Kafka 4.2's answers in the notable cases -------------------------------
+
+HEARTBEAT, DESCRIBE, OFFSET_COMMIT, LIST_GROUPS, DELETE_GROUPS, SHARE_HEARTBEAT = (
+    68,
+    69,
+    8,
+    16,
+    42,
+    76,
+)
+
+
+def _join(group: str, member_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "member_id": member_id,
+        "member_epoch": 0,
+        "rebalance_timeout": 30_000,
+        "subscribed_topic_names": [],
+        "topic_partitions": [],
+        **fields,
+    }
+
+
+def _parts(response: Any) -> dict[uuid.UUID, list[int]]:
+    assert response.assignment is not None
+    return {t.topic_id: sorted(t.partitions) for t in response.assignment.topic_partitions}
+
+
+def _commit(group: str, member_id: str, epoch: int, topic: str) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "generation_id_or_member_epoch": epoch,
+        "member_id": member_id,
+        "topics": [
+            {
+                "name": topic,
+                "partitions": [
+                    {"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}
+                ],
+            }
+        ],
+    }
+
+
+async def test_heartbeat_describe_and_errors_on_the_wire(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory(SETTINGS)
+    topic, group = f"w-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, 2)
+    client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-cg")
+    try:
+        # v0: the coordinator makes the member id.
+        r = await client.request(HEARTBEAT, 0, _join(group, "", subscribed_topic_names=[topic]))
+        assert r.error_code == ErrorCode.none and r.member_id and r.member_epoch == 1
+        assert r.heartbeat_interval.total_seconds() == 0.5
+        assert sorted(_parts(r).values()) == [[0, 1]]
+        member = r.member_id
+
+        # v1: the client's member id, a regex subscription resolved on the spot.
+        r = await client.request(
+            HEARTBEAT,
+            1,
+            _join(
+                group,
+                "m-regex",
+                subscribed_topic_names=None,
+                subscribed_topic_regex=f"{topic[:4]}.*",
+            ),
+        )
+        assert r.error_code == ErrorCode.none and r.member_epoch == 2
+
+        for version, fields, code in [
+            (1, _join(group, ""), ErrorCode.invalid_request),
+            (1, _join(group, "x", rebalance_timeout=-1), ErrorCode.invalid_request),
+            (1, _join(group, "x", server_assignor="sticky"), ErrorCode.unsupported_assignor),
+            (
+                1,
+                _join(group, "x", subscribed_topic_regex="(unclosed"),
+                ErrorCode.invalid_regular_expression,
+            ),
+            (1, {**_join(group, member), "member_epoch": 9}, ErrorCode.fenced_member_epoch),
+            (1, {**_join(group, "nobody"), "member_epoch": 3}, ErrorCode.unknown_member_id),
+            (1, {**_join("nothing-here", "x"), "member_epoch": 3}, ErrorCode.group_id_not_found),
+        ]:
+            r = await client.request(HEARTBEAT, version, fields)
+            assert (r.error_code, r.member_epoch) == (code, -1), (fields, r.error_message)
+
+        # OffsetCommit from a member: v9+ with its epoch; v8 is too old for it.
+        ok = await client.request(OFFSET_COMMIT, 9, _commit(group, member, 1, topic))
+        assert ok.topics[0].partitions[0].error_code == ErrorCode.none
+        for version, epoch, who, code in [
+            (9, 0, member, ErrorCode.stale_member_epoch),
+            (9, 1, "nobody", ErrorCode.unknown_member_id),
+            (8, 1, member, ErrorCode.unsupported_version),
+        ]:
+            r = await client.request(OFFSET_COMMIT, version, _commit(group, who, epoch, topic))
+            assert r.topics[0].partitions[0].error_code == code, (version, epoch, who)
+
+        # A share group's id is not a consumer group's, nor the other way round.
+        share = f"s-{uuid.uuid4().hex[:8]}"
+        r = await client.request(
+            SHARE_HEARTBEAT,
+            1,
+            {
+                "group_id": share,
+                "member_id": "sm-1",
+                "member_epoch": 0,
+                "subscribed_topic_names": [topic],
+            },
+        )
+        assert r.error_code == ErrorCode.none
+        r = await client.request(HEARTBEAT, 1, _join(share, "x"))
+        assert (r.error_code, r.error_message) == (
+            ErrorCode.group_id_not_found,
+            f"Group {share} is not a consumer group.",
+        )
+
+        # ConsumerGroupDescribe (v0 as librdkafka sends it, v1 as Java does).
+        for version in (0, 1):
+            d = await client.request(
+                DESCRIBE,
+                version,
+                {
+                    "group_ids": [group, share, "nothing-here"],
+                    "include_authorized_operations": True,
+                },
+            )
+            ours, theirs, missing = d.groups
+            assert ours.error_code == ErrorCode.none and ours.group_state in (
+                "Stable",
+                "Reconciling",
+            )
+            assert sorted(m.member_id for m in ours.members) == sorted([member, "m-regex"])
+            regex_member = next(m for m in ours.members if m.member_id == "m-regex")
+            assert regex_member.subscribed_topic_regex == f"{topic[:4]}.*"
+            if version == 1:
+                assert {m.member_type for m in ours.members} == {1}
+            assert theirs.error_code == missing.error_code == ErrorCode.group_id_not_found
+
+        # ListGroups names it a consumer group.
+        listed = await client.request(LIST_GROUPS, 5, {"types_filter": ["consumer"]})
+        assert [(g.group_id, g.group_type, g.protocol_type) for g in listed.groups] == [
+            (group, "consumer", "consumer")
+        ]
+
+        # DeleteGroups: not while it has members; then the group and its offsets go.
+        r = await client.request(DELETE_GROUPS, 2, {"groups_names": [group]})
+        assert r.results[0].error_code == ErrorCode.non_empty_group
+        for who in (member, "m-regex"):
+            r = await client.request(
+                HEARTBEAT, 1, {"group_id": group, "member_id": who, "member_epoch": -1}
+            )
+            assert (r.error_code, r.member_epoch) == (ErrorCode.none, -1)
+        r = await client.request(DELETE_GROUPS, 2, {"groups_names": [group]})
+        assert r.results[0].error_code == ErrorCode.none
+        d = await client.request(DESCRIBE, 1, {"group_ids": [group]})
+        assert d.groups[0].error_code == ErrorCode.group_id_not_found
+    finally:
+        await client.close()
