@@ -10,9 +10,11 @@ member asked to revoke partitions run on `GroupTimers` ("session", g, m) and
 re-arms both for every member after a load or a failover, as Kafka's onLoaded does.
 
 One namespace of group ids (coordinator.group_host): a heartbeat naming a share group
-is GROUP_ID_NOT_FOUND ("not a consumer group"), one naming a classic group is refused
-as Kafka 4.2 refuses it with `group.consumer.migration.policy=disabled` (spool does not
-convert groups between protocols yet, not even empty ones).
+is GROUP_ID_NOT_FOUND ("not a consumer group"). A join naming an empty classic group
+(e.g. one only offsets were committed for) converts it in the same write, as Kafka does
+under every migration policy; a non-empty classic group is refused as Kafka 4.2 refuses
+it with `group.consumer.migration.policy=disabled`: spool does not move members
+between the protocols.
 """
 
 from __future__ import annotations
@@ -139,17 +141,27 @@ class ConsumerGroupOps:
         if not request.member_id:  # v0: the coordinator names the member
             request = _with_member_id(request, new_member_id())
 
-        def op() -> tuple[list[ConsumerGroupRecord], ConsumerHeartbeatResult]:
+        def op() -> tuple[list[Any], ConsumerHeartbeatResult]:
             found = self.host.group_type(group_id)
-            if found == GroupType.SHARE:
+            joining = request.member_epoch == 0
+            converted: list[Any] = []
+            if found == GroupType.CLASSIC and joining:
+                classic = self.host.classic_groups[group_id]
+                if not classic.is_empty:
+                    # Kafka with group.consumer.migration.policy=disabled: spool does not
+                    # move a classic group's members to the consumer protocol.
+                    raise KafkaError(
+                        ErrorCode.group_id_not_found,
+                        f"Cannot upgrade classic group {group_id} to consumer group because "
+                        "online upgrade is disabled.",
+                    )
+                # An empty classic group becomes a consumer group in the same write, under
+                # every policy (Kafka's maybeDeleteEmptyClassicGroup); offsets stay, they
+                # belong to the group id.
+                converted = list(classic.tombstones())
+            elif found in (GroupType.SHARE, GroupType.CLASSIC):
                 raise KafkaError(
                     ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group."
-                )
-            if found == GroupType.CLASSIC:
-                raise KafkaError(
-                    ErrorCode.group_id_not_found,
-                    f"Cannot upgrade classic group {group_id} to consumer group because "
-                    "online upgrade is disabled.",
                 )
             group = self._group(group_id)
             if group is None:
@@ -166,7 +178,9 @@ class ConsumerGroupOps:
                 self.assignors,
                 topic_regex.resolve,
             )
-            return result.records, result
+            if found == GroupType.CLASSIC:
+                log.info("classic_group_converted", group=group_id, to=GroupType.CONSUMER.value)
+            return [*converted, *result.records], result
 
         try:
             result: ConsumerHeartbeatResult = await self.host.runtime.run(group_id, op)

@@ -28,7 +28,7 @@ from coordinator.consumer_group import (
 from coordinator.group_config import GroupConfigStore, GroupCoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.group_host import GroupType
-from coordinator.offsets import OffsetCommitRecord
+from coordinator.offsets import OffsetCommitRecord, PartitionCommit
 from coordinator.share_persister import InMemoryPersister
 from persister.clock import ManualClock
 from persister.coordinator_log import MemoryRecordLog
@@ -517,3 +517,36 @@ async def test_offsets_replayed_before_the_group_records_give_way_to_the_group()
     assert groups.group_type("g") == GroupType.CONSUMER
     assert "g" not in groups.classic_groups
     assert groups.consumer.describe("g").group_epoch == 3
+
+
+async def test_an_empty_classic_group_becomes_a_consumer_group_keeping_its_offsets() -> None:
+    groups = coordinator(ManualClock(0))
+    await groups.commit_offsets(
+        "app", "", None, -1, [PartitionCommit("orders", 0, 42)], api_version=9
+    )
+    assert groups.group_type("app") == GroupType.CLASSIC
+    e = await _refused(groups.consumer.heartbeat("app", ConsumerHeartbeat("a", 1, owned={}), 1))
+    assert (e.code, e.message) == (
+        ErrorCode.group_id_not_found,
+        "Group app is not a consumer group.",
+    )
+    r = await groups.consumer.heartbeat("app", join("a"), 1)
+    assert r.member_epoch == 1
+    assert groups.group_type("app") == GroupType.CONSUMER
+    [(_, _, [fetched])] = groups.fetch_offsets("app", [("orders", [0], None)])
+    assert fetched.offset == 42
+
+
+async def test_a_classic_group_with_members_is_not_upgraded() -> None:
+    groups = coordinator(ManualClock(0))
+
+    class Busy:
+        group_type = GroupType.CLASSIC
+        is_empty = False
+
+    groups.classic_groups["busy"] = Busy()  # type: ignore[assignment]
+    e = await _refused(groups.consumer.heartbeat("busy", join("a"), 1))
+    assert e.code == ErrorCode.group_id_not_found
+    assert e.message == (
+        "Cannot upgrade classic group busy to consumer group because online upgrade is disabled."
+    )
