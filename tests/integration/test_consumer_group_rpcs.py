@@ -3,10 +3,14 @@
 third joins and one leaves, and consume every record with synchronous commits, none
 twice except records of a batch whose commit failed. The client speaks
 ConsumerGroupHeartbeat v1 (checked in its protocol debug log); ListGroups and
-ConsumerGroupDescribe show the group."""
+ConsumerGroupDescribe show the group. A static member (group.instance.id) closes and
+comes back with the same partitions and no new group epoch; a regex subscription takes
+a matching topic created later. Kafka's answers in the notable cases, on the wire. The
+client tests run on both storage engines where the group's records matter."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -20,6 +24,7 @@ from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from tests.integration.conftest import (
     ADMIN_TIMEOUT_S,
+    BOTH_STORAGES,
     Broker,
     admin_config,
     create_topic,
@@ -119,6 +124,7 @@ def split(members: list[Member], sizes: list[int]) -> Callable[[], bool]:
     return done
 
 
+@BOTH_STORAGES
 def test_consumers_split_rebalance_and_consume_everything_once(
     broker_factory: Callable[..., Broker],
 ) -> None:
@@ -358,3 +364,63 @@ async def test_heartbeat_describe_and_errors_on_the_wire(
         assert d.groups[0].error_code == ErrorCode.group_id_not_found
     finally:
         await client.close()
+
+
+def _group_epoch(broker: Broker, group: str) -> tuple[int, int]:
+    """(group epoch, assignment epoch) by ConsumerGroupDescribe."""
+
+    async def describe() -> tuple[int, int]:
+        client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-cg")
+        try:
+            d = await client.request(DESCRIBE, 1, {"group_ids": [group]})
+        finally:
+            await client.close()
+        g = d.groups[0]
+        assert g.error_code == ErrorCode.none, g.error_message
+        return int(g.group_epoch), int(g.assignment_epoch)
+
+    return asyncio.run(describe())
+
+
+@BOTH_STORAGES
+def test_a_static_member_rejoins_without_a_rebalance(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory(SETTINGS)
+    topic, group = f"st-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, PARTITIONS)
+    a = Member(broker, group, "a", **{"group.instance.id": "instance-a"})
+    b = Member(broker, group, "b")
+    for m in (a, b):
+        m.subscribe(topic)
+    run_until([a, b], split([a, b], [3, 3]), "split 3/3")
+    a_parts, b_parts = a.assigned(), b.assigned()
+    epochs = _group_epoch(broker, group)
+    a.close()  # a static member's close is a temporary leave (member epoch -2)
+    run_until([b], lambda: True, "polled")
+    assert b.assigned() == b_parts
+    again = Member(broker, group, "a-again", **{"group.instance.id": "instance-a"})
+    again.subscribe(topic)
+    run_until([again, b], lambda: again.assigned() == a_parts, "the same partitions back")
+    assert b.assigned() == b_parts
+    assert _group_epoch(broker, group) == epochs
+    for m in (again, b):
+        m.close()
+
+
+def test_a_regex_subscription_follows_new_topics(broker_factory: Callable[..., Broker]) -> None:
+    broker = broker_factory(SETTINGS)
+    prefix = f"rx{uuid.uuid4().hex[:6]}"
+    create_topic(broker, f"{prefix}-one", 2)
+    create_topic(broker, f"other{prefix}", 2)
+    c = Member(broker, f"g-{prefix}", "c")
+    c.consumer.subscribe([f"^{prefix}-.*"])
+
+    def topics() -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in c.consumer.assignment()}
+
+    run_until([c], lambda: topics() == {(f"{prefix}-one", 0), (f"{prefix}-one", 1)}, "one")
+    create_topic(broker, f"{prefix}-two", 1)
+    run_until([c], lambda: (f"{prefix}-two", 0) in topics(), "the new topic assigned")
+    assert all(t.startswith(f"{prefix}-") for t, _ in topics())
+    c.close()
