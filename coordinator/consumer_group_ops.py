@@ -23,7 +23,7 @@ import base64
 import dataclasses
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
@@ -51,6 +51,9 @@ log = structlog.get_logger("spool.groups")
 
 CONSUMER_GROUP_RECORDS = typing.get_args(ConsumerGroupRecord)
 
+# The topic names among those given that a principal may DESCRIBE.
+Describable = Callable[[list[str]], list[str]]
+
 
 class ConsumerHost(Protocol):
     """What the consumer-group shell needs of the group coordinator."""
@@ -75,6 +78,21 @@ class ConsumerGroupOps:
         self.host = host
         self.config = config if config is not None else GroupCoordinatorConfig()
         self.timers: GroupTimers[Any] = GroupTimers(host.runtime, host.clock)
+        # Per group, the DESCRIBE filter of the member whose heartbeat last named a regex:
+        # regexes resolve to the topics it may see, on topic changes too (Kafka resolves
+        # with the context of the member that asked).
+        self._describable: dict[str, Describable] = {}
+
+    def _resolver(
+        self, group_id: str
+    ) -> Callable[[Iterable[str], Iterable[str]], Mapping[str, frozenset[str]]]:
+        describable = self._describable.get(group_id)
+
+        def resolve(regexes: Iterable[str], names: Iterable[str]) -> dict[str, frozenset[str]]:
+            visible = list(names) if describable is None else describable(list(names))
+            return topic_regex.resolve(regexes, visible)
+
+        return resolve
 
     @property
     def assignors(self) -> dict[str, ConsumerAssignor]:
@@ -105,6 +123,7 @@ class ConsumerGroupOps:
         if group.deleted:
             del groups[record.group_id]
             self.timers.cancel_group(record.group_id)
+            self._describable.pop(record.group_id, None)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -127,17 +146,28 @@ class ConsumerGroupOps:
 
     def unload(self) -> None:
         self.timers.cancel_all()
+        self._describable.clear()
 
     # -- ConsumerGroupHeartbeat -------------------------------------------------
 
     async def heartbeat(
-        self, group_id: str, request: ConsumerHeartbeat, api_version: int
+        self,
+        group_id: str,
+        request: ConsumerHeartbeat,
+        api_version: int,
+        describable: Describable | None = None,
     ) -> ConsumerHeartbeatResult:
+        """One ConsumerGroupHeartbeat. `describable` filters the topics a regex may
+        resolve to (the member's DESCRIBE permission; None: every topic)."""
         validate_heartbeat_request(
             group_id, request, api_version, self.config.consumer_group_assignors
         )
         if request.subscribed_topic_regex:
             topic_regex.validate(request.subscribed_topic_regex)
+            if describable is None:
+                self._describable.pop(group_id, None)
+            else:
+                self._describable[group_id] = describable
         if not request.member_id:  # v0: the coordinator names the member
             request = _with_member_id(request, new_member_id())
 
@@ -176,7 +206,7 @@ class ConsumerGroupOps:
                 self.host.clock.now_ms(),
                 self.config,
                 self.assignors,
-                topic_regex.resolve,
+                self._resolver(group_id),
             )
             if found == GroupType.CLASSIC:
                 log.info("classic_group_converted", group=group_id, to=GroupType.CONSUMER.value)
@@ -263,7 +293,7 @@ class ConsumerGroupOps:
                 if group is None or not group.members:
                     return [], None
                 now = self.host.clock.now_ms()
-                return group.refresh_topics(topics, now, topic_regex.resolve), None
+                return group.refresh_topics(topics, now, self._resolver(group_id)), None
 
             try:
                 await self.host.runtime.run(group_id, op)

@@ -30,6 +30,7 @@ from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
 from coordinator.consumer_group import AssignmentDict, ConsumerHeartbeat
+from coordinator.consumer_group_ops import Describable
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataStore
 from protocol.errors import ErrorCode, KafkaError
@@ -105,7 +106,15 @@ async def consumer_group_heartbeat(
             client_id=ctx.header.client_id or "",
             client_host=ctx.client_host,
         )
-        result = await broker.groups.consumer.heartbeat(req.group_id, request, int(req.__version__))
+        describable: Describable | None = None
+        if az.enabled:
+            # A regex resolves to the topics this member may DESCRIBE (Kafka 4.2).
+            def describable(names: list[str]) -> list[str]:
+                return az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, names)
+
+        result = await broker.groups.consumer.heartbeat(
+            req.group_id, request, int(req.__version__), describable
+        )
     except KafkaError as exc:
         log.info(
             "consumer_heartbeat_refused",

@@ -550,3 +550,29 @@ async def test_a_classic_group_with_members_is_not_upgraded() -> None:
     assert e.message == (
         "Cannot upgrade classic group busy to consumer group because online upgrade is disabled."
     )
+
+
+async def test_a_regex_resolves_to_the_topics_the_member_may_describe() -> None:
+    v, w = uuid.UUID(int=9), uuid.UUID(int=10)
+    topics = {**TOPICS, U: TopicMetadata(U, "orders-secret", 1)}
+    groups = GroupCoordinator(
+        InMemoryPersister(), lambda: topics, GroupConfigStore(), clock=ManualClock(0)
+    )
+    groups.load()
+
+    def describable(names: list[str]) -> list[str]:
+        return [n for n in names if "secret" not in n]
+
+    request = ConsumerHeartbeat(
+        "a", 0, rebalance_timeout_ms=1, subscribed_topic_regex="orders.*", owned={}
+    )
+    r = await groups.consumer.heartbeat("g", request, 1, describable)
+    assert r.assignment == {T: ALL}
+    # Topics created later are resolved with the same member's permissions.
+    topics[v] = TopicMetadata(v, "orders-secret-2", 1)
+    topics[w] = TopicMetadata(w, "orders-2", 1)
+    await groups.consumer.on_topics_changed()
+    group = groups.consumer_groups["g"]
+    assert isinstance(group, ConsumerGroup)
+    assert group.regexes["orders.*"].topics == {"orders", "orders-2"}
+    groups.consumer.unload()
