@@ -33,8 +33,12 @@ from coordinator.assignor import TopicMetadata
 from coordinator.consumer_assignors import ASSIGNORS, ConsumerAssignor
 from coordinator.consumer_group import (
     ConsumerGroup,
+    ConsumerGroupCurrentMemberAssignmentTombstone,
     ConsumerGroupDescription,
+    ConsumerGroupMemberMetadataTombstone,
     ConsumerGroupRecord,
+    ConsumerGroupRegularExpressionTombstone,
+    ConsumerGroupTargetAssignmentMemberTombstone,
     ConsumerGroupTombstone,
     ConsumerHeartbeat,
     ConsumerHeartbeatResult,
@@ -50,6 +54,14 @@ from protocol.errors import ErrorCode, KafkaError
 log = structlog.get_logger("spool.groups")
 
 CONSUMER_GROUP_RECORDS = typing.get_args(ConsumerGroupRecord)
+
+_TOMBSTONES = (
+    ConsumerGroupTombstone,
+    ConsumerGroupMemberMetadataTombstone,
+    ConsumerGroupTargetAssignmentMemberTombstone,
+    ConsumerGroupCurrentMemberAssignmentTombstone,
+    ConsumerGroupRegularExpressionTombstone,
+)
 
 # The topic names among those given that a principal may DESCRIBE.
 Describable = Callable[[list[str]], list[str]]
@@ -112,8 +124,8 @@ class ConsumerGroupOps:
         groups = self.host.consumer_groups
         group = self._group(record.group_id)
         if group is None:
-            if isinstance(record, ConsumerGroupTombstone):
-                return
+            if isinstance(record, _TOMBSTONES):
+                return  # removes something of a group that is not there: nothing
             # Offsets replayed before the group's records made a simple group of the id
             # (a compacted log keeps keys out of order): the consumer group replaces it.
             self.host.classic_groups.pop(record.group_id, None)

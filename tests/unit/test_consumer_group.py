@@ -576,3 +576,17 @@ async def test_a_regex_resolves_to_the_topics_the_member_may_describe() -> None:
     assert isinstance(group, ConsumerGroup)
     assert group.regexes["orders.*"].topics == {"orders", "orders-2"}
     groups.consumer.unload()
+
+
+async def test_tombstones_of_a_group_that_is_gone_create_nothing() -> None:
+    log = MemoryRecordLog()
+    group = ConsumerGroup("gone")
+    group.replay(
+        ConsumerGroupMemberMetadataRecord(
+            "gone", "m", None, None, "c", "/h", frozenset(), None, 1, None
+        )
+    )
+    for record in group.tombstones()[:-1]:  # a compacted log kept these, not the group's
+        log.write(group_records.encode(record))
+    groups = coordinator(ManualClock(0), log)
+    assert groups.group_type("gone") is None
