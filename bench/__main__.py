@@ -13,7 +13,7 @@ Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
 PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (500000).
 Files next to PostgreSQL (`--only storage`): SPOOL_BENCH_STORAGE_RECORDS (200000).
 1, 2 and 3 brokers on one PostgreSQL, failover (`--only cluster`): SPOOL_BENCH_CLUSTER_RECORDS
-(200000), SPOOL_BENCH_CLUSTER_CONSUMERS (3).
+(500000), SPOOL_BENCH_CLUSTER_CONSUMERS (3).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the

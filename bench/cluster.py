@@ -64,9 +64,16 @@ the broker, the consumers and PostgreSQL use per unit of rate, 2 brokers reach a
 most 2 / (B + C + P) units where one broker, if it is the bound, reaches 1 / B, so
 the ratio is at most 2B / (B + C + P) on 2 cores, less whatever else runs. A
 share-partition leader that is not the share coordinator's broker also sends its
-share-state writes over the wire to it, more work per record than a broker doing
-both.
-SPOOL_BENCH_CLUSTER_RECORDS (200000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
+share-state writes over the wire to it (broker.share.remote_persister, one request
+in flight per broker, RPC and group), more work per record than a broker doing both. And
+every share-state write of the cluster is committed by the one broker holding the
+`share-state` coordinator log (broker.leadership.COORDINATOR_LOGS; one commit in
+flight per log, persister.pg_commit), whatever the number of brokers: with one
+ShareFetch in flight per consumer and node, a round that crosses more processes
+(consumer, leader, share coordinator's broker, PostgreSQL, and back) delivers fewer
+records per second unless the CPU, not the round trip, was the bound. Under
+SPOOL_BENCH_CLUSTER_DEBUG=1 the consumers print each node's time per ShareFetch.
+SPOOL_BENCH_CLUSTER_RECORDS (500000) records, SPOOL_BENCH_CLUSTER_CONSUMERS (3)
 consumer processes, SPOOL_BENCH_CLUSTER_CLIENT (`key=value,...`) more librdkafka
 consumer properties (e.g. fetch.wait.max.ms=10), SPOOL_BENCH_CLUSTER_DEBUG=1 has each
 protocol consumer print its ShareFetch count, time in flight and records per node.
@@ -100,7 +107,7 @@ from bench import (
     share_group_from_earliest,
 )
 
-DEFAULT_CLUSTER_RECORDS = int(os.environ.get("SPOOL_BENCH_CLUSTER_RECORDS", "200000"))
+DEFAULT_CLUSTER_RECORDS = int(os.environ.get("SPOOL_BENCH_CLUSTER_RECORDS", "500000"))
 CONSUMERS = int(os.environ.get("SPOOL_BENCH_CLUSTER_CONSUMERS", "3"))
 PARTITIONS = 6
 SIZES = (1, 2, 3, 2, 1)  # brokers at each reading: up, then down
@@ -757,6 +764,41 @@ def describe_cores(r: Reading) -> str:
     return ", ".join(parts)
 
 
+def cpu_per_record(r: Reading) -> tuple[float, float, float] | None:
+    """CPU microseconds per record of a reading: brokers (together), consumers,
+    PostgreSQL; None when a part was not measured."""
+    if not r.broker_cores or r.client_cores is None or r.postgres_cores is None:
+        return None
+    if r.result.records <= 0 or r.result.seconds <= 0:
+        return None
+    per = r.result.seconds / r.result.records * 1e6
+    return sum(r.broker_cores.values()) * per, r.client_cores * per, r.postgres_cores * per
+
+
+def ceilings(readings: list[Reading], cores: int | None = None) -> list[str]:
+    """What the CPU per record allows on this machine: one broker at most one core's
+    worth (1 / its broker CPU per record), N brokers at most the machine's cores over
+    everything's CPU per record (brokers, consumers, PostgreSQL), nothing else running.
+    Lines for the broker counts of `readings` that were measured."""
+    cores = cores or os.cpu_count() or 1
+    by_size: dict[int, list[tuple[float, float, float]]] = {}
+    for r in readings:
+        measured = cpu_per_record(r)
+        if measured is not None:
+            by_size.setdefault(r.brokers, []).append(measured)
+    lines = []
+    for n, costs in sorted(by_size.items()):
+        b, c, p = (sum(x[i] for x in costs) / len(costs) for i in range(3))
+        limit = cores / (b + c + p) * 1e6
+        if n == 1:
+            limit = min(limit, 1e6 / b)
+        lines.append(
+            f"{n:>7} broker(s): CPU per record {b:.2f} us brokers, {c:.2f} us consumers, "
+            f"{p:.2f} us postgres: at most {limit:,.0f} rec/s on {cores} cores"
+        )
+    return lines
+
+
 def mean_rates(readings: list[Reading], client: str) -> dict[int, float]:
     """Broker count -> the mean rate of `client`'s readings at that count."""
     by_size: dict[int, list[float]] = {}
@@ -792,6 +834,7 @@ def format_side_by_side(readings: list[Reading], failovers: list[Failover]) -> s
             for r in mine:
                 if r.brokers == n and r.broker_cores:
                     lines.append(f"{'':>7} {'':>19} {'':>11}    cores used: {describe_cores(r)}")
+        lines += ceilings(mine)
     if failovers:
         lines.append("")
         header = f"{'broker.session.timeout.ms':>25} {'failover s':>10}  killed"

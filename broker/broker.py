@@ -44,9 +44,9 @@ from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
-from coordinator.classic_group import ClassicGroupConfig
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
+from coordinator.offsets import OffsetStore
 from coordinator.runtime import CoordinatorRuntime
 from coordinator.share_persister import DurablePersister
 from coordinator.transactions import TransactionConfig, TransactionCoordinator
@@ -472,6 +472,7 @@ class Broker:
             clock=self.clock,
         )
         follower = self._not_claimed_yet("groups")
+        group_config = self.config.group_coordinator()
         self.groups = GroupCoordinator(
             self.share_state,
             self._topics_metadata,
@@ -483,8 +484,13 @@ class Broker:
             ),
             clock=self.clock,
             configs_in_metadata=True,
+            offsets=OffsetStore(
+                metadata_max_bytes=group_config.offset_metadata_max_bytes,
+                retention_ms=group_config.offsets_retention_ms,
+            ),
+            offsets_retention_check_interval_ms=group_config.offsets_retention_check_interval_ms,
         )
-        self.groups.classic.config = ClassicGroupConfig.of(self.config.group_coordinator())
+        self.groups.consumer.config = group_config
         if follower:
             self.groups.drop("not claimed yet")
         else:
@@ -532,7 +538,7 @@ class Broker:
                 self.data_dir / "transactions", self.commit, clock=self.clock
             ),
             allocate_producer_id=self.metadata.allocate_producer_id,
-            markers=marker_writer(self.logs),
+            markers=marker_writer(self.logs, self._complete_offsets),
             config=TransactionConfig.from_mapping(self.config.get),
             clock=self.clock,
         )
@@ -579,6 +585,13 @@ class Broker:
     def _on_topic_deleted(self, name: str, topic_id: Any) -> None:
         self.share.drop(None, topic_id)
         self._spawn(self.groups.on_topics_changed())
+
+    async def _complete_offsets(
+        self, producer_id: int, commit: bool, offsets_partitions: frozenset[int]
+    ) -> None:
+        """A transaction's marker for __consumer_offsets partitions: its pending offsets
+        of their groups are committed or dropped by the group coordinator."""
+        await self.groups.complete_transaction(producer_id, commit, offsets_partitions)
 
     def _topics_metadata(self) -> dict[Any, TopicMetadata]:
         return {

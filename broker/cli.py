@@ -73,6 +73,7 @@ def apply_node_id(static: dict[str, Any], node_id: int | None) -> None:
 # `spool serve` stay fast.
 TOOL_MODULES: tuple[str, ...] = (
     "broker.tools.share_groups",
+    "broker.tools.consumer_groups",
     "broker.tools.topics",
     "broker.tools.cluster",
     "broker.tools.configs",

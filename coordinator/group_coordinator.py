@@ -28,8 +28,7 @@ import structlog
 
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
-from coordinator.classic_group import ClassicGroupTombstone, GroupMetadataRecord
-from coordinator.classic_group_ops import ClassicGroupOps
+from coordinator.consumer_group_ops import CONSUMER_GROUP_RECORDS, ConsumerGroupOps
 from coordinator.group_config import (
     OFFSETS_COMMIT_TIMEOUT_MS,
     AlterConfigOp,
@@ -39,6 +38,14 @@ from coordinator.group_config import (
 )
 from coordinator.group_host import GroupType, OffsetGroup
 from coordinator.group_records import GroupRecord
+from coordinator.offsets import (
+    OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+    FetchedOffset,
+    OffsetRecord,
+    OffsetStore,
+    PartitionCommit,
+    SimpleGroup,
+)
 from coordinator.runtime import (
     CoordinatorRuntime,
     KeyCompaction,
@@ -59,6 +66,7 @@ from coordinator.share_state import (
     Persister,
     ShareStateKey,
 )
+from coordinator.transactions import offsets_partition
 from persister.clock import SYSTEM_CLOCK, Clock, Timer
 from persister.coordinator_log import MemoryRecordLog
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
@@ -85,6 +93,7 @@ EXPIRY_SWEEP_MS = 250
 INITIALIZE_WAIT_MS = OFFSETS_COMMIT_TIMEOUT_MS
 
 _SHARE_GROUP_RECORDS = typing.get_args(ShareGroupRecord)
+_OFFSET_RECORDS = typing.get_args(OffsetRecord)
 # Records that only remove a member: for a group that is not there they change nothing.
 _MEMBER_TOMBSTONES = (
     ShareGroupMemberMetadataTombstone,
@@ -97,8 +106,6 @@ _MEMBER_TOMBSTONES = (
 class GroupListing:
     group_id: str
     state: str
-    group_type: str = GroupType.SHARE.value
-    protocol_type: str = "share"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +149,8 @@ class GroupCoordinator:
         *,
         clock: Clock = SYSTEM_CLOCK,
         configs_in_metadata: bool = False,
+        offsets: OffsetStore | None = None,
+        offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS,
     ) -> None:
         self.persister = persister
         self.topics = topics
@@ -160,6 +169,10 @@ class GroupCoordinator:
         # an id is a key of at most one of these dicts and `groups`.
         self.classic_groups: dict[str, OffsetGroup] = {}
         self.consumer_groups: dict[str, OffsetGroup] = {}
+        # Committed offsets of consumer and classic groups (coordinator.offsets).
+        self.offsets = offsets if offsets is not None else OffsetStore()
+        self.offsets_retention_check_interval_ms = offsets_retention_check_interval_ms
+        self._retention_timer: Timer | None = None
         self.runtime: CoordinatorRuntime[GroupRecord] = CoordinatorRuntime(
             "groups",
             record_log if record_log is not None else MemoryRecordLog(),
@@ -179,15 +192,15 @@ class GroupCoordinator:
         self._initializing: set[asyncio.Task[None]] = set()
         self._stopped = False
         self.runtime.on_fenced = self._unload
-        # Classic groups (JoinGroup/SyncGroup): coordinator.classic_group_ops.
-        self.classic = ClassicGroupOps(self)
+        # KIP-848 consumer groups (ConsumerGroupHeartbeat): coordinator.consumer_group_ops.
+        self.consumer = ConsumerGroupOps(self)
 
     # -- lifecycle --------------------------------------------------------------
 
     def load(self) -> None:
         """Rebuild groups and configs by replaying the record log (startup)."""
         count = self.runtime.load()
-        self.classic.on_loaded()
+        self.consumer.on_loaded()
         now = self.clock.now_ms()
         for group_id, group in self.groups.items():
             group.on_loaded(now, self.config(group_id))
@@ -196,7 +209,7 @@ class GroupCoordinator:
     def start(self) -> None:
         self._stopped = False
         self._schedule_expiry()
-        self.classic.start()
+        self._schedule_retention()
         self._track(self._finish_pending())
 
     async def settle(self) -> None:
@@ -236,11 +249,13 @@ class GroupCoordinator:
         self._stopped = True
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
         if self._expiry_task is not None:
             self._expiry_task.cancel()
         for task in list(self._initializing):
             task.cancel()
-        self.classic.timers.cancel_all()
+        self.consumer.unload()
         await self.runtime.stop()
 
     def close(self) -> None:
@@ -256,10 +271,13 @@ class GroupCoordinator:
             self._expiry_timer = None
         for task in list(self._initializing):
             task.cancel()
-        unloaded = len(self.groups)
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+            self._retention_timer = None
+        self.consumer.unload()
+        unloaded = len(self.groups) + len(self.classic_groups) + len(self.consumer_groups)
         self.groups.clear()
-        self.classic.unload()
-        self.classic_groups.clear()
+        self._forget_offsets()
         log.warning("groups_unloaded", groups=unloaded)
 
     async def unload(self, reason: str) -> None:
@@ -281,8 +299,7 @@ class GroupCoordinator:
         """This broker leads the groups log (again), restored from the database: the
         groups are rebuilt by replaying `record_log` and the timers started."""
         self.groups.clear()
-        self.classic.unload()
-        self.classic_groups.clear()
+        self._forget_offsets()
         self.runtime.reopen(record_log)
         self.load()
         self.start()
@@ -298,8 +315,11 @@ class GroupCoordinator:
         if isinstance(record, GroupConfigRecord):
             (self.legacy_configs if self.configs_in_metadata else self.configs).replay(record)
             return
-        if isinstance(record, GroupMetadataRecord | ClassicGroupTombstone):
-            self.classic.replay(record)
+        if isinstance(record, _OFFSET_RECORDS):
+            self._replay_offsets(record)
+            return
+        if isinstance(record, CONSUMER_GROUP_RECORDS):
+            self.consumer.replay(record)
             return
         if not isinstance(record, _SHARE_GROUP_RECORDS):
             # Consumer-group, classic-group and offset records: the codec knows them, but
@@ -321,6 +341,23 @@ class GroupCoordinator:
                 return
             group = self.groups[record.group_id] = ShareGroup(record.group_id)
         group.replay(record)
+
+    def _replay_offsets(self, record: OffsetRecord) -> None:
+        """An offset record takes effect; an id with offsets and no group is a simple
+        group (Kafka makes one on replay too), which goes with its last offset."""
+        self.offsets.replay(record)
+        group_id = record.group_id
+        if self.offsets.has_offsets(group_id):
+            if self.group_type(group_id) is None:
+                self.classic_groups[group_id] = SimpleGroup(group_id)
+        elif isinstance(self.classic_groups.get(group_id), SimpleGroup):
+            del self.classic_groups[group_id]
+
+    def _forget_offsets(self) -> None:
+        self.offsets.committed.clear()
+        self.offsets.pending.clear()
+        self.classic_groups.clear()
+        self.consumer_groups.clear()
 
     def config(self, group_id: str) -> GroupConfig:
         return self.configs.config(group_id)
@@ -559,6 +596,241 @@ class GroupCoordinator:
         finally:
             timer.cancel()
 
+    # -- committed offsets (OffsetCommit, OffsetFetch, OffsetDelete) ----------------
+
+    def _offset_group(self, group_id: str) -> OffsetGroup | None:
+        """The consumer or classic group `group_id` names; GROUP_ID_NOT_FOUND for a share
+        group ("not a consumer group", as Kafka 4.2's ShareGroup answers offset RPCs)."""
+        found = self.group_type(group_id)
+        if found == GroupType.SHARE:
+            raise KafkaError(
+                ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group."
+            )
+        return self.classic_groups.get(group_id) or self.consumer_groups.get(group_id)
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        generation_or_epoch: int,
+        partitions: Sequence[PartitionCommit],
+        *,
+        retention_ms: int = -1,
+        api_version: int,
+    ) -> list[tuple[PartitionCommit, ErrorCode]]:
+        """OffsetCommit (Kafka's OffsetMetadataManager.commitOffset): the group validates
+        the member; an id naming no group takes the commit as a simple group's when the
+        generation is -1, else GROUP_ID_NOT_FOUND (v9+) or ILLEGAL_GENERATION (before).
+        The offsets are durable when this returns; a failed write is NOT_COORDINATOR."""
+
+        def op() -> tuple[list[OffsetRecord], list[tuple[PartitionCommit, ErrorCode]]]:
+            group = self._offset_group(group_id)
+            if group is None:
+                if generation_or_epoch >= 0:
+                    if api_version >= 9:
+                        raise KafkaError(
+                            ErrorCode.group_id_not_found, f"Group {group_id} not found."
+                        )
+                    raise KafkaError(
+                        ErrorCode.illegal_generation,
+                        f"Group {group_id} has no generation {generation_or_epoch}.",
+                    )
+                group = SimpleGroup(group_id)
+            group.validate_offset_commit(
+                member_id,
+                instance_id,
+                generation_or_epoch,
+                transactional=False,
+                api_version=api_version,
+            )
+            return self.offsets.commit(group_id, partitions, self.clock.now_ms(), retention_ms)
+
+        self._check_coordinator()
+        outcomes: list[tuple[PartitionCommit, ErrorCode]] = await self._run_admin(group_id, op)
+        return outcomes
+
+    async def commit_transactional_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[PartitionCommit],
+        *,
+        api_version: int,
+    ) -> list[tuple[PartitionCommit, ErrorCode]]:
+        """TxnOffsetCommit (Kafka's commitTransactionalOffset), the producer verified by
+        the caller: pending offsets, committed by the transaction's marker. An id naming
+        no group takes them as a simple group's with generation -1, else
+        ILLEGAL_GENERATION; a stale member epoch is ILLEGAL_GENERATION too."""
+
+        def op() -> tuple[list[OffsetRecord], list[tuple[PartitionCommit, ErrorCode]]]:
+            group = self._offset_group(group_id)
+            if group is None:
+                if generation >= 0:
+                    raise KafkaError(
+                        ErrorCode.illegal_generation,
+                        f"Group {group_id} has no generation {generation}.",
+                    )
+                group = SimpleGroup(group_id)
+            try:
+                group.validate_offset_commit(
+                    member_id, instance_id, generation, transactional=True, api_version=api_version
+                )
+            except KafkaError as exc:
+                if exc.code != ErrorCode.stale_member_epoch:
+                    raise
+                raise KafkaError(ErrorCode.illegal_generation, exc.message) from exc
+            return self.offsets.commit_transactional(
+                group_id, producer_id, producer_epoch, partitions, self.clock.now_ms()
+            )
+
+        self._check_coordinator()
+        outcomes: list[tuple[PartitionCommit, ErrorCode]] = await self._run_admin(group_id, op)
+        return outcomes
+
+    async def complete_transaction(
+        self, producer_id: int, commit: bool, offsets_partitions: frozenset[int]
+    ) -> None:
+        """The marker of the producer's transaction for these `__consumer_offsets`
+        partitions: each group of them with pending offsets of the producer gets them
+        committed (or dropped); returns once that is durable. A failed write raises, so
+        the transaction coordinator retries the marker, as Kafka's does."""
+        for group_id in self.offsets.pending_groups(producer_id):
+            if offsets_partition(group_id) not in offsets_partitions:
+                continue
+
+            def op(group_id: str = group_id) -> tuple[list[OffsetRecord], None]:
+                return self.offsets.complete(group_id, producer_id, commit), None
+
+            await self.runtime.run(group_id, op)
+            log.info(
+                "transactional_offsets_completed",
+                group=group_id,
+                producer_id=producer_id,
+                commit=commit,
+            )
+
+    def fetch_offsets(
+        self,
+        group_id: str,
+        topics: Sequence[tuple[str, Sequence[int], uuid.UUID | None]] | None,
+        *,
+        member_id: str | None = None,
+        member_epoch: int | None = None,
+        require_stable: bool = False,
+    ) -> list[tuple[str, uuid.UUID | None, list[FetchedOffset]]]:
+        """OffsetFetch for one group, from committed state (Kafka's fetchOffsets /
+        fetchAllOffsets): a group that does not exist, or a share group, has none (every
+        named partition answers -1, no error); a consumer group checks the member."""
+        self._check_coordinator()
+        found = self.group_type(group_id)
+        group = (
+            None
+            if found in (None, GroupType.SHARE)
+            else self.classic_groups.get(group_id) or self.consumer_groups.get(group_id)
+        )
+        if group is None:
+            if topics is None:
+                return []
+            return [(t, tid, [FetchedOffset(p) for p in parts]) for t, parts, tid in topics]
+        group.validate_offset_fetch(member_id, member_epoch)
+        return self.offsets.fetch(group_id, topics, require_stable=require_stable)
+
+    async def delete_committed_offsets(
+        self, group_id: str, topics: Sequence[tuple[str, Sequence[int]]]
+    ) -> list[tuple[str, list[tuple[int, ErrorCode]]]]:
+        """OffsetDelete (Kafka's deleteOffsets): GROUP_ID_NOT_FOUND for no group (or a
+        share group), the group's own refusal (NON_EMPTY_GROUP), then per topic
+        GROUP_SUBSCRIBED_TO_TOPIC or the partitions' offsets deleted."""
+
+        def op() -> tuple[list[OffsetRecord], list[tuple[str, list[tuple[int, ErrorCode]]]]]:
+            group = self._offset_group(group_id)
+            if group is None:
+                raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+            group.validate_offset_delete()
+            return self.offsets.delete(group_id, topics, group)
+
+        self._check_coordinator()
+        answers: list[tuple[str, list[tuple[int, ErrorCode]]]] = await self._run_admin(group_id, op)
+        return answers
+
+    async def _delete_offset_group(self, group_id: str) -> None:
+        """DeleteGroups of a classic or consumer group: its offsets and its records go in
+        one write (Kafka's deleteGroups: deleteAllOffsets, createGroupTombstoneRecords)."""
+
+        def op() -> tuple[list[Any], None]:
+            group = self._offset_group(group_id)
+            if group is None:
+                raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+            group.validate_delete_group()
+            records: list[Any] = [*self.offsets.delete_all(group_id), *group.tombstones()]
+            return records, None
+
+        await self._run_admin(group_id, op)
+        if isinstance(self.classic_groups.get(group_id), SimpleGroup):
+            del self.classic_groups[group_id]  # its offsets were all it was
+        log.info("group_deleted", group=group_id, type="classic")
+
+    def _schedule_retention(self) -> None:
+        if self._stopped or self.runtime.fenced is not None:
+            return
+        self._retention_timer = self.clock.call_at(
+            self.clock.now_ms() + self.offsets_retention_check_interval_ms,
+            lambda: self._track(self._retention_sweep()),
+        )
+
+    async def _retention_sweep(self) -> None:
+        try:
+            await self.expire_offsets(self.clock.now_ms())
+        except Exception:
+            log.exception("offset_expiry_failed")
+        finally:
+            self._schedule_retention()
+
+    async def expire_offsets(self, at_ms: int) -> int:
+        """offsets.retention.minutes: delete the offsets whose time is up, group by group
+        (Kafka's cleanupGroupMetadata); a simple group goes with its last offset.
+        Returns how many offsets were deleted."""
+        deleted = 0
+        for group_id in sorted(self.offsets.group_ids()):
+
+            def op(group_id: str = group_id) -> tuple[list[OffsetRecord], int]:
+                group = self._offset_group(group_id)
+                if group is None:
+                    return [], 0
+                records, _ = self.offsets.expire(group_id, group, at_ms)
+                return records, len(records)
+
+            try:
+                deleted += await self.runtime.run(group_id, op)
+            except KafkaError as exc:
+                log.warning("offset_expiry_not_written", group=group_id, error=exc.message)
+        if deleted:
+            log.info("offsets_expired", offsets=deleted)
+        return deleted
+
+    async def _delete_offsets_of_deleted_topics(self) -> None:
+        """Offsets of topics that are gone (Kafka's onPartitionsDeleted)."""
+        names = {t.name for t in self.topics().values()}
+        gone_by_group: dict[str, list[OffsetRecord]] = {}
+        for record in self.offsets.on_topics_deleted(
+            {t for committed in self.offsets.committed.values() for t, _ in committed} - names
+        ):
+            gone_by_group.setdefault(record.group_id, []).append(record)
+        for group_id, records in gone_by_group.items():
+
+            def op(records: list[OffsetRecord] = records) -> tuple[list[OffsetRecord], None]:
+                return records, None
+
+            try:
+                await self.runtime.run(group_id, op)
+            except KafkaError as exc:
+                log.warning("offset_cleanup_not_written", group=group_id, error=exc.message)
+
     # -- timers and topic changes -------------------------------------------------
 
     def _schedule_expiry(self) -> None:
@@ -601,7 +873,10 @@ class GroupCoordinator:
                 self._member_removed(group_id, member_id, "session_timeout")
 
     async def on_topics_changed(self) -> None:
-        """Topics were created, deleted or grew: recompute assignments, drop dead state."""
+        """Topics were created, deleted or grew: recompute assignments, drop dead state
+        and the offsets of deleted topics."""
+        await self._delete_offsets_of_deleted_topics()
+        await self.consumer.on_topics_changed()
         topics = self.topics()
         for group_id in list(self.groups):
 
@@ -646,15 +921,11 @@ class GroupCoordinator:
         return group.describe()
 
     def list_groups(self) -> list[GroupListing]:
-        """Every group of every type, by id (ListGroups)."""
-        listed = [
-            GroupListing(g.group_id, g.state.value) for g in self.groups.values() if not g.deleted
+        return [
+            GroupListing(g.group_id, g.state.value)
+            for g in sorted(self.groups.values(), key=lambda g: g.group_id)
+            if not g.deleted
         ]
-        listed.extend(
-            GroupListing(g.group_id, g.state_name, GroupType.CLASSIC.value, g.protocol_type)
-            for g in self.classic_groups.values()
-        )
-        return sorted(listed, key=lambda g: g.group_id)
 
     async def alter_configs(
         self, group_id: str, ops: list[AlterConfigOp], validate_only: bool
@@ -922,7 +1193,10 @@ class GroupCoordinator:
         results: list[tuple[str, KafkaError | None]] = []
         for group_id in dict.fromkeys(group_ids):  # Kafka de-duplicates
             try:
-                await self._delete_group(group_id)
+                if self.group_type(group_id) in (GroupType.CLASSIC, GroupType.CONSUMER):
+                    await self._delete_offset_group(group_id)
+                else:
+                    await self._delete_group(group_id)
                 results.append((group_id, None))
             except KafkaError as exc:
                 results.append((group_id, exc))

@@ -13,7 +13,13 @@ group (coordinator.consumer_group) implement it. Share groups have no committed 
 from __future__ import annotations
 
 import enum
+import uuid
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+# OffsetCommitValue's defaults in Kafka 4.2 (no leader epoch, no expiry given).
+NO_LEADER_EPOCH = -1
+NO_EXPIRE_TIMESTAMP = -1
 
 
 class GroupType(enum.StrEnum):
@@ -22,6 +28,18 @@ class GroupType(enum.StrEnum):
     CLASSIC = "classic"
     CONSUMER = "consumer"
     SHARE = "share"
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndMetadata:
+    """A committed offset as OffsetFetch answers it and retention judges it."""
+
+    offset: int
+    leader_epoch: int = NO_LEADER_EPOCH
+    metadata: str = ""
+    commit_timestamp: int = 0
+    expire_timestamp: int = NO_EXPIRE_TIMESTAMP
+    topic_id: uuid.UUID | None = None
 
 
 class OffsetGroup(Protocol):
@@ -76,6 +94,12 @@ class OffsetGroup(Protocol):
         ...
 
     def is_subscribed_to_topic(self, topic: str) -> bool: ...
+
+    def offset_expiration_base(self, offset: OffsetAndMetadata) -> int | None:
+        """When `offset`'s retention started (Kafka's OffsetExpirationCondition): the
+        commit time for a simple group, the time it went Empty for a classic group of
+        consumers; None while the group keeps its offsets (members are using them)."""
+        ...
 
     def tombstones(self) -> list[Any]:
         """The records deleting the group (its offsets are deleted by the caller)."""

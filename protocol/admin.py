@@ -24,6 +24,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kio.schema.consumer_protocol_assignment import v0 as assignment_v0
+from kio.schema.consumer_protocol_assignment import v1 as assignment_v1
+from kio.schema.consumer_protocol_assignment import v2 as assignment_v2
+from kio.schema.consumer_protocol_assignment import v3 as assignment_v3
+from kio.serial import entity_reader
+
 from protocol import api
 from protocol.client import (
     AuthenticationError,
@@ -65,6 +71,17 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
     DELETE_SHARE_GROUP_OFFSETS: (0, 0),
     LIST_TRANSACTIONS: (0, 2),  # v1 the duration filter, v2 the id pattern
 }
+OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
+DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE = 15, 69
+CLIENT_VERSIONS.update(
+    {
+        OFFSET_COMMIT: (9, 9),  # generation -1 and member "": an admin commit (KIP-848)
+        OFFSET_FETCH: (8, 9),  # v8+: groups in a list, v9 the member id and epoch
+        OFFSET_DELETE: (0, 0),
+        DESCRIBE_GROUPS: (5, 5),  # Kafka's admin client; v6 answers GROUP_ID_NOT_FOUND
+        CONSUMER_GROUP_DESCRIBE: (0, 1),  # v1: MemberType
+    }
+)
 API_VERSIONS_VERSION = 3
 
 # ListOffsets timestamps with a special meaning (Kafka's ListOffsetsRequest).
@@ -195,6 +212,53 @@ class GroupListing:
     group_id: str
     state: str
     type: str
+    protocol_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A committed offset as OffsetFetch answers it (Kafka's OffsetAndMetadata)."""
+
+    offset: int
+    leader_epoch: int | None
+    metadata: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerMember:
+    """A member of a consumer or classic group. The epochs and the target assignment
+    are ConsumerGroupDescribe's (None from DescribeGroups); `upgraded` says whether a
+    member of a consumer group speaks the consumer protocol (None: not known)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: dict[str, tuple[int, ...]]
+    target_assignment: dict[str, tuple[int, ...]] | None = None
+    member_epoch: int | None = None
+    upgraded: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescription:
+    """Kafka's ConsumerGroupDescription: `type` is "consumer" (ConsumerGroupDescribe)
+    or "classic" (DescribeGroups); `state` is Kafka's GroupState name (Empty, Stable,
+    PreparingRebalance, ..., Dead for a group that does not exist)."""
+
+    group_id: str
+    type: str
+    protocol_type: str
+    state: str
+    assignor: str
+    coordinator: Node
+    members: tuple[ConsumerMember, ...]
+    group_epoch: int | None = None
+    target_assignment_epoch: int | None = None
+
+    @property
+    def is_simple(self) -> bool:
+        return self.type == "classic" and self.protocol_type == ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +355,83 @@ def _coordinator_info(key: str, key_type: int, answer: Any) -> CoordinatorInfo:
     if code != ErrorCode.none:
         return CoordinatorInfo(key, key_type, None, code.name.upper(), answer.error_message)
     return CoordinatorInfo(key, key_type, Node(int(answer.node_id), answer.host, int(answer.port)))
+
+
+# --- consumer groups: states, assignments, messages ---------------------------------------
+
+CONSUMER_PROTOCOL_TYPE = "consumer"
+# Kafka's GroupState names; the wire carries them in any case.
+GROUP_STATES = (
+    "Unknown",
+    "PreparingRebalance",
+    "CompletingRebalance",
+    "Stable",
+    "Dead",
+    "Empty",
+    "Assigning",
+    "Reconciling",
+    "NotReady",
+)
+_STATES_BY_UPPER = {s.upper(): s for s in GROUP_STATES}
+
+
+def group_state_name(text: str) -> str:
+    """Kafka's GroupState.parse: a state by its name in any case, else Unknown."""
+    return _STATES_BY_UPPER.get(text.upper(), "Unknown")
+
+
+def parse_consumer_assignment(data: bytes) -> dict[str, tuple[int, ...]]:
+    """A classic member's assignment (ConsumerProtocolAssignment: an int16 version,
+    then the data): topic -> partitions. Empty or unreadable bytes are no assignment;
+    a newer version is read as v3, whose fields every later one keeps first."""
+    if len(data) < 2:
+        return {}
+    version = min(max(int.from_bytes(data[:2], "big", signed=True), 0), 3)
+    try:
+        assignment, _ = _ASSIGNMENT_READERS[version](memoryview(data), 2)
+    except Exception:
+        return {}
+    out: dict[str, list[int]] = {}
+    for tp in assignment.assigned_partitions:
+        out.setdefault(tp.topic, []).extend(int(p) for p in tp.partitions)
+    return {t: tuple(sorted(ps)) for t, ps in out.items()}
+
+
+_ASSIGNMENT_READERS: dict[int, Callable[[Any, int], tuple[Any, int]]] = {
+    0: entity_reader(assignment_v0.ConsumerProtocolAssignment),
+    1: entity_reader(assignment_v1.ConsumerProtocolAssignment),
+    2: entity_reader(assignment_v2.ConsumerProtocolAssignment),
+    3: entity_reader(assignment_v3.ConsumerProtocolAssignment),
+}
+
+# Kafka's default messages (Errors.message()) for the errors the group tools print.
+_ERROR_MESSAGES = {
+    ErrorCode.non_empty_group: "The group is not empty.",
+    ErrorCode.group_id_not_found: "The group id does not exist.",
+    ErrorCode.group_subscribed_to_topic: (
+        "Deleting offsets of a topic is forbidden while the consumer group is actively "
+        "subscribed to it."
+    ),
+    ErrorCode.unknown_topic_or_partition: "This server does not host this topic-partition.",
+    ErrorCode.unknown_member_id: "The coordinator is not aware of this member.",
+    ErrorCode.invalid_group_id: "The configured groupId is invalid.",
+    ErrorCode.group_authorization_failed: "Group authorization failed.",
+    ErrorCode.topic_authorization_failed: "Topic authorization failed.",
+    ErrorCode.rebalance_in_progress: "The group is rebalancing, so a rejoin is needed.",
+    ErrorCode.illegal_generation: "Specified group generation id is not valid.",
+}
+
+
+def _error_text(code: ErrorCode) -> str:
+    return _ERROR_MESSAGES.get(code, code.name.upper())
+
+
+def kafka_error_message(error: str) -> str | None:
+    """Kafka's default message for an error named as AdminError names it, if known."""
+    for code, message in _ERROR_MESSAGES.items():
+        if code.name.upper() == error:
+            return message
+    return None
 
 
 # --- the client ---------------------------------------------------------------------------
@@ -822,7 +963,9 @@ class AdminClient:
             resp = await self._send_while_loading(address, LIST_GROUPS, body, deadline)
             check(resp.error_code, None, "ListGroups failed")
             for g in resp.groups:
-                seen[g.group_id] = GroupListing(g.group_id, g.group_state, g.group_type)
+                seen[g.group_id] = GroupListing(
+                    g.group_id, g.group_state, g.group_type, g.protocol_type
+                )
         return sorted(seen.values(), key=lambda g: g.group_id)
 
     async def list_transactions(
@@ -1017,6 +1160,235 @@ class AdminClient:
             except AdminError as exc:
                 out[group] = exc
         return out
+
+    # --- consumer and classic groups (Kafka's Admin.describeConsumerGroups and the
+    # consumer group offsets calls) --------------------------------------------------------
+
+    async def describe_consumer_group(self, group: str) -> ConsumerGroupDescription:
+        """ConsumerGroupDescribe, or DescribeGroups when the group is not a consumer
+        group (GROUP_ID_NOT_FOUND) or the broker does not serve ConsumerGroupDescribe
+        (UNSUPPORTED_VERSION), as Kafka's admin client falls back. A group that does
+        not exist is described in state Dead. UNSUPPORTED_VERSION when the broker
+        serves neither API."""
+        try:
+            return await self._consumer_group_describe(group)
+        except AdminError as exc:
+            if exc.error not in ("GROUP_ID_NOT_FOUND", "UNSUPPORTED_VERSION"):
+                raise
+            consumer_api = exc.error != "UNSUPPORTED_VERSION"
+        try:
+            return await self.describe_groups(group)
+        except AdminError as exc:
+            if exc.error != "UNSUPPORTED_VERSION" or consumer_api:
+                raise
+            raise AdminError(
+                "UNSUPPORTED_VERSION",
+                "the broker serves neither ConsumerGroupDescribe (69) nor DescribeGroups "
+                f"(15): the state and members of group '{group}' cannot be described",
+            ) from None
+
+    async def _consumer_group_describe(self, group: str) -> ConsumerGroupDescription:
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {"group_ids": [group], "include_authorized_operations": False}
+            resp = await self._send(address, CONSUMER_GROUP_DESCRIBE, body, deadline)
+            (g,) = resp.groups
+            self._coordinator_check(g.error_code, g.error_message, f"group '{group}'")
+            return g
+
+        g, node = await self._with_coordinator(group, call)
+
+        def assignment(a: Any) -> dict[str, tuple[int, ...]]:
+            return {
+                tp.topic_name: tuple(sorted(int(p) for p in tp.partitions))
+                for tp in a.topic_partitions
+            }
+
+        members = []
+        for m in g.members:
+            member_type = int(getattr(m, "member_type", -1))
+            members.append(
+                ConsumerMember(
+                    member_id=m.member_id,
+                    group_instance_id=m.instance_id,
+                    client_id=m.client_id,
+                    host=m.client_host,
+                    assignment=assignment(m.assignment),
+                    target_assignment=assignment(m.target_assignment),
+                    member_epoch=int(m.member_epoch),
+                    upgraded=None if member_type < 0 else member_type == 1,
+                )
+            )
+        return ConsumerGroupDescription(
+            group_id=g.group_id,
+            type="consumer",
+            protocol_type="consumer",
+            state=group_state_name(g.group_state),
+            assignor=g.assignor_name,
+            coordinator=node,
+            members=tuple(members),
+            group_epoch=int(g.group_epoch),
+            target_assignment_epoch=int(g.assignment_epoch),
+        )
+
+    async def describe_groups(self, group: str) -> ConsumerGroupDescription:
+        """DescribeGroups of one classic group; a group of another protocol type than
+        `consumer` (or a simple group's empty one) is INVALID_GROUP_ID, as Kafka's
+        admin client refuses to describe it as a consumer group."""
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {"groups": [group], "include_authorized_operations": False}
+            resp = await self._send(address, DESCRIBE_GROUPS, body, deadline)
+            (g,) = resp.groups
+            self._coordinator_check(g.error_code, None, f"group '{group}'")
+            return g
+
+        g, node = await self._with_coordinator(group, call)
+        state = group_state_name(g.group_state)
+        if g.protocol_type not in ("", CONSUMER_PROTOCOL_TYPE) and state != "Dead":
+            raise AdminError(
+                "INVALID_GROUP_ID",
+                f"GroupId {group} is not a consumer group ({g.protocol_type}).",
+            )
+        members = tuple(
+            ConsumerMember(
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                host=m.client_host,
+                assignment=parse_consumer_assignment(bytes(m.member_assignment))
+                if g.protocol_type == CONSUMER_PROTOCOL_TYPE
+                else {},
+            )
+            for m in g.members
+        )
+        return ConsumerGroupDescription(
+            group_id=g.group_id,
+            type="classic",
+            protocol_type=g.protocol_type,
+            state=state,
+            assignor=g.protocol_data,
+            coordinator=node,
+            members=members,
+        )
+
+    async def list_consumer_group_offsets(
+        self, group: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        """OffsetFetch: the group's committed offsets (every partition it has one for
+        when `partitions` is None). A partition without a committed offset, or with a
+        per-partition error, is left out, as Kafka's admin client leaves it out."""
+        topics: dict[str, list[int]] = {}
+        for topic, partition in partitions or ():
+            topics.setdefault(topic, []).append(partition)
+        wanted = (
+            None
+            if partitions is None
+            else [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]
+        )
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {
+                "groups": [
+                    {"group_id": group, "member_id": None, "member_epoch": -1, "topics": wanted}
+                ],
+                "require_stable": False,
+            }
+            resp = await self._send(address, OFFSET_FETCH, body, deadline)
+            (g,) = resp.groups
+            self._coordinator_check(g.error_code, None, f"group '{group}'")
+            return g
+
+        g, _ = await self._with_coordinator(group, call)
+        out: dict[TopicPartition, CommittedOffset] = {}
+        for t in g.topics:
+            for p in t.partitions:
+                if p.error_code != ErrorCode.none or int(p.committed_offset) < 0:
+                    continue
+                epoch = int(p.committed_leader_epoch)
+                out[(t.name, int(p.partition_index))] = CommittedOffset(
+                    int(p.committed_offset), epoch if epoch >= 0 else None, p.metadata
+                )
+        return dict(sorted(out.items()))
+
+    async def alter_consumer_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, AdminError | None]:
+        """OffsetCommit as an admin (generation -1, no member): the group must have no
+        members, else the coordinator refuses (UNKNOWN_MEMBER_ID). Each partition's
+        outcome, None where committed."""
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            topics.setdefault(topic, []).append(
+                {
+                    "partition_index": partition,
+                    "committed_offset": offset,
+                    "committed_leader_epoch": -1,
+                    "committed_metadata": "",
+                }
+            )
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {
+                "group_id": group,
+                "generation_id_or_member_epoch": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+            }
+            resp = await self._send(address, OFFSET_COMMIT, body, deadline)
+            for t in resp.topics:
+                for p in t.partitions:
+                    if p.error_code in COORDINATOR_ERRORS:
+                        raise _Retry(p.error_code, None)
+            return resp
+
+        resp, _ = await self._with_coordinator(group, call)
+        out: dict[TopicPartition, AdminError | None] = {}
+        for t in resp.topics:
+            for p in t.partitions:
+                tp = (t.name, int(p.partition_index))
+                out[tp] = (
+                    None
+                    if p.error_code == ErrorCode.none
+                    else AdminError.of(p.error_code, None, _error_text(p.error_code))
+                )
+        return out
+
+    async def delete_consumer_group_offsets(
+        self, group: str, partitions: Iterable[TopicPartition]
+    ) -> tuple[AdminError | None, dict[TopicPartition, AdminError | None]]:
+        """OffsetDelete: the group's error (NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, ...)
+        and each partition's outcome (GROUP_SUBSCRIBED_TO_TOPIC while a member is
+        subscribed to the topic)."""
+        topics: dict[str, list[dict[str, int]]] = {}
+        for topic, partition in sorted(set(partitions)):
+            topics.setdefault(topic, []).append({"partition_index": partition})
+
+        async def call(address: tuple[str, int], deadline: float) -> Any:
+            body = {
+                "group_id": group,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+            }
+            resp = await self._send(address, OFFSET_DELETE, body, deadline)
+            if resp.error_code in COORDINATOR_ERRORS:
+                raise _Retry(resp.error_code, None)
+            return resp
+
+        resp, _ = await self._with_coordinator(group, call)
+        top = (
+            None
+            if resp.error_code == ErrorCode.none
+            else AdminError.of(resp.error_code, None, _error_text(resp.error_code))
+        )
+        out: dict[TopicPartition, AdminError | None] = {}
+        for t in resp.topics:
+            for p in t.partitions:
+                out[(t.name, int(p.partition_index))] = (
+                    None
+                    if p.error_code == ErrorCode.none
+                    else AdminError.of(p.error_code, None, _error_text(p.error_code))
+                )
+        return top, out
 
     # --- ACLs (KIP-11) ----------------------------------------------------------------
     # Codes are Kafka's (coordinator.acls has the enums; this layer stays below it).

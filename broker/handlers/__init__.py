@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 from broker.handlers import (
     acls,
-    classic,
     cluster,
     configs,
+    consumer,
+    offsets,
     produce_fetch,
     share,
     share_admin,
@@ -39,9 +40,10 @@ from protocol.api import ApiTable, Response
 
 class HandlerBroker(
     acls.AclsBroker,
-    classic.ClassicBroker,
     cluster.ClusterBroker,
     configs.ConfigsBroker,
+    consumer.ConsumerBroker,
+    offsets.OffsetsBroker,
     produce_fetch.DataBroker,
     share.ShareBroker,
     share_admin.ShareAdminBroker,
@@ -108,12 +110,6 @@ APIS: tuple[Api, ...] = (
     Api(76, 1, 1, share.share_group_heartbeat),
     Api(77, 1, 1, share.share_group_describe),
     Api(16, 0, 5, share.list_groups),
-    # Classic consumer groups (JoinGroup/SyncGroup), broker.handlers.classic.
-    Api(11, 0, 9, classic.join_group),
-    Api(12, 0, 4, classic.heartbeat),
-    Api(13, 0, 5, classic.leave_group),
-    Api(14, 0, 5, classic.sync_group),
-    Api(15, 0, 6, classic.describe_groups),
     Api(78, 1, 2, share.share_fetch),
     Api(79, 1, 2, share.share_acknowledge),
     Api(83, 0, 0, share_state.initialize_share_group_state),
@@ -122,6 +118,13 @@ APIS: tuple[Api, ...] = (
     Api(86, 0, 0, share_state.delete_share_group_state),
     Api(87, 0, 1, share_state.read_share_group_state_summary),
     Api(42, 0, 2, share_admin.delete_groups),
+    # Committed offsets of consumer and classic groups (coordinator.offsets).
+    Api(8, 2, 10, offsets.offset_commit),
+    Api(9, 1, 10, offsets.offset_fetch),
+    Api(47, 0, 0, offsets.offset_delete),
+    # KIP-848 consumer groups (coordinator.consumer_group).
+    Api(68, 0, 1, consumer.consumer_group_heartbeat),
+    Api(69, 0, 1, consumer.consumer_group_describe),
     Api(90, 0, 1, share_admin.describe_share_group_offsets),
     Api(91, 0, 0, share_admin.alter_share_group_offsets),
     Api(92, 0, 0, share_admin.delete_share_group_offsets),

@@ -15,12 +15,12 @@ KIP-890 part 2): EndTxn is served up to v4, since v5 means an epoch bump per tra
 AddPartitionsToTxn v4+ (the batched broker-to-broker form, with VerifyOnly) is served
 as Kafka serves it, with version-1 semantics.
 
-There are no consumer groups in spool yet: AddOffsetsToTxn adds the group's
-__consumer_offsets partition to the transaction as Kafka does (its marker is skipped:
-no such log here), and TxnOffsetCommit answers as Kafka's group coordinator does for a
-group it does not know: ILLEGAL_GENERATION for a member of a generation; for a simple
-group (generation -1), which Kafka would create and store offsets for, spool has no
-offset store and answers GROUP_ID_NOT_FOUND.
+Offsets in a transaction (consume-transform-produce): AddOffsetsToTxn adds the group's
+__consumer_offsets partition to the transaction, as Kafka does; TxnOffsetCommit checks
+with the transaction coordinator that the producer's transaction holds it, then the
+group coordinator stores the offsets as pending (coordinator.offsets); the transaction's
+marker for that partition commits or drops them (`marker_writer`'s `complete_offsets`),
+so they are visible exactly when the transaction's records are.
 
 Authorization as Kafka 4.2's KafkaApis: each request needs WRITE on its transactional
 id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); AddPartitionsToTxn up to v3 WRITE on each
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
@@ -44,6 +45,8 @@ from broker.handlers.access import Guarded
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.offsets import PartitionCommit
 from coordinator.runtime import for_coordinator_rpc
 from coordinator.transactions import (
     OFFSETS_TOPIC,
@@ -83,6 +86,8 @@ class TxnBroker(Guarded, Protocol):
 
     @property
     def transactions(self) -> TransactionCoordinator: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
     @property
     def metadata(self) -> MetadataStore: ...
     @property
@@ -357,34 +362,91 @@ async def txn_offset_commit(
                 for t in req.topics
             ),
         )
-    generation: int = getattr(req, "generation_id", -1)  # v3+
-    # See the module docstring: no group is known here.
-    code = ErrorCode.illegal_generation if generation >= 0 else ErrorCode.group_id_not_found
-    log.warning(
-        "txn_offset_commit_unsupported",
-        group=req.group_id,
-        transactional_id=req.transactional_id,
-        generation=generation,
-        error=code.name,
-        reason="spool has no consumer groups or offset store yet",
-    )
-    topics = []
+    # Unknown topics and partitions, and topics the principal may not read, are
+    # answered on their own (KafkaApis); the rest go to the group coordinator.
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    wanted: list[PartitionCommit] = []
     for t in req.topics:
         known = broker.metadata.state.topics.get(t.name)
         readable = az.allows(ctx, AclOperation.READ, ResourceType.TOPIC, t.name)
-        parts = tuple(
-            m.TxnOffsetCommitResponsePartition(
-                partition_index=p.partition_index,
-                error_code=ErrorCode.topic_authorization_failed
-                if not readable
-                else code
-                if known is not None and 0 <= p.partition_index < known.partitions
-                else ErrorCode.unknown_topic_or_partition,
+        for p in t.partitions:
+            index = int(p.partition_index)
+            if not readable:
+                errors[(t.name, index)] = ErrorCode.topic_authorization_failed
+            elif known is None or not 0 <= index < known.partitions:
+                errors[(t.name, index)] = ErrorCode.unknown_topic_or_partition
+            else:
+                wanted.append(
+                    PartitionCommit(
+                        t.name,
+                        index,
+                        int(p.committed_offset),
+                        int(getattr(p, "committed_leader_epoch", -1)),
+                        p.committed_metadata,
+                    )
+                )
+    generation: int = getattr(req, "generation_id", -1)  # v3+
+    failed: ErrorCode | None = None
+    if wanted:
+        # The producer's transaction must hold the group's __consumer_offsets partition
+        # (AddOffsetsToTxn), at its epoch: Kafka's group coordinator verifies this with
+        # the transaction coordinator before it writes.
+        partition = (OFFSETS_TOPIC, offsets_partition(req.group_id))
+        verified = broker.transactions.verify(
+            req.transactional_id, req.producer_id, req.producer_epoch, [partition]
+        )[partition]
+        if verified != ErrorCode.none:
+            failed = verified
+            if verified == ErrorCode.producer_fenced:
+                failed = ErrorCode.invalid_producer_epoch
+            elif verified == ErrorCode.transaction_abortable and ctx.api_version < 5:
+                failed = ErrorCode.invalid_txn_state
+            log.info(
+                "txn_offset_commit_refused",
+                group=req.group_id,
+                transactional_id=req.transactional_id,
+                error=failed.name,
+                reason="the group's offsets are not part of the producer's transaction",
             )
-            for p in t.partitions
-        )
-        topics.append(m.TxnOffsetCommitResponseTopic(name=t.name, partitions=parts))
-    return m.TxnOffsetCommitResponse(throttle_time=NO_THROTTLE, topics=tuple(topics))
+        else:
+            try:
+                outcomes = await broker.groups.commit_transactional_offsets(
+                    req.group_id,
+                    getattr(req, "member_id", ""),
+                    getattr(req, "group_instance_id", None),
+                    generation,
+                    req.producer_id,
+                    req.producer_epoch,
+                    wanted,
+                    api_version=ctx.api_version,
+                )
+            except KafkaError as exc:
+                _log_refused(
+                    "TxnOffsetCommit", req.transactional_id, exc, ctx.header.client_id or ""
+                )
+                failed = exc.code
+            else:
+                for commit, code in outcomes:
+                    errors[(commit.topic, commit.partition)] = code
+    if failed is not None:
+        for commit in wanted:
+            errors[(commit.topic, commit.partition)] = failed
+    return m.TxnOffsetCommitResponse(
+        throttle_time=NO_THROTTLE,
+        topics=tuple(
+            m.TxnOffsetCommitResponseTopic(
+                name=t.name,
+                partitions=tuple(
+                    m.TxnOffsetCommitResponsePartition(
+                        partition_index=p.partition_index,
+                        error_code=errors.get((t.name, int(p.partition_index)), ErrorCode.none),
+                    )
+                    for p in t.partitions
+                ),
+            )
+            for t in req.topics
+        ),
+    )
 
 
 # ------------------------------------------------------------------ EndTxn
@@ -539,24 +601,33 @@ class MarkerLogs(Protocol):
     def get(self, topic: str, index: int) -> Partition | None: ...
 
 
-def marker_writer(logs: MarkerLogs) -> Any:
+CompleteOffsets = Callable[[int, bool, frozenset[int]], Awaitable[None]]
+
+
+def marker_writer(logs: MarkerLogs, complete_offsets: CompleteOffsets | None = None) -> Any:
     """The coordinator's MarkerWriter over the broker's partitions: one control batch
-    per partition of the transaction, returning once all are durable.
+    per partition of the transaction, returning once all are durable. The
+    __consumer_offsets partitions go to the group coordinator (`complete_offsets`: the
+    transaction's pending offsets of those partitions' groups are committed or dropped).
 
     Skipped: partitions with no log here (a deleted topic, whose markers Kafka drops
-    too, and __consumer_offsets), and a partition that has seen a newer epoch of the
-    producer (INVALID_PRODUCER_EPOCH: Kafka's marker handler gives that partition up).
+    too), and a partition that has seen a newer epoch of the producer
+    (INVALID_PRODUCER_EPOCH: Kafka's marker handler gives that partition up).
     """
 
     async def write(
         producer_id: int, producer_epoch: int, commit: bool, partitions: frozenset[TopicPartition]
     ) -> None:
         waits: list[tuple[Partition, int]] = []
+        offsets = frozenset(index for topic, index in partitions if topic == OFFSETS_TOPIC)
+        if offsets and complete_offsets is not None:
+            await complete_offsets(producer_id, commit, offsets)
         for topic, index in sorted(partitions):
+            if topic == OFFSETS_TOPIC:
+                continue
             part = logs.get(topic, index)
             if part is None:
-                if topic != OFFSETS_TOPIC:
-                    log.warning("marker_partition_gone", topic=topic, partition=index)
+                log.warning("marker_partition_gone", topic=topic, partition=index)
                 continue
             try:
                 outcome = part.append_marker(

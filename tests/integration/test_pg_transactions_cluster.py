@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,9 +24,9 @@ import pytest
 from protocol.client import KafkaClient
 from tests.integration.cli_helpers import ok
 from tests.integration.conftest import Broker, create_topic
-from tests.integration.pg_helpers import pg_dsn, pg_server
+from tests.integration.pg_helpers import ClusterBroker, cluster, pg_dsn, pg_server, start_brokers
 
-__all__ = ["pg_dsn", "pg_server"]  # the fixtures
+__all__ = ["cluster", "pg_dsn", "pg_server"]  # the fixtures
 
 NODES = (1, 2, 3)
 TOPIC = "txn-cluster"
@@ -35,36 +34,9 @@ IDS = ("tx-a", "tx-b", "tx-c")
 WAIT_S = 30.0
 
 
-class Node(Broker):
-    """A broker of the test's database with its node id."""
-
-    def __init__(self, root: Path, dsn: str, node_id: int) -> None:
-        super().__init__(
-            root / f"data-{node_id}",
-            root / f"broker{node_id}.log",
-            {
-                "storage": dsn,
-                "broker.session.timeout.ms": "3000",
-                "broker.heartbeat.interval.ms": "500",
-            },
-        )
-        self.node_id = node_id
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--node-id", str(self.node_id)]
-
-
 @pytest.fixture
-def brokers(tmp_path: Path, pg_dsn: str) -> Iterator[list[Node]]:
-    started = [Node(tmp_path, pg_dsn, n) for n in NODES]
-    try:
-        for b in started:
-            b.start()
-        yield started
-    finally:
-        for b in started:
-            if b.process is not None and b.process.poll() is None:
-                b.stop()
+def brokers(cluster: Callable[..., ClusterBroker]) -> list[ClusterBroker]:
+    return start_brokers([cluster(n) for n in NODES])
 
 
 def ask(b: Broker, call: Callable[[KafkaClient], Any]) -> Any:
@@ -98,7 +70,7 @@ def coordinator_of(b: Broker, transactional_id: str) -> int:
 
 
 def test_every_ongoing_transaction_is_listed_whichever_broker_is_asked(
-    brokers: list[Node],
+    brokers: list[ClusterBroker],
 ) -> None:
     by_id = {b.node_id: b for b in brokers}
 

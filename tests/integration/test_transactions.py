@@ -205,6 +205,7 @@ def test_kill9_mid_transaction_keeps_it_and_the_producer_can_finish_it(
 # ------------------------------------------------------------------ raw requests
 
 INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
+OFFSET_FETCH = 9
 PRODUCE = 0
 
 
@@ -356,12 +357,14 @@ def test_produce_from_a_fenced_epoch_is_invalid_producer_epoch_and_nothing_is_ap
     assert read(txn_broker, topic, 0, "read_uncommitted", partitions=1) == []
 
 
-def test_add_offsets_to_txn_joins_the_transaction_txn_offset_commit_is_refused_as_unknown(
+def test_txn_offset_commit_is_pending_until_the_transaction_commits(
     txn_broker: Broker,
 ) -> None:
-    """AddOffsetsToTxn is accepted and the transaction still commits (its
-    __consumer_offsets marker is skipped); TxnOffsetCommit is answered as Kafka 4.2's
-    group coordinator answers for a group it does not know."""
+    """AddOffsetsToTxn joins the group's __consumer_offsets partition to the
+    transaction; TxnOffsetCommit stores pending offsets (a simple group for generation
+    -1, UNKNOWN_MEMBER_ID for a generation it has no member of, as Kafka 4.2's classic
+    group answers); OffsetFetch with RequireStable sees them as unstable until EndTxn,
+    whose marker commits them."""
     topic = tid = "txn-offsets-wire"
     create_topic(txn_broker, topic, 1)
 
@@ -413,9 +416,9 @@ def test_add_offsets_to_txn_joins_the_transaction_txn_offset_commit_is_refused_a
             }
 
         for version, generation, partition, expected in [
-            (0, -1, 0, ErrorCode.group_id_not_found),
-            (3, -1, 0, ErrorCode.group_id_not_found),
-            (3, 4, 0, ErrorCode.illegal_generation),
+            (0, -1, 0, ErrorCode.none),
+            (3, -1, 0, ErrorCode.none),
+            (3, 4, 0, ErrorCode.unknown_member_id),
             (5, -1, 7, ErrorCode.unknown_topic_or_partition),
         ]:
             answer = await client.request(
@@ -427,41 +430,57 @@ def test_add_offsets_to_txn_joins_the_transaction_txn_offset_commit_is_refused_a
                 partition,
                 expected,
             ), (version, generation)
+
+        async def fetched(require_stable: bool) -> tuple[int, ErrorCode]:
+            answer = await client.request(
+                OFFSET_FETCH,
+                7,
+                {
+                    "group_id": "it-offsets-group",
+                    "topics": [{"name": topic, "partition_indexes": [0]}],
+                    "require_stable": require_stable,
+                },
+            )
+            [p] = answer.topics[0].partitions
+            return p.committed_offset, p.error_code
+
+        assert await fetched(True) == (-1, ErrorCode.unstable_offset_commit)
+        assert await fetched(False) == (-1, ErrorCode.none)
         assert await wire_end(client, tid, pid, epoch, True) == ErrorCode.none
+        assert await fetched(True) == (2, ErrorCode.none)
 
     run_wire(txn_broker, scenario, "it-offsets-wire")
     assert sorted(read(txn_broker, topic, 2, "read_committed", partitions=1)) == [b"a", b"b"]
 
 
-def test_send_offsets_to_transaction_is_an_abortable_group_id_not_found(
+def test_send_offsets_to_transaction_commits_with_the_transaction(
     txn_broker: Broker,
 ) -> None:
     """confluent-kafka's send_offsets_to_transaction (AddOffsetsToTxn, then
-    TxnOffsetCommit): spool stores no consumer offsets, so the client sees an abortable
-    GROUP_ID_NOT_FOUND, from send_offsets_to_transaction and again from
-    commit_transaction; it aborts, and the producer goes on with its next transaction."""
+    TxnOffsetCommit): the offsets are the group's once the transaction commits, and an
+    aborted transaction's are dropped."""
     topic = "txn-send-offsets"
+    group = "it-send-offsets-group"
     producer = topic_and_producer(txn_broker, topic, "it-send-offsets")
-    consumer = Consumer(consumer_config(txn_broker, **{"group.id": "it-send-offsets-group"}))
+    consumer = Consumer(consumer_config(txn_broker, **{"group.id": group}))
     try:
         producer.begin_transaction()
-        send(producer, topic, batch("with-offsets", 3))
-        offsets = [TopicPartition(topic, 0, 1)]
-        with pytest.raises(KafkaException) as sent:
-            producer.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), WAIT_S
-            )
-        error = sent.value.args[0]
-        assert error.code() == ErrorCode.group_id_not_found
-        assert error.txn_requires_abort() and not error.fatal()
-        with pytest.raises(KafkaException) as committed:
-            producer.commit_transaction(WAIT_S)
-        assert committed.value.args[0].txn_requires_abort()
+        send(producer, topic, batch("aborted", 3))
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 7)], consumer.consumer_group_metadata(), WAIT_S
+        )
         producer.abort_transaction(WAIT_S)
+        [back] = consumer.committed([TopicPartition(topic, 0)], timeout=WAIT_S)
+        assert back.offset < 0  # the aborted transaction's offset is gone
 
         producer.begin_transaction()
-        send(producer, topic, batch("after", 3))
+        send(producer, topic, batch("with-offsets", 3))
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 3)], consumer.consumer_group_metadata(), WAIT_S
+        )
         producer.commit_transaction(WAIT_S)
+        [back] = consumer.committed([TopicPartition(topic, 0)], timeout=WAIT_S)
+        assert back.offset == 3
     finally:
         consumer.close()
-    assert sorted(read(txn_broker, topic, 3, "read_committed")) == sorted(batch("after", 3))
+    assert sorted(read(txn_broker, topic, 3, "read_committed")) == sorted(batch("with-offsets", 3))

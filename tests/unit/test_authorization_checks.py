@@ -18,7 +18,7 @@ import pytest
 
 from broker.authorizer import NO_AUTHORIZER, Authorizer
 from broker.config import BrokerConfig
-from broker.handlers import cluster, configs, share, share_admin, share_state, topics
+from broker.handlers import cluster, configs, consumer, share, share_admin, share_state, topics
 from broker.handlers.access import authorized_operations
 from broker.handlers.produce_fetch import delete_records, fetch, list_offsets, produce
 from broker.handlers.transactions import end_txn, txn_offset_commit
@@ -33,7 +33,6 @@ from coordinator.acls import (
     PatternType,
     ResourceType,
 )
-from coordinator.group_coordinator import GroupListing
 from coordinator.metadata import MetadataStore, Topic
 from persister.commit import GroupCommit
 from protocol import api
@@ -623,6 +622,7 @@ class Groups:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.runtime = SimpleNamespace(loading=False)  # its log loaded
+        self.consumer = SimpleNamespace(list_groups=list)  # no consumer groups
 
     async def heartbeat(self, *args: Any) -> Any:
         self.calls.append(("heartbeat", args[0]))
@@ -631,7 +631,7 @@ class Groups:
         )
 
     def list_groups(self) -> list[Any]:
-        return [GroupListing(g, "Empty") for g in ("mine", "theirs")]
+        return [SimpleNamespace(group_id=g, state="Empty") for g in ("mine", "theirs")]
 
     async def delete_groups(self, names: list[str]) -> list[tuple[str, None]]:
         self.calls.append(("delete_groups", names))
@@ -833,3 +833,48 @@ async def test_end_txn_and_txn_offset_commit_need_write_on_the_transactional_id(
     )
     answer = await txn_offset_commit(ctx(3), commit, broker)
     assert answer.topics[0].partitions[0].error_code == TXN_AF
+
+
+async def test_consumer_group_heartbeat_needs_read_on_the_group_and_describe_on_topics() -> None:
+    broker = share_broker(authorizer(allow(ResourceType.TOPIC, "a", AclOperation.DESCRIBE)))
+    seen: list[Any] = []
+
+    async def heartbeat(group_id: str, req: Any, version: int, describable: Any) -> Any:
+        seen.append(describable)
+        return SimpleNamespace(member_id="m", member_epoch=1, assignment=None)
+
+    broker.groups.consumer = SimpleNamespace(
+        heartbeat=heartbeat,
+        config=SimpleNamespace(consumer_group_heartbeat_interval_ms=5000),
+    )
+    hb = request(
+        68,
+        1,
+        {
+            "group_id": "g",
+            "member_id": "m",
+            "member_epoch": 0,
+            "rebalance_timeout": 1000,
+            "subscribed_topic_names": ["a", "b"],
+            "topic_partitions": [],
+        },
+    )
+    answer = await consumer.consumer_group_heartbeat(ctx(1), hb, broker)
+    assert (answer.error_code, answer.member_epoch) == (GAF, -1)
+    broker.authorizer = authorizer(
+        allow(ResourceType.GROUP, "g", AclOperation.READ),
+        allow(ResourceType.TOPIC, "a", AclOperation.DESCRIBE),
+    )
+    assert (await consumer.consumer_group_heartbeat(ctx(1), hb, broker)).error_code == TAF
+    assert seen == []
+    broker.authorizer = authorizer(
+        allow(ResourceType.GROUP, "g", AclOperation.READ),
+        allow(ResourceType.TOPIC, "a", AclOperation.DESCRIBE),
+        allow(ResourceType.TOPIC, "b", AclOperation.DESCRIBE),
+    )
+    assert (
+        await consumer.consumer_group_heartbeat(ctx(1), hb, broker)
+    ).error_code == ErrorCode.none
+    # A regex resolves only to the topics the member may DESCRIBE.
+    [describable] = seen
+    assert describable(["a", "b", "c"]) == ["a", "b"]

@@ -13,6 +13,7 @@ from bench.cluster import (
     Failover,
     Reading,
     assignment_settled,
+    ceilings,
     cores_used,
     format_side_by_side,
     spread_evenly,
@@ -93,3 +94,18 @@ def test_cores_are_cpu_seconds_over_wall_seconds() -> None:
     assert cores.brokers == {1: 0.75, 2: 0.5}
     assert (cores.clients, cores.postgres) == (0.5, 0.25)
     assert cores.machine is not None and cores.machine > 0
+
+
+def test_ceilings_from_cpu_per_record() -> None:
+    one = Reading(1, Result("share", 200_000, 2.0, 0), 1.0)  # 100,000 rec/s
+    one.broker_cores, one.client_cores, one.postgres_cores = {1: 0.9}, 0.3, 0.1
+    two = Reading(2, Result("share", 200_000, 1.0, 0), 1.0)  # 200,000 rec/s
+    two.broker_cores, two.client_cores, two.postgres_cores = {1: 1.0, 2: 1.0}, 0.6, 0.2
+    unmeasured = Reading(3, Result("share", 200_000, 1.0, 0), 1.0)
+    lines = ceilings([one, two, unmeasured], cores=2)
+    assert len(lines) == 2
+    # 9 us of broker per record: one broker's core allows 111,111 rec/s.
+    assert "9.00 us brokers, 3.00 us consumers, 1.00 us postgres" in lines[0]
+    assert "at most 111,111 rec/s on 2 cores" in lines[0]
+    # 10 + 3 + 1 us per record on 2 cores: 142,857 rec/s, whatever the brokers.
+    assert "at most 142,857 rec/s on 2 cores" in lines[1]

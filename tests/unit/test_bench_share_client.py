@@ -16,6 +16,7 @@ from bench.share_client import (
     delivered_runs,
     kafka_uuid_string,
     next_epoch,
+    warm_up,
 )
 from protocol.errors import CorruptRecordError
 from protocol.records import NewRecord, build_batch, build_end_txn_marker_batch
@@ -139,3 +140,7 @@ def test_a_session_opens_with_every_partition_then_names_only_changes() -> None:
     c.assigned = frozenset({0, 2})
     assert c._request_body(1, s) is not None  # forgets 1
     assert c._request_body(1, s) is None
+
+
+def test_the_warm_up_builds_both_requests() -> None:
+    warm_up()  # raises if a sample request names a field its API does not have

@@ -1,6 +1,5 @@
-"""The consumer-group, classic-group and offset records (issue 26's seam): Kafka 4.2's
-record type numbers and key fields, round trips, tombstones and compaction keys, and a
-groups log holding them refused by a coordinator that serves share groups only."""
+"""The consumer-group, classic-group and offset records: Kafka 4.2's record type numbers
+and key fields, round trips, tombstones and compaction keys."""
 
 from __future__ import annotations
 
@@ -14,10 +13,6 @@ from coordinator import classic_group as cl
 from coordinator import consumer_group as cg
 from coordinator import group_records
 from coordinator import offsets as of
-from coordinator.group_config import GroupConfigStore
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.share_persister import InMemoryPersister
-from persister.coordinator_log import MemoryRecordLog
 
 T = uuid.UUID(int=7)
 U = uuid.UUID(int=8)
@@ -102,14 +97,3 @@ def test_type_four_stays_the_config_record() -> None:
         group_records.decode(
             b'{"type": 4, "name": "ConsumerGroupPartitionMetadata", "group_id": "g"}', None
         )
-
-
-def test_a_share_only_coordinator_refuses_a_log_with_consumer_group_records() -> None:
-    log = MemoryRecordLog()
-    records = group_records.encode(of.OffsetCommitRecord("g", "t", 0, 1))
-    log.write(records)
-    coordinator = GroupCoordinator(
-        InMemoryPersister(), lambda: {}, GroupConfigStore(), record_log=log
-    )
-    with pytest.raises(ValueError, match="not served by this version"):
-        coordinator.load()
