@@ -44,7 +44,7 @@ from coordinator.consumer_group import (
     ConsumerHeartbeatResult,
     validate_heartbeat_request,
 )
-from coordinator.group_config import GroupCoordinatorConfig
+from coordinator.group_config import ConsumerGroupConfig, GroupConfigStore, GroupCoordinatorConfig
 from coordinator.group_host import GroupType, OffsetGroup
 from coordinator.group_timers import GroupTimers
 from coordinator.runtime import CoordinatorRuntime, for_coordinator_rpc
@@ -74,6 +74,7 @@ class ConsumerHost(Protocol):
     clock: Clock
     consumer_groups: dict[str, OffsetGroup]
     classic_groups: dict[str, OffsetGroup]
+    configs: GroupConfigStore
 
     def topics(self) -> Mapping[uuid.UUID, TopicMetadata]: ...
 
@@ -113,6 +114,11 @@ class ConsumerGroupOps:
             for name in self.config.consumer_group_assignors
             if name in ASSIGNORS
         }
+
+    def group_config(self, group_id: str) -> ConsumerGroupConfig:
+        """The group's `consumer.session.timeout.ms` and `consumer.heartbeat.interval.ms`
+        (its overrides, else the broker's `group.consumer.*` values)."""
+        return ConsumerGroupConfig.effective(self.host.configs.overrides(group_id), self.config)
 
     def _group(self, group_id: str) -> ConsumerGroup | None:
         group = self.host.consumer_groups.get(group_id)
@@ -260,7 +266,7 @@ class ConsumerGroupOps:
         self.timers.schedule(
             ("session", group_id, member_id),
             group_id,
-            now + self.config.consumer_group_session_timeout_ms,
+            now + self.group_config(group_id).session_timeout_ms,
             lambda: self._expire(group_id, member_id, None, "session_timeout"),
         )
 

@@ -146,7 +146,9 @@ async def consumer_group_heartbeat(
         error_code=ErrorCode.none,
         member_id=result.member_id,
         member_epoch=i32(result.member_epoch),
-        heartbeat_interval=_ms(broker.groups.consumer.config.consumer_group_heartbeat_interval_ms),
+        heartbeat_interval=_ms(
+            broker.groups.consumer.group_config(req.group_id).heartbeat_interval_ms
+        ),
         assignment=assignment,
     )
 

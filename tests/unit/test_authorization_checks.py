@@ -845,7 +845,7 @@ async def test_consumer_group_heartbeat_needs_read_on_the_group_and_describe_on_
 
     broker.groups.consumer = SimpleNamespace(
         heartbeat=heartbeat,
-        config=SimpleNamespace(consumer_group_heartbeat_interval_ms=5000),
+        group_config=lambda group_id: SimpleNamespace(heartbeat_interval_ms=5000),
     )
     hb = request(
         68,

@@ -590,3 +590,32 @@ async def test_tombstones_of_a_group_that_is_gone_create_nothing() -> None:
         log.write(group_records.encode(record))
     groups = coordinator(ManualClock(0), log)
     assert groups.group_type("gone") is None
+
+
+class ConsumerOverrides(GroupConfigStore):
+    """A store with consumer.* overrides of group g (served by IncrementalAlterConfigs
+    once the group config keys are)."""
+
+    def overrides(self, group_id: str) -> dict[str, Any]:
+        if group_id != "g":
+            return {}
+        return {"consumer.session.timeout.ms": 1500, "consumer.heartbeat.interval.ms": 200}
+
+
+async def test_the_group_configs_override_the_broker_timeouts() -> None:
+    clock = ManualClock(0)
+    groups = GroupCoordinator(InMemoryPersister(), lambda: TOPICS, ConsumerOverrides(), clock=clock)
+    groups.consumer.config = GroupCoordinatorConfig.from_mapping(
+        {
+            "group.consumer.min.session.timeout.ms": 1000,
+            "group.consumer.session.timeout.ms": 3000,
+            "group.consumer.min.heartbeat.interval.ms": 100,
+            "group.consumer.heartbeat.interval.ms": 500,
+        }
+    )
+    groups.load()
+    assert groups.consumer.group_config("g").heartbeat_interval_ms == 200
+    await groups.consumer.heartbeat("g", join("a"), 1)
+    assert groups.consumer.timers.deadline(("session", "g", "a")) == 1500
+    assert groups.consumer.group_config("other").session_timeout_ms == 3000
+    groups.consumer.unload()
