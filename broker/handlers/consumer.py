@@ -96,7 +96,7 @@ async def consumer_group_heartbeat(
             member_epoch=req.member_epoch,
             instance_id=req.instance_id,
             rack_id=req.rack_id,
-            rebalance_timeout_ms=int(req.rebalance_timeout.total_seconds() * 1000),
+            rebalance_timeout_ms=req.rebalance_timeout // datetime.timedelta(milliseconds=1),
             subscribed_topic_names=None
             if req.subscribed_topic_names is None
             else frozenset(req.subscribed_topic_names),
