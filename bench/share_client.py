@@ -313,6 +313,7 @@ class ShareConsumer:
         self._closing = False
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._metadata_task: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
 
     # -- connections ---------------------------------------------------------------------
 
@@ -460,7 +461,8 @@ class ShareConsumer:
         """Start fetching: one loop per leader node of the assigned partitions."""
         self._fetching = True
         self._changed.set()
-        asyncio.get_running_loop().create_task(self._supervise())
+        # Held here: the event loop keeps only weak references to tasks.
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     async def _supervise(self) -> None:
         """A fetch loop for every node with partitions to fetch, a session to trim or
@@ -667,7 +669,7 @@ class ShareConsumer:
         ]
         if closing:
             await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), timeout_s)
-        for task in (self._heartbeat_task, self._metadata_task):
+        for task in (self._heartbeat_task, self._metadata_task, self._supervisor):
             if task is not None:
                 task.cancel()
         with contextlib.suppress(ClientError, OSError, TimeoutError):
