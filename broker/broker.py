@@ -44,6 +44,7 @@ from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
 from coordinator.assignor import TopicMetadata
+from coordinator.classic_group import ClassicGroupConfig
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metadata import MetadataChange, MetadataStore, TopicChange
 from coordinator.offsets import OffsetStore
@@ -491,6 +492,7 @@ class Broker:
             offsets_retention_check_interval_ms=group_config.offsets_retention_check_interval_ms,
         )
         self.groups.consumer.config = group_config
+        self.groups.classic.config = ClassicGroupConfig.of(group_config)
         if follower:
             self.groups.drop("not claimed yet")
         else:

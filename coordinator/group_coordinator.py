@@ -28,6 +28,8 @@ import structlog
 
 from coordinator import group_records
 from coordinator.assignor import TopicMetadata
+from coordinator.classic_group import ClassicGroupTombstone, GroupMetadataRecord
+from coordinator.classic_group_ops import ClassicGroupOps
 from coordinator.consumer_group_ops import CONSUMER_GROUP_RECORDS, ConsumerGroupOps
 from coordinator.group_config import (
     OFFSETS_COMMIT_TIMEOUT_MS,
@@ -106,6 +108,8 @@ _MEMBER_TOMBSTONES = (
 class GroupListing:
     group_id: str
     state: str
+    group_type: str = GroupType.SHARE.value
+    protocol_type: str = "share"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +198,8 @@ class GroupCoordinator:
         self.runtime.on_fenced = self._unload
         # KIP-848 consumer groups (ConsumerGroupHeartbeat): coordinator.consumer_group_ops.
         self.consumer = ConsumerGroupOps(self)
+        # Classic groups (JoinGroup/SyncGroup): coordinator.classic_group_ops.
+        self.classic = ClassicGroupOps(self)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -201,6 +207,7 @@ class GroupCoordinator:
         """Rebuild groups and configs by replaying the record log (startup)."""
         count = self.runtime.load()
         self.consumer.on_loaded()
+        self.classic.on_loaded()
         now = self.clock.now_ms()
         for group_id, group in self.groups.items():
             group.on_loaded(now, self.config(group_id))
@@ -210,6 +217,7 @@ class GroupCoordinator:
         self._stopped = False
         self._schedule_expiry()
         self._schedule_retention()
+        self.classic.start()
         self._track(self._finish_pending())
 
     async def settle(self) -> None:
@@ -256,6 +264,7 @@ class GroupCoordinator:
         for task in list(self._initializing):
             task.cancel()
         self.consumer.unload()
+        self.classic.timers.cancel_all()
         await self.runtime.stop()
 
     def close(self) -> None:
@@ -277,6 +286,7 @@ class GroupCoordinator:
         self.consumer.unload()
         unloaded = len(self.groups) + len(self.classic_groups) + len(self.consumer_groups)
         self.groups.clear()
+        self.classic.unload()  # its parked requests answered before the groups go
         self._forget_offsets()
         log.warning("groups_unloaded", groups=unloaded)
 
@@ -299,6 +309,7 @@ class GroupCoordinator:
         """This broker leads the groups log (again), restored from the database: the
         groups are rebuilt by replaying `record_log` and the timers started."""
         self.groups.clear()
+        self.classic.unload()  # its parked requests answered before the groups go
         self._forget_offsets()
         self.runtime.reopen(record_log)
         self.load()
@@ -320,6 +331,9 @@ class GroupCoordinator:
             return
         if isinstance(record, CONSUMER_GROUP_RECORDS):
             self.consumer.replay(record)
+            return
+        if isinstance(record, GroupMetadataRecord | ClassicGroupTombstone):
+            self.classic.replay(record)
             return
         if not isinstance(record, _SHARE_GROUP_RECORDS):
             # Consumer-group, classic-group and offset records: the codec knows them, but
@@ -921,11 +935,15 @@ class GroupCoordinator:
         return group.describe()
 
     def list_groups(self) -> list[GroupListing]:
-        return [
-            GroupListing(g.group_id, g.state.value)
-            for g in sorted(self.groups.values(), key=lambda g: g.group_id)
-            if not g.deleted
+        """Every group of every type, by id (ListGroups)."""
+        listed = [
+            GroupListing(g.group_id, g.state.value) for g in self.groups.values() if not g.deleted
         ]
+        listed.extend(
+            GroupListing(g.group_id, g.state_name, GroupType.CLASSIC.value, g.protocol_type)
+            for g in self.classic_groups.values()
+        )
+        return sorted(listed, key=lambda g: g.group_id)
 
     async def alter_configs(
         self, group_id: str, ops: list[AlterConfigOp], validate_only: bool

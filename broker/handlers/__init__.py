@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from broker.handlers import (
     acls,
+    classic,
     cluster,
     configs,
     consumer,
@@ -40,6 +41,7 @@ from protocol.api import ApiTable, Response
 
 class HandlerBroker(
     acls.AclsBroker,
+    classic.ClassicBroker,
     cluster.ClusterBroker,
     configs.ConfigsBroker,
     consumer.ConsumerBroker,
@@ -110,6 +112,12 @@ APIS: tuple[Api, ...] = (
     Api(76, 1, 1, share.share_group_heartbeat),
     Api(77, 1, 1, share.share_group_describe),
     Api(16, 0, 5, share.list_groups),
+    # Classic consumer groups (JoinGroup/SyncGroup), broker.handlers.classic.
+    Api(11, 0, 9, classic.join_group),
+    Api(12, 0, 4, classic.heartbeat),
+    Api(13, 0, 5, classic.leave_group),
+    Api(14, 0, 5, classic.sync_group),
+    Api(15, 0, 6, classic.describe_groups),
     Api(78, 1, 2, share.share_fetch),
     Api(79, 1, 2, share.share_acknowledge),
     Api(83, 0, 0, share_state.initialize_share_group_state),

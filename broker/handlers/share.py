@@ -253,22 +253,25 @@ async def list_groups(
     # DESCRIBE on the cluster lists every group (Kafka keeps it for compatibility);
     # otherwise the groups the principal may DESCRIBE. Denials are not logged.
     every_group = az.allows(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, log_denied=False)
-    if not types or SHARE_GROUP_TYPE in types:
-        for g in broker.groups.list_groups():
-            if states and g.state.lower() not in states:
-                continue
-            if not every_group and not az.allows(
-                ctx, AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id, log_denied=False
-            ):
-                continue
-            groups.append(
-                m.ListedGroup(
-                    group_id=GroupId(g.group_id),
-                    protocol_type=SHARE_PROTOCOL_TYPE,
-                    group_state=g.state,
-                    group_type=SHARE_GROUP_TYPE,
-                )
+    # Every type of the one group-id namespace (share, classic, ...), as Kafka 4.2 lists
+    # them: the type filter and the state filter match lower-cased.
+    for g in broker.groups.list_groups():
+        if types and g.group_type.lower() not in types:
+            continue
+        if states and g.state.lower() not in states:
+            continue
+        if not every_group and not az.allows(
+            ctx, AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id, log_denied=False
+        ):
+            continue
+        groups.append(
+            m.ListedGroup(
+                group_id=GroupId(g.group_id),
+                protocol_type=g.protocol_type,
+                group_state=g.state,
+                group_type=g.group_type,
             )
+        )
     if not types or CONSUMER_GROUP_TYPE in types:
         for group_id, state in broker.groups.consumer.list_groups():
             if states and state.lower() not in states:

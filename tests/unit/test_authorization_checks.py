@@ -33,6 +33,7 @@ from coordinator.acls import (
     PatternType,
     ResourceType,
 )
+from coordinator.group_coordinator import GroupListing
 from coordinator.metadata import MetadataStore, Topic
 from persister.commit import GroupCommit
 from protocol import api
@@ -631,7 +632,7 @@ class Groups:
         )
 
     def list_groups(self) -> list[Any]:
-        return [SimpleNamespace(group_id=g, state="Empty") for g in ("mine", "theirs")]
+        return [GroupListing(g, "Empty") for g in ("mine", "theirs")]
 
     async def delete_groups(self, names: list[str]) -> list[tuple[str, None]]:
         self.calls.append(("delete_groups", names))
