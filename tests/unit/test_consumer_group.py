@@ -619,3 +619,21 @@ async def test_the_group_configs_override_the_broker_timeouts() -> None:
     assert groups.consumer.timers.deadline(("session", "g", "a")) == 1500
     assert groups.consumer.group_config("other").session_timeout_ms == 3000
     groups.consumer.unload()
+
+
+def test_a_subscribed_topic_created_later_is_assigned() -> None:
+    h = Harness()
+    r = h.hb("a", 0, topics=["orders", "later"])
+    assert r.assignment == {T: ALL}
+    epoch = h.group.group_epoch
+    h.topics[U] = TopicMetadata(U, "later", 3)
+    h.group.replay_all(h.group.refresh_topics(h.topics, 0, topic_regex.resolve))
+    assert h.group.group_epoch == epoch + 1
+    r = h.hb("a", epoch, ALL)
+    assert r.assignment == {T: ALL, U: frozenset({0, 1, 2})}
+    # Growing it moves the epoch again; an unrelated topic does not.
+    h.topics[U] = TopicMetadata(U, "later", 4)
+    h.topics[uuid.UUID(int=99)] = TopicMetadata(uuid.UUID(int=99), "unrelated", 1)
+    h.group.replay_all(h.group.refresh_topics(h.topics, 0, topic_regex.resolve))
+    assert h.group.group_epoch == epoch + 2
+    assert h.group.refresh_topics(h.topics, 0, topic_regex.resolve) == []
