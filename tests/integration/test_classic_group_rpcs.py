@@ -1,0 +1,190 @@
+"""Classic consumer groups with real clients: confluent-kafka Consumers with
+`group.protocol=classic` and `subscribe()` against a broker process. Two consumers
+split a 6-partition topic, a third joins and each gets 2, one leaves and its partitions
+move; every record is consumed, commits go through OffsetCommit. A static member
+(`group.instance.id`) restarted within its session timeout gets its partitions back
+without a rebalance. DescribeGroups and ListGroups show the group."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from protocol.client import KafkaClient
+from protocol.errors import ErrorCode
+from tests.integration.conftest import (
+    Broker,
+    consumer_config,
+    create_topic,
+    produce,
+    producer_config,
+)
+
+PARTITIONS = 6
+PER_PARTITION = 10
+SETTINGS = {"group.initial.rebalance.delay.ms": "0"}
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+
+
+class Member:
+    """A subscribed consumer and what its rebalance callbacks told it."""
+
+    def __init__(self, broker: Broker, group: str, topic: str, **overrides: Any) -> None:
+        self.assigned: set[int] = set()
+        self.assigns = 0
+        self.revokes = 0
+        self.records: list[tuple[int, int]] = []
+        self.consumer = Consumer(
+            consumer_config(
+                broker,
+                **{
+                    "group.id": group,
+                    "group.protocol": "classic",
+                    "partition.assignment.strategy": "range",
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 300,
+                    "enable.partition.eof": False,
+                    **overrides,
+                },
+            )
+        )
+        self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigns += 1
+        self.assigned = {p.partition for p in partitions}
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.revokes += 1
+        self.assigned = set()
+
+    def poll(self) -> None:
+        msg = self.consumer.poll(0.05)
+        if msg is not None and msg.error() is None:
+            self.records.append((msg.partition(), msg.offset()))
+            self.consumer.commit(message=msg, asynchronous=False)
+
+
+def poll_until(members: list[Member], done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for m in members:
+            m.poll()
+        if done():
+            return
+    raise AssertionError(
+        f"timed out; assignments {[sorted(m.assigned) for m in members]}, "
+        f"records {[len(m.records) for m in members]}"
+    )
+
+
+def split(members: list[Member], each: int) -> Callable[[], bool]:
+    def done() -> bool:
+        union = set().union(*(m.assigned for m in members))
+        return union == set(range(PARTITIONS)) and all(len(m.assigned) == each for m in members)
+
+    return done
+
+
+async def _describe_and_list(broker: Broker, group: str) -> tuple[Any, Any]:
+    client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-classic")
+    try:
+        described = await client.request(DESCRIBE_GROUPS, 5, {"groups": [group]})
+        listed = await client.request(LIST_GROUPS, 5, {"types_filter": ["classic"]})
+    finally:
+        await client.close()
+    return described, listed
+
+
+def _fill(broker: Broker, topic: str) -> None:
+    outcome = produce(
+        Producer(producer_config(broker)),
+        topic,
+        [(p, None, b"%d" % i, []) for p in range(PARTITIONS) for i in range(PER_PARTITION)],
+    )
+    assert not outcome.errors
+
+
+def test_consumers_split_rebalance_on_join_and_leave(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory(SETTINGS)
+    topic, group = f"orders-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    create_topic(broker, topic, partitions=PARTITIONS)
+    _fill(broker, topic)
+    one, two = Member(broker, group, topic), Member(broker, group, topic)
+    try:
+        poll_until([one, two], split([one, two], 3))
+        assert one.assigned.isdisjoint(two.assigned)
+        # Every record is consumed once (each committed as consumed).
+        poll_until(
+            [one, two], lambda: len(one.records) + len(two.records) >= PARTITIONS * PER_PARTITION
+        )
+        seen = one.records + two.records
+        assert len(seen) == len(set(seen)) == PARTITIONS * PER_PARTITION
+
+        three = Member(broker, group, topic)
+        poll_until([one, two, three], split([one, two, three], 2))
+        assert one.revokes >= 1 and two.revokes >= 1  # the eager protocol revokes all
+
+        # The group as DescribeGroups and ListGroups show it.
+        described, listed = asyncio.run(_describe_and_list(broker, group))
+        (g,) = described.groups
+        assert (g.error_code, g.group_state, g.protocol_type, g.protocol_data) == (
+            ErrorCode.none,
+            "Stable",
+            "consumer",
+            "range",
+        )
+        assert len(g.members) == 3
+        assert [(x.group_id, x.group_type, x.protocol_type) for x in listed.groups] == [
+            (group, "classic", "consumer")
+        ]
+
+        # One leaves (LeaveGroup on close): the other two take its partitions.
+        one.consumer.close()
+        poll_until([two, three], split([two, three], 3))
+        # Nothing was left behind: produce more and the remaining two get all of it.
+        _fill(broker, topic)
+        before = len(two.records) + len(three.records)
+        poll_until(
+            [two, three],
+            lambda: len(two.records) + len(three.records) - before >= PARTITIONS * PER_PARTITION,
+        )
+        # The committed offsets are at the log end for every partition.
+        committed = two.consumer.committed(
+            [TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10
+        )
+        assert [tp.offset for tp in committed] == [2 * PER_PARTITION] * PARTITIONS
+        three.consumer.close()
+    finally:
+        two.consumer.close()
+
+
+def test_a_static_member_restarts_without_a_rebalance(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    broker = broker_factory(SETTINGS)
+    topic, group = f"orders-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    create_topic(broker, topic, partitions=PARTITIONS)
+    one = Member(broker, group, topic, **{"group.instance.id": "one"})
+    two = Member(broker, group, topic, **{"group.instance.id": "two"})
+    poll_until([one, two], split([one, two], 3))
+    kept = set(two.assigned)
+    revokes = one.revokes
+    # A static member does not leave on close; restarted, it takes its entry back.
+    two.consumer.close()
+    again = Member(broker, group, topic, **{"group.instance.id": "two"})
+    poll_until([one, again], lambda: again.assigned == kept)
+    for _ in range(40):  # a while longer: no rebalance reaches the other member
+        one.poll()
+        again.poll()
+    assert one.revokes == revokes and again.assigned == kept
+    one.consumer.close()
+    again.consumer.close()
