@@ -188,3 +188,115 @@ def test_a_static_member_restarts_without_a_rebalance(
     assert one.revokes == revokes and again.assigned == kept
     one.consumer.close()
     again.consumer.close()
+
+
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, SHARE_GROUP_HEARTBEAT = 11, 12, 13, 14, 76
+# A ConsumerProtocolSubscription v0 of topic "t": version, topics, null user data.
+SUBSCRIPTION = b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff"
+
+
+def _join(group: str, member: str = "", **overrides: Any) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "session_timeout": 10_000,
+        "rebalance_timeout": 10_000,
+        "member_id": member,
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": SUBSCRIPTION}],
+        **overrides,
+    }
+
+
+async def _wire_answers(broker: Broker, topic: str) -> None:
+    client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-classic")
+    try:
+        call = client.request
+        # v4+: a dynamic member first gets its member id (MEMBER_ID_REQUIRED).
+        first = await call(JOIN_GROUP, 5, _join("g"))
+        assert first.error_code == ErrorCode.member_id_required and first.member_id
+        member = first.member_id
+        joined = await call(JOIN_GROUP, 5, _join("g", member))
+        assert (joined.error_code, joined.generation_id, joined.leader) == (
+            ErrorCode.none,
+            1,
+            member,
+        )
+        assert joined.protocol_name == "range" and len(joined.members) == 1
+        synced = await call(
+            SYNC_GROUP,
+            3,
+            {
+                "group_id": "g",
+                "generation_id": 1,
+                "member_id": member,
+                "assignments": [{"member_id": member, "assignment": b"A"}],
+            },
+        )
+        assert (synced.error_code, synced.assignment) == (ErrorCode.none, b"A")
+        for generation, member_id, code in [
+            (1, member, ErrorCode.none),
+            (0, member, ErrorCode.illegal_generation),
+            (1, "ghost", ErrorCode.unknown_member_id),
+        ]:
+            beat = await call(
+                HEARTBEAT, 3, {"group_id": "g", "generation_id": generation, "member_id": member_id}
+            )
+            assert beat.error_code == code
+        # Session timeout outside group.min/max.session.timeout.ms; another protocol type.
+        bad = await call(JOIN_GROUP, 5, _join("g", session_timeout=1000))
+        assert bad.error_code == ErrorCode.invalid_session_timeout
+        other = await call(JOIN_GROUP, 5, _join("g", member, protocol_type="connect"))
+        assert other.error_code == ErrorCode.inconsistent_group_protocol
+        # v0 joins in one round (no rebalance timeout: the session timeout serves).
+        old = await call(JOIN_GROUP, 0, _join("g0"))
+        assert old.error_code == ErrorCode.none and old.generation_id == 1
+        # A share group's id: JoinGroup INCONSISTENT_GROUP_PROTOCOL, the others
+        # UNKNOWN_MEMBER_ID, DescribeGroups v6 GROUP_ID_NOT_FOUND and v5 Dead.
+        share = await call(
+            SHARE_GROUP_HEARTBEAT,
+            1,
+            {
+                "group_id": "queue",
+                "member_id": str(uuid.uuid4()),
+                "member_epoch": 0,
+                "subscribed_topic_names": [topic],
+            },
+        )
+        assert share.error_code == ErrorCode.none
+        refused = await call(JOIN_GROUP, 9, _join("queue"))
+        assert (refused.error_code, refused.member_id) == (
+            ErrorCode.inconsistent_group_protocol,
+            "",
+        )
+        beat = await call(HEARTBEAT, 4, {"group_id": "queue", "generation_id": 1, "member_id": "m"})
+        assert beat.error_code == ErrorCode.unknown_member_id
+        left = await call(LEAVE_GROUP, 1, {"group_id": "queue", "member_id": "m"})
+        assert left.error_code == ErrorCode.unknown_member_id
+        d6 = await call(DESCRIBE_GROUPS, 6, {"groups": ["queue", "nope"]})
+        assert [(g.error_code, g.group_state) for g in d6.groups] == [
+            (ErrorCode.group_id_not_found, "Dead")
+        ] * 2
+        d5 = await call(DESCRIBE_GROUPS, 5, {"groups": ["queue"]})
+        assert [(g.error_code, g.group_state) for g in d5.groups] == [(ErrorCode.none, "Dead")]
+        # LeaveGroup v3+: a batch, one error per member.
+        left = await call(
+            LEAVE_GROUP,
+            3,
+            {"group_id": "g", "members": [{"member_id": member}, {"member_id": "ghost"}]},
+        )
+        assert left.error_code == ErrorCode.none
+        assert [m.error_code for m in left.members] == [
+            ErrorCode.none,
+            ErrorCode.unknown_member_id,
+        ]
+        (empty,) = (await call(DESCRIBE_GROUPS, 5, {"groups": ["g"]})).groups
+        assert (empty.group_state, empty.members) == ("Empty", ())
+    finally:
+        await client.close()
+
+
+def test_wire_answers_of_the_classic_rpcs(broker_factory: Callable[..., Broker]) -> None:
+    broker = broker_factory(SETTINGS)
+    topic = f"t-{uuid.uuid4().hex[:6]}"
+    create_topic(broker, topic)
+    asyncio.run(_wire_answers(broker, topic))
