@@ -1179,13 +1179,19 @@ class AdminClient:
         try:
             return await self.describe_groups(group)
         except AdminError as exc:
-            if exc.error != "UNSUPPORTED_VERSION" or consumer_api:
+            if exc.error != "UNSUPPORTED_VERSION":
                 raise
-            raise AdminError(
-                "UNSUPPORTED_VERSION",
-                "the broker serves neither ConsumerGroupDescribe (69) nor DescribeGroups "
-                f"(15): the state and members of group '{group}' cannot be described",
-            ) from None
+            if consumer_api:
+                message = (
+                    f"group '{group}' is not a consumer group, and the broker does not serve "
+                    "DescribeGroups (15): its state and members cannot be described"
+                )
+            else:
+                message = (
+                    "the broker serves neither ConsumerGroupDescribe (69) nor DescribeGroups "
+                    f"(15): the state and members of group '{group}' cannot be described"
+                )
+            raise AdminError("UNSUPPORTED_VERSION", message) from None
 
     async def _consumer_group_describe(self, group: str) -> ConsumerGroupDescription:
         async def call(address: tuple[str, int], deadline: float) -> Any:
