@@ -943,6 +943,10 @@ class GroupCoordinator:
             GroupListing(g.group_id, g.state_name, GroupType.CLASSIC.value, g.protocol_type)
             for g in self.classic_groups.values()
         )
+        listed.extend(
+            GroupListing(group_id, state, GroupType.CONSUMER.value, "consumer")
+            for group_id, state in self.consumer.list_groups()
+        )
         return sorted(listed, key=lambda g: g.group_id)
 
     async def alter_configs(

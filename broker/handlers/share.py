@@ -74,8 +74,6 @@ class ShareBroker(Guarded, Protocol):
 SHARE_GROUP_TYPE = "share"
 # Share groups report "share" as their protocol type in ListGroups, as Kafka does.
 SHARE_PROTOCOL_TYPE = "share"
-# KIP-848 consumer groups: type and protocol type "consumer".
-CONSUMER_GROUP_TYPE = "consumer"
 AUTHORIZED_OPERATIONS_OMITTED = i32(-(2**31))
 ZERO_UUID = uuid.UUID(int=0)
 
@@ -272,22 +270,6 @@ async def list_groups(
                 group_type=g.group_type,
             )
         )
-    if not types or CONSUMER_GROUP_TYPE in types:
-        for group_id, state in broker.groups.consumer.list_groups():
-            if states and state.lower() not in states:
-                continue
-            if not every_group and not az.allows(
-                ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id, log_denied=False
-            ):
-                continue
-            groups.append(
-                m.ListedGroup(
-                    group_id=GroupId(group_id),
-                    protocol_type=CONSUMER_GROUP_TYPE,
-                    group_state=state,
-                    group_type=CONSUMER_GROUP_TYPE,
-                )
-            )
     return m.ListGroupsResponse(
         throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=tuple(groups)
     )

@@ -623,7 +623,6 @@ class Groups:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.runtime = SimpleNamespace(loading=False)  # its log loaded
-        self.consumer = SimpleNamespace(list_groups=list)  # no consumer groups
 
     async def heartbeat(self, *args: Any) -> Any:
         self.calls.append(("heartbeat", args[0]))
