@@ -3,7 +3,8 @@
 split a 6-partition topic, a third joins and each gets 2, one leaves and its partitions
 move; every record is consumed, commits go through OffsetCommit. A static member
 (`group.instance.id`) restarted within its session timeout gets its partitions back
-without a rebalance. DescribeGroups and ListGroups show the group."""
+without a rebalance. DescribeGroups and ListGroups show the group. The rebalance test
+runs on both storage engines."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     Broker,
     consumer_config,
     create_topic,
@@ -111,6 +113,7 @@ def _fill(broker: Broker, topic: str) -> None:
     assert not outcome.errors
 
 
+@BOTH_STORAGES
 def test_consumers_split_rebalance_on_join_and_leave(
     broker_factory: Callable[..., Broker],
 ) -> None:
