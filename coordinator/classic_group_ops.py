@@ -344,6 +344,9 @@ class ClassicGroupOps:
             records.extend(consumer.tombstones())
             del self.host.consumer_groups[group_id]
             log.info("consumer_group_converted_to_classic", group=group_id)
+            converted: OffsetGroup | None = consumer
+        else:
+            converted = None
         group = self._group(group_id)
         is_new = False
         if group is None:
@@ -378,7 +381,26 @@ class ClassicGroupOps:
         if is_new and not result:
             # The new group is stored at once, as Kafka does (an empty GroupMetadata).
             result = [group.to_record({})]
+        if converted is not None:
+            outcome = self._outcome
+            assert outcome is not None
+            outcome.failed.append(
+                functools.partial(self._undo_conversion, group_id, converted, group)
+            )
         return records + result
+
+    def _undo_conversion(
+        self, group_id: str, consumer: OffsetGroup, classic: ClassicGroup, error: KafkaError
+    ) -> list[Any]:
+        """The conversion's write failed: the consumer group is back (and the classic
+        group's first joins are answered the error), unless the classic group has
+        completed a join phase since."""
+        if self.host.classic_groups.get(group_id) is classic and classic.generation_id == 0:
+            self._fail_parked(classic, error.code)
+            del self.host.classic_groups[group_id]
+            self.timers.cancel_group(group_id)
+            self.host.consumer_groups.setdefault(group_id, consumer)
+        return []
 
     def _accepts_joining(self, group: ClassicGroup, member_id: str) -> bool:
         member = group.members.get(member_id)

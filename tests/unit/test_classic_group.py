@@ -7,6 +7,7 @@ and Kafka 4.2's answer to every classic-group error case."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import struct
 import uuid
 from collections.abc import Awaitable
@@ -560,3 +561,49 @@ def test_subscribed_topics_parses_every_version_prefix() -> None:
 
 def test_join_result_defaults() -> None:
     assert JoinResult().generation_id == -1
+
+
+class FailingLog(MemoryRecordLog):
+    """Records in memory; the next `failures` syncs fail with EIO."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    async def sync(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EIO, "injected")
+
+
+async def test_a_failed_conversion_write_keeps_the_consumer_group() -> None:
+    log = FailingLog()
+    h = make(log)
+    idle = StandIn("idle", GroupType.CONSUMER)
+    h.coordinator.consumer_groups["idle"] = idle  # type: ignore[assignment]
+    log.failures = 1
+    r = await h.ops.join(join_request(group="idle", version=3))  # parked: no member id round
+    assert r.error == ErrorCode.not_coordinator
+    await h.settle()
+    assert h.coordinator.consumer_groups["idle"] is idle
+    assert "idle" not in h.coordinator.classic_groups
+
+
+async def test_a_failed_assignment_write_rebalances() -> None:
+    log = FailingLog()
+    h = make(log)
+    a = await h.member_id()
+    b = await h.member_id()
+    ja = await h.start(h.ops.join(join_request(a)))
+    jb = await h.start(h.ops.join(join_request(b)))
+    await h.advance(DELAY)
+    await h.advance(DELAY)
+    assert ja.result().generation_id == jb.result().generation_id == 1
+    sb = await h.start(h.ops.sync(SyncRequest("g", 1, b, None, None, None, {})))
+    log.failures = 1
+    sa = await h.ops.sync(SyncRequest("g", 1, a, None, None, None, {a: b"A", b: b"B"}))
+    await h.settle()
+    # Both answered the error; the group rebalances (its members rejoin).
+    assert sa.error == sb.result().error == ErrorCode.not_coordinator
+    assert h.group().state_name == "PreparingRebalance"
+    assert all(m.assignment == b"" for m in h.group().members.values())
