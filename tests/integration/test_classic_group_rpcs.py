@@ -303,3 +303,41 @@ def test_wire_answers_of_the_classic_rpcs(broker_factory: Callable[..., Broker])
     topic = f"t-{uuid.uuid4().hex[:6]}"
     create_topic(broker, topic)
     asyncio.run(_wire_answers(broker, topic))
+
+
+def test_the_group_survives_a_kill_of_its_coordinator(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    """The GroupMetadata record and the commits are durable: after kill -9 and a
+    restart the group is back at its stored generation, the consumers carry on and
+    nothing committed is consumed again."""
+    broker = broker_factory(SETTINGS)
+    topic, group = f"orders-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    create_topic(broker, topic, partitions=PARTITIONS)
+    _fill(broker, topic)
+    one, two = Member(broker, group, topic), Member(broker, group, topic)
+    try:
+        poll_until([one, two], split([one, two], 3))
+        poll_until(
+            [one, two], lambda: len(one.records) + len(two.records) >= PARTITIONS * PER_PARTITION
+        )
+        described, _ = asyncio.run(_describe_and_list(broker, group))
+        (before,) = described.groups
+        assert before.group_state == "Stable"
+        broker.kill9()
+        broker.start()
+        (after,) = asyncio.run(_describe_and_list(broker, group))[0].groups
+        assert (after.group_state, after.protocol_data) == ("Stable", "range")
+        assert {m.member_id for m in after.members} == {m.member_id for m in before.members}
+        # The consumers carry on: new records are consumed, none of the old again.
+        _fill(broker, topic)
+        count = len(one.records) + len(two.records)
+        poll_until(
+            [one, two],
+            lambda: len(one.records) + len(two.records) - count >= PARTITIONS * PER_PARTITION,
+        )
+        seen = one.records + two.records
+        assert len(seen) == len(set(seen)) == 2 * PARTITIONS * PER_PARTITION
+    finally:
+        one.consumer.close()
+        two.consumer.close()
