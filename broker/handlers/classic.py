@@ -47,6 +47,10 @@ AUTHORIZED_OPERATIONS_OMITTED = i32(-(2**31))
 NULLABLE_PROTOCOL_NAME_VERSION = 7
 # LeaveGroup names a batch of members from v3.
 BATCH_LEAVE_VERSION = 3
+# JoinGroup answers every client gets in a normal join: not worth a log line.
+_ROUTINE_JOIN_ERRORS = frozenset(
+    {ErrorCode.none, ErrorCode.member_id_required, ErrorCode.rebalance_in_progress}
+)
 
 
 class ClassicBroker(Guarded, Protocol):
@@ -93,7 +97,7 @@ async def join_group(
             )
         )
         result_error, member_id = result.error, result.member_id
-    if result_error != ErrorCode.none:
+    if result_error not in _ROUTINE_JOIN_ERRORS:
         log.info(
             "join_group_answered",
             group=req.group_id,
