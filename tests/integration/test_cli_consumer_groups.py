@@ -214,17 +214,24 @@ def test_list_shows_the_simple_group(broker: Broker) -> None:
     assert row == [group, "Classic", "Empty"]
 
 
-def test_a_live_consumer_group(broker: Broker) -> None:
-    """A KIP-848 member (group.protocol=consumer) that subscribed and committed: the
-    listing, its members and state, lag by member; a reset and a delete are refused
-    while it is in the group, and work once it has left."""
-    topic, group = "cg-live", "cg-live-group"
+@pytest.mark.parametrize(
+    ("protocol", "group_type", "assignor"),
+    [("consumer", "Consumer", "uniform"), ("classic", "Classic", "range")],
+)
+def test_a_live_consumer_group(
+    broker: Broker, protocol: str, group_type: str, assignor: str
+) -> None:
+    """A member that subscribed and committed, in either group.protocol (KIP-848,
+    described by ConsumerGroupDescribe; classic, by DescribeGroups with the assignment
+    read from the member's bytes): the listing, its members and state, lag by member; a
+    reset and a delete are refused while it is in the group, and work once it left."""
+    topic, group = f"cg-live-{protocol}", f"cg-live-{protocol}-group"
     setup_topic(broker, topic)
     consumer = Consumer(
         {
             "bootstrap.servers": broker.bootstrap,
             "group.id": group,
-            "group.protocol": "consumer",
+            "group.protocol": protocol,
             "client.id": "cg-live-client",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -246,18 +253,20 @@ def test_a_live_consumer_group(broker: Broker) -> None:
         typed = ok(broker, "--list", "--type", "--state")
         assert next(line.split() for line in typed.splitlines() if line.startswith(group)) == [
             group,
-            "Consumer",
+            group_type,
             "Stable",
         ]
 
         members = ok(broker, "--describe", "--group", group, "--members", "--verbose")
         row = next(line.split() for line in members.splitlines() if line.startswith(group))
         assert row[3:5] == ["cg-live-client", "2"]  # CLIENT-ID, #PARTITIONS
-        assert row[-1] == f"{topic}:0,1"  # TARGET-ASSIGNMENT
+        assert row[6] == f"{topic}:0,1"  # CURRENT-ASSIGNMENT
+        # TARGET-ASSIGNMENT: the broker's (KIP-848); a classic group has none ('-').
+        assert row[8] == (f"{topic}:0,1" if protocol == "consumer" else "-")
 
         state = ok(broker, "--describe", "--group", group, "--state")
         row = next(line.split() for line in state.splitlines() if line.startswith(group))
-        assert row[3:] == ["uniform", "Stable", "1"]
+        assert row[3:] == [assignor, "Stable", "1"]
 
         rows = json.loads(ok(broker, "--describe", "--group", group, "--output", "json"))
         assert {(r["partition"], r["current_offset"], r["lag"]) for r in rows} == {
