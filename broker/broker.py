@@ -23,7 +23,6 @@ from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import apply_topic_change
-from broker.handlers.transactions import marker_writer
 from broker.leadership import Leadership, LogManagerHost, TopicRef
 from broker.listeners import ListenerConfig, inter_broker_listener, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
@@ -43,6 +42,7 @@ from broker.share.reader import LogPartition
 from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
 from broker.tasks import spawn
+from broker.txn_markers import MarkerChannel, ProduceVerifier
 from coordinator.assignor import TopicMetadata
 from coordinator.classic_group import ClassicGroupConfig
 from coordinator.group_coordinator import GroupCoordinator
@@ -186,6 +186,10 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.groups: GroupCoordinator
         self.transactions: TransactionCoordinator
+        # The coordinator's markers to every partition's leader, and produce
+        # verification with the coordinator wherever it is (broker.txn_markers).
+        self.txn_markers: MarkerChannel
+        self.txn_verifier: ProduceVerifier
         self.share: SharePartitionManager
         self.sessions: ShareSessionCache
         self.share_service: ShareFetchService
@@ -535,12 +539,30 @@ class Broker:
         """The transaction coordinator on `data/transactions/`: replayed, in-doubt
         transactions completed, timeout and expiry sweeps on the broker's clock."""
         follower = self._not_claimed_yet("transactions")
+        listener = inter_broker_listener(
+            self.config, self.listeners, isinstance(self.storage, PgStorage)
+        )
+        self.txn_markers = MarkerChannel(
+            self.logs,
+            lambda: self.cluster,
+            self._topic_ref,
+            BrokerConnections(f"spool-broker-{self.node_id}-txn-markers"),
+            listener=listener,
+            complete_offsets=self._complete_offsets,
+            clock=self.clock,
+        )
+        self.txn_verifier = ProduceVerifier(
+            lambda: self.transactions,
+            lambda: self.cluster,
+            BrokerConnections(f"spool-broker-{self.node_id}-txn-verify"),
+            listener=listener,
+        )
         self.transactions = TransactionCoordinator(
             self.storage.open_coordinator_log(
                 self.data_dir / "transactions", self.commit, clock=self.clock
             ),
             allocate_producer_id=self.metadata.allocate_producer_id,
-            markers=marker_writer(self.logs, self._complete_offsets),
+            markers=self.txn_markers,
             config=TransactionConfig.from_mapping(self.config.get),
             clock=self.clock,
         )
@@ -601,6 +623,11 @@ class Broker:
             for t in self.metadata.state.topics.values()
         }
 
+    def _topic_ref(self, name: str) -> tuple[uuid.UUID, int] | None:
+        """A topic's id and partition count, None once it is gone (the markers skip it)."""
+        topic = self.metadata.state.topics.get(name)
+        return None if topic is None else (topic.topic_id, topic.partitions)
+
     def log_partition(self, topic_id: uuid.UUID, partition: int) -> Partition | None:
         topic = self.metadata.state.topics_by_id.get(topic_id)
         return None if topic is None else self.logs.get(topic.name, partition)
@@ -632,6 +659,8 @@ class Broker:
             await self.registry.stop()  # the others see this broker gone at once
         await self.groups.stop()
         await self.transactions.stop()
+        await self.txn_markers.close()
+        await self.txn_verifier.close()
         self.share.stop()
         await self.share_state.close()
         for task in self._tasks:

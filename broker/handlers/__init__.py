@@ -33,6 +33,7 @@ from broker.handlers import (
     share_state,
     topics,
     transactions,
+    txn_markers,
     users,
 )
 from broker.server import RequestContext
@@ -52,6 +53,7 @@ class HandlerBroker(
     share_state.ShareStateBroker,
     topics.TopicsBroker,
     transactions.TxnBroker,
+    txn_markers.MarkersBroker,
     users.UsersBroker,
     Protocol,
 ):
@@ -93,6 +95,8 @@ APIS: tuple[Api, ...] = (
     Api(65, 0, 0, transactions.describe_transactions),
     # v1 adds the duration filter (KIP-994), v2 the transactional id pattern (KIP-1152).
     Api(66, 0, 2, transactions.list_transactions),
+    # From a transaction coordinator on another broker (broker.txn_markers).
+    Api(27, 1, 2, txn_markers.write_txn_markers),
     Api(19, 2, 7, topics.create_topics),
     Api(20, 1, 6, topics.delete_topics),
     Api(37, 0, 3, topics.create_partitions),

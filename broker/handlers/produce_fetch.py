@@ -23,12 +23,16 @@ from broker.handlers import responses as resp
 from broker.handlers.access import Guarded
 from broker.handlers.leaders import MOVED, NOT_LEADER, CurrentLeaders, not_leader_message
 from broker.handlers.responses import NO_THROTTLE
-from broker.handlers.transactions import verify_produce
+from broker.handlers.transactions import (
+    ProduceVerifier,
+    first_transactional,
+    verify_produce,
+    verify_transactions,
+)
 from broker.partitions import LogManager, Partition, validate_produce_data, wait_for_any
 from broker.server import CloseConnection, RequestContext
 from coordinator.acls import AclOperation, ResourceType
 from coordinator.metadata import MetadataStore
-from coordinator.transactions import TransactionCoordinator
 from protocol import api
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import iter_batches
@@ -59,7 +63,7 @@ class DataBroker(Guarded, Protocol):
     @property
     def logs(self) -> LogManager: ...
     @property
-    def transactions(self) -> TransactionCoordinator: ...
+    def txn_verifier(self) -> ProduceVerifier: ...
     @property
     def cluster(self) -> ClusterView: ...
 
@@ -253,6 +257,29 @@ def _has_transactional_records(req: ProduceRequest) -> bool:
     return False
 
 
+def _transactional_partitions(
+    req: ProduceRequest, broker: DataBroker
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition with transactional batches, with their producer id and epoch (the
+    first transactional batch's, which the verification uses); a malformed partition is
+    left to the validation that follows."""
+    wanted: dict[tuple[str, int], tuple[int, int]] = {}
+    for t in req.topic_data:
+        name, _ = _topic_name(broker, t)
+        if name is None:
+            continue
+        for p in t.partition_data:
+            try:
+                header = first_transactional(
+                    h for _, h in iter_batches(p.records or b"", validate=False)
+                )
+            except CorruptRecordError:
+                continue
+            if header is not None:
+                wanted[(name, p.index)] = (header.producer_id, header.producer_epoch)
+    return wanted
+
+
 async def produce(
     ctx: RequestContext, req: ProduceRequest, broker: DataBroker
 ) -> resp.produce_v12.ProduceResponse | resp.produce_v13.ProduceResponse | None:
@@ -276,6 +303,13 @@ async def produce(
                 entry.failed(denied)
             responses.append((name, topic_id, parts))
         return _produce_answer(ctx, acks, responses, broker.cluster)
+    verified: dict[tuple[str, int], ErrorCode] = {}
+    if req.transactional_id is not None:
+        # Asked before any append, all partitions at once: the coordinator may be on
+        # another broker (KIP-890 part 1, Kafka's AddPartitionsToTxnManager).
+        wanted = _transactional_partitions(req, broker)
+        if wanted:
+            verified = await verify_transactions(broker.txn_verifier, req.transactional_id, wanted)
     writable: dict[str, bool] = {}
     for t in req.topic_data:
         name, topic_id = _topic_name(broker, t)
@@ -304,7 +338,7 @@ async def produce(
                 data, batches = validate_produce_data(p.records or b"")
                 assert name is not None
                 verify_produce(
-                    broker.transactions,
+                    verified,
                     req.transactional_id,
                     ctx.api_version,
                     name,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
@@ -605,8 +605,10 @@ CompleteOffsets = Callable[[int, bool, frozenset[int]], Awaitable[None]]
 
 
 def marker_writer(logs: MarkerLogs, complete_offsets: CompleteOffsets | None = None) -> Any:
-    """The coordinator's MarkerWriter over the broker's partitions: one control batch
-    per partition of the transaction, returning once all are durable. The
+    """A MarkerWriter over this broker's partitions only (tests, a broker's logs
+    alone; a broker uses `broker.txn_markers.MarkerChannel`, which sends the markers of
+    partitions other brokers lead to them): one control batch per partition of the
+    transaction, returning once all are durable. The
     __consumer_offsets partitions go to the group coordinator (`complete_offsets`: the
     transaction's pending offsets of those partitions' groups are committed or dropped).
 
@@ -654,8 +656,44 @@ def marker_writer(logs: MarkerLogs, complete_offsets: CompleteOffsets | None = N
 # ------------------------------------------------------------------ produce verification
 
 
+class ProduceVerifier(Protocol):
+    """The transaction coordinator's answer on transactional produce, wherever it is
+    (`broker.txn_markers.ProduceVerifier`: this broker's coordinator, or the
+    coordinator's broker over AddPartitionsToTxn v4+ VerifyOnly)."""
+
+    async def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]: ...
+
+
+def first_transactional(headers: Iterable[BatchHeader]) -> BatchHeader | None:
+    """The batch whose producer id and epoch a partition's verification uses."""
+    return next((h for h in headers if h.is_transactional and not h.is_control), None)
+
+
+async def verify_transactions(
+    verifier: ProduceVerifier,
+    transactional_id: str,
+    wanted: Mapping[TopicPartition, tuple[int, int]],
+) -> dict[TopicPartition, ErrorCode]:
+    """Verify a produce request's transactional partitions (partition -> producer id
+    and epoch of its batches) at once: one question per producer id and epoch, which a
+    remote coordinator answers in one request."""
+    by_producer: dict[tuple[int, int], list[TopicPartition]] = {}
+    for tp, producer in wanted.items():
+        by_producer.setdefault(producer, []).append(tp)
+    found: dict[TopicPartition, ErrorCode] = {}
+    for (producer_id, producer_epoch), tps in by_producer.items():
+        found.update(await verifier.verify(transactional_id, producer_id, producer_epoch, tps))
+    return found
+
+
 def verify_produce(
-    coordinator: TransactionCoordinator,
+    verified: Mapping[TopicPartition, ErrorCode],
     transactional_id: str | None,
     produce_version: int,
     topic: str,
@@ -663,21 +701,19 @@ def verify_produce(
     headers: list[BatchHeader],
 ) -> None:
     """Refuse transactional batches for a partition outside the producer's ongoing
-    transaction, as Kafka's verification guard does (KIP-890 part 1): PRODUCER_FENCED
-    becomes INVALID_PRODUCER_EPOCH, and TRANSACTION_ABORTABLE is INVALID_TXN_STATE for
-    Produce versions before 11, which do not know it (AddPartitionsToTxnManager)."""
-    transactional = [h for h in headers if h.is_transactional and not h.is_control]
-    if not transactional:
+    transaction, as Kafka's verification guard does (KIP-890 part 1), given what the
+    coordinator answered (`verify_transactions`): PRODUCER_FENCED becomes
+    INVALID_PRODUCER_EPOCH, and TRANSACTION_ABORTABLE is INVALID_TXN_STATE for Produce
+    versions before 11, which do not know it (AddPartitionsToTxnManager)."""
+    header = first_transactional(headers)
+    if header is None:
         return
     if transactional_id is None:
         raise KafkaError(
             ErrorCode.transactional_id_authorization_failed,
             "Transactional records need the request's transactional id",
         )
-    header = transactional[0]
-    found = coordinator.verify(
-        transactional_id, header.producer_id, header.producer_epoch, [(topic, partition)]
-    )[(topic, partition)]
+    found = verified.get((topic, partition), ErrorCode.invalid_txn_state)
     if found == ErrorCode.none:
         return
     reason = {
@@ -685,6 +721,10 @@ def verify_produce(
         "(AddPartitionsToTxn first)",
         ErrorCode.producer_fenced: "comes from a fenced epoch",
         ErrorCode.concurrent_transactions: "arrived while its transaction is completing",
+        ErrorCode.network_exception: "could not be verified: the transaction "
+        "coordinator's broker did not answer",
+        ErrorCode.coordinator_not_available: "could not be verified: no broker leads "
+        "the transaction coordinator's log",
     }.get(found, f"failed verification ({found.name})")
     code = found
     if found == ErrorCode.producer_fenced:

@@ -19,6 +19,8 @@ from broker.cluster import ClusterView
 from broker.config import BrokerConfig
 from broker.handlers.produce_fetch import produce
 from broker.partitions import LogManager, Partition
+from broker.share.remote_persister import Target
+from broker.txn_markers import ProduceVerifier
 from coordinator.transactions import S, TransactionCoordinator
 from persister.commit import GroupCommit
 from persister.coordinator_log import MemoryRecordLog
@@ -32,6 +34,19 @@ TID = "txn-produce"
 TIMEOUT_MS = 60_000
 
 
+class _NoTransport:
+    """The broker alone leads the transactions log: nothing is ever sent."""
+
+    async def send(self, target: Target, api_key: int, version: int, body: Any) -> Any:
+        raise AssertionError("a broker alone verifies locally")
+
+    async def close(self) -> None:
+        return None
+
+
+NO_TRANSPORT = _NoTransport()
+
+
 @dataclass
 class Setup:
     logs: LogManager
@@ -39,6 +54,12 @@ class Setup:
     metadata: Any
     authorizer: Authorizer = NO_AUTHORIZER
     cluster: ClusterView = field(default_factory=alone)
+
+    @property
+    def txn_verifier(self) -> ProduceVerifier:
+        return ProduceVerifier(
+            lambda: self.transactions, lambda: self.cluster, NO_TRANSPORT, listener="PLAINTEXT"
+        )
 
     def part(self, index: int) -> Partition:
         part = self.logs.get(TOPIC, index)
