@@ -646,6 +646,7 @@ class Broker:
         """Stop accepting, finish in-flight requests, flush everything, close files."""
         self.metrics.state = STOPPING
         self.logs.wake_fetches()
+        self.groups.classic.answer_parked()  # parked JoinGroup/SyncGroup: NOT_COORDINATOR
         if self.server is not None:
             await self.server.stop()
         if self.leadership is not None:

@@ -205,6 +205,13 @@ class ClassicGroupOps:
         for group in self._classic_groups():
             self._fail_parked(group, ErrorCode.not_coordinator)
 
+    def answer_parked(self) -> None:
+        """The broker is stopping: every parked JoinGroup and SyncGroup is answered
+        NOT_COORDINATOR now (the client looks for the coordinator again), so that a clean
+        stop does not wait for a rebalance."""
+        for group in self._classic_groups():
+            self._fail_parked(group, ErrorCode.not_coordinator)
+
     def _fail_parked(self, group: ClassicGroup, code: ErrorCode) -> None:
         for member in list(group.members.values()):
             group.complete_join(member, JoinResult(code, member_id=member.member_id))

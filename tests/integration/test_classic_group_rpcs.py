@@ -341,3 +341,30 @@ def test_the_group_survives_a_kill_of_its_coordinator(
     finally:
         one.consumer.close()
         two.consumer.close()
+
+
+async def _park_a_join(broker: Broker) -> Any:
+    client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-classic")
+    parked = asyncio.ensure_future(client.request(JOIN_GROUP, 3, _join("slow"), timeout_s=60))
+    await asyncio.sleep(1.0)
+    assert not parked.done()  # waiting for group.initial.rebalance.delay.ms
+    return client, parked
+
+
+def test_a_clean_stop_answers_parked_joins(broker_factory: Callable[..., Broker]) -> None:
+    broker = broker_factory({"group.initial.rebalance.delay.ms": "120000"})
+
+    async def scenario() -> tuple[Any, float]:
+        client, parked = await _park_a_join(broker)
+        started = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, broker.stop)  # exit 0
+        took = time.monotonic() - started
+        try:
+            return await asyncio.wait_for(parked, 10), took
+        finally:
+            await client.close()
+
+    answer, took = asyncio.run(scenario())
+    # Answered NOT_COORDINATOR at once, not after the server's 10 s grace for requests.
+    assert answer.error_code == ErrorCode.not_coordinator
+    assert took < 5, took
