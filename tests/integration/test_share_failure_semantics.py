@@ -691,7 +691,14 @@ KAFKA_4_2_VERSIONS = {
     1: (4, 18),  # Fetch
     2: (1, 11),  # ListOffsets
     3: (0, 13),  # Metadata
+    8: (2, 10),  # OffsetCommit
+    9: (1, 10),  # OffsetFetch
     10: (0, 6),  # FindCoordinator
+    11: (0, 9),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 5),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
     17: (0, 1),  # SaslHandshake
     18: (0, 4),  # ApiVersions
@@ -704,6 +711,7 @@ KAFKA_4_2_VERSIONS = {
     # Kafka serves EndTxn v5, which is transaction version 2 (KIP-890 part 2); spool has
     # transaction version 1 only, so it stops at v4 and clients use that.
     26: (0, 4),  # EndTxn
+    27: (1, 2),  # WriteTxnMarkers
     28: (0, 5),  # TxnOffsetCommit
     29: (1, 3),  # DescribeAcls
     30: (1, 3),  # CreateAcls
@@ -713,9 +721,14 @@ KAFKA_4_2_VERSIONS = {
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
+    47: (0, 0),  # OffsetDelete
     50: (0, 0),  # DescribeUserScramCredentials
     51: (0, 0),  # AlterUserScramCredentials
     60: (0, 2),  # DescribeCluster
+    65: (0, 0),  # DescribeTransactions
+    66: (0, 2),  # ListTransactions
+    68: (0, 1),  # ConsumerGroupHeartbeat
+    69: (0, 1),  # ConsumerGroupDescribe
     76: (1, 1),  # ShareGroupHeartbeat
     77: (1, 1),  # ShareGroupDescribe
     78: (1, 2),  # ShareFetch
