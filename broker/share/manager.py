@@ -366,7 +366,14 @@ class SharePartitionManager:
                     if budget[0] <= 0 or budget[1] <= 0:
                         continue  # MaxRecords or MaxBytes used up: left for the next fetch
                     if not self._locks.try_acquire(key):
-                        continue  # another request's: skipped, woken when it is let go
+                        # Another request's, its change pending: new records past SPEO
+                        # are acquired beside it; else skipped, woken when it is let go.
+                        sp = self.partitions.get(key)
+                        if sp is not None and self.reader.acquire_beside(
+                            key, sp, member_id, budget, batch_size, fetched, mode
+                        ):
+                            self.expiry.arm(key, sp)
+                        continue
                     held.append(key)
                 p = await self._prepare(
                     key, acks, fetching, member_id, budget, batch_size, ack_results, fetched, mode

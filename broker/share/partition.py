@@ -337,7 +337,15 @@ class PendingChange:
     the two, once. A call that changed nothing returns `NO_CHANGE`, for which both do nothing.
     """
 
-    __slots__ = ("_changed", "_journal", "_partition", "_speo", "_spso", "state_update")
+    __slots__ = (
+        "_changed",
+        "_journal",
+        "_moved_speo",
+        "_partition",
+        "_speo",
+        "_spso",
+        "state_update",
+    )
 
     def __init__(
         self,
@@ -357,6 +365,9 @@ class PendingChange:
         # The offset spans whose durable state it changed: a change stacked on this one
         # (`SharePartition.stack_on`) rewrites them with its own in one state update.
         self._changed = changed or []
+        # Whether it moved SPEO (it acquired new records): while it is pending, no fetch
+        # acquires beside it (`SharePartition.acquire_beside`).
+        self._moved_speo = partition is not None and partition._speo != speo
 
     @property
     def pending(self) -> bool:
@@ -641,6 +652,9 @@ class SharePartition:
         self._speo_before = UNINITIALIZED_START_OFFSET
         self._in_change = False
         self._pending: PendingChange | None = None
+        # The end (exclusive) of what fetches acquired beside the pending change
+        # (`acquire_beside`): its rollback leaves SPEO there.
+        self._beside_end: int | None = None
         # `stack_on`: the pending change the next change builds on (then: being built on).
         self._stack_base: PendingChange | None = None
         self._stacked: PendingChange | None = None
@@ -874,6 +888,73 @@ class SharePartition:
         change = self._finish()
         shape_size = 0 if hard_limit else batch_size
         return AcquireResult(_shape_acquired(acquired, batches, shape_size), change)
+
+    def can_acquire_beside(self) -> bool:
+        """Whether a fetch may acquire new records while another request's change is
+        pending (its share-state write in flight), as Kafka's SharePartition lets a fetch
+        acquire while an acknowledgement's persister write runs (its fetch lock is not
+        held for it). Only records past SPEO, which no pending change can touch: so only
+        when the pending change did not move SPEO, and when nothing is AVAILABLE (a
+        pending release may yet be undone; AVAILABLE records go first, in order, with
+        the partition's lock)."""
+        pending = self._pending
+        return (
+            pending is not None
+            and not pending._moved_speo
+            and self._stack_base is None
+            and not self._in_change
+            and self._ranges.find_state(_AVAILABLE) < 0
+            and self._speo - min(self._spso, pending._spso) < self.config.max_in_flight_records
+        )
+
+    def acquire_beside(
+        self,
+        member_id: str,
+        batches: Sequence[tuple[int, int]],
+        *,
+        max_records: int,
+        batch_size: int,
+        now_ms: int,
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
+    ) -> tuple[AcquiredRange, ...]:
+        """Acquire records past SPEO (`batches` read from SPEO, with no gap to archive)
+        while another request's change is pending (`can_acquire_beside`). Nothing durable
+        changes (acquisitions are not written, KIP-932), so this is final at once: no
+        PendingChange. The new ranges are put past everything the pending change holds,
+        never merged with its ranges, and its rollback leaves them and SPEO past them.
+        The record-lock limit counts from the lower of SPSO before and after the pending
+        change, so its rollback cannot leave more records locked than the limit."""
+        if not self.can_acquire_beside():
+            raise ChangePending(
+                f"share partition {self.group_id}:{self.topic_id}:{self.partition}: no "
+                "acquisition beside the pending change"
+            )
+        _check_offset_ranges("log batches", batches)
+        if not batches or max_records <= 0 or batches[0][0] != self._speo:
+            return ()
+        assert self._pending is not None
+        spso = min(self._spso, self._pending._spso)
+        hard_limit = mode is ShareAcquireMode.RECORD_LIMIT
+        first = self._speo
+        last = batches[-1][1]
+        if last - first + 1 > max_records:
+            last = (
+                first + max_records - 1
+                if hard_limit
+                else _batch_end(batches, first + max_records - 1, last)
+            )
+        last = min(last, spso + self.config.max_in_flight_records - 1)
+        if last < first:
+            return ()
+        record = InFlightRange(
+            first, last, _ACQUIRED, 1, member_id, now_ms + self.config.record_lock_duration_ms
+        )
+        self._ranges.put(record)
+        self._counted_in(record)
+        self._speo = last + 1
+        self._beside_end = self._speo
+        shape_size = 0 if hard_limit else batch_size
+        return _shape_acquired([AcquiredRange(first, last, 1)], batches, shape_size)
 
     @_atomic
     def acknowledge(
@@ -1321,8 +1402,12 @@ class SharePartition:
         if self._pending is not change:
             raise RuntimeError(f"{change!r} is not this partition's pending change")
         self._pending = None
+        beside, self._beside_end = self._beside_end, None
         if not commit:
             self._undo(change._journal, change._spso, change._speo)
+            if beside is not None:
+                # What fetches acquired beside it is past everything it changed: kept.
+                self._speo = max(self._speo, beside)
         change._journal = []
 
     def _undo(self, journal: list[tuple[bool, InFlightRange]], spso: int, speo: int) -> None:

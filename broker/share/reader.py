@@ -19,6 +19,7 @@ from typing import Protocol
 
 import structlog
 
+from broker import trace
 from broker.metrics import ShareMetrics
 from broker.share.partition import (
     AcquiredRange,
@@ -183,6 +184,71 @@ class AcquisitionReader:
         prepared.operation = "acknowledge_and_acquire" if prepared.acknowledged else "acquire"
         budget[0] -= result.record_count
         budget[1] -= len(prepared.records)
+
+    def acquire_beside(
+        self,
+        key: ShareStateKey,
+        sp: SharePartition,
+        member_id: str,
+        budget: list[int],
+        batch_size: int,
+        fetched: dict[ShareStateKey, FetchedPartition],
+        mode: ShareAcquireMode = ShareAcquireMode.BATCH_OPTIMIZED,
+    ) -> bool:
+        """Acquire new records of a partition whose lock another request holds while its
+        change is pending (an acknowledgement's share-state write in flight), as Kafka
+        lets a fetch acquire then: only records past SPEO, read from the log end of the
+        share partition, with nothing to archive in them (`SharePartition
+        .acquire_beside`). Final at once (nothing durable changes), so what it got goes
+        straight into `fetched`. False when it cannot (the caller skips the partition,
+        and the lock's release wakes the fetch, as before)."""
+        if not sp.initialized or not sp.can_acquire_beside():
+            return False
+        log_part = self.log_partition(key.topic_id, key.partition)
+        if log_part is None or getattr(log_part, "fenced", None) is not None:
+            return False
+        if log_part.log_start_offset > sp.spso:
+            return False  # the log start moved: SPSO follows it first, a durable change
+        committed_only = sp.config.isolation_level == "read_committed"
+        upper = log_part.last_stable_offset if committed_only else log_part.log_end_offset
+        offset = sp.speo
+        if offset >= upper:
+            return False
+        data = log_part.read(
+            offset,
+            max(min(budget[1], PARTITION_READ_BYTES), 1),
+            committed_only=committed_only,
+            beyond_high_watermark=not committed_only,
+        )
+        headers = [(pos, h) for pos, h in iter_batches(data, validate=False)]
+        if not headers or any(h.is_control for _, h in headers):
+            return False  # control batches are archived: a durable change
+        if committed_only and log_part.aborted_transactions(offset, headers[-1][1].next_offset):
+            return False
+        acquired = sp.acquire_beside(
+            member_id,
+            [(h.base_offset, h.last_offset) for _, h in headers],
+            max_records=budget[0],
+            batch_size=batch_size,
+            now_ms=self.clock.now_ms(),
+            mode=mode,
+        )
+        if not acquired:
+            return False
+        chunks = [
+            data[pos : pos + h.size]
+            for pos, h in headers
+            if any(
+                r.first_offset <= h.last_offset and r.last_offset >= h.base_offset for r in acquired
+            )
+        ]
+        records = b"".join(chunks)
+        fetched[key] = FetchedPartition(records=records, acquired=list(acquired))
+        budget[0] -= sum(r.last_offset - r.first_offset + 1 for r in acquired)
+        budget[1] -= len(records)
+        if trace.ENABLED:
+            trace.event("acquired_beside")
+        return True
 
     def _gone(self, key: ShareStateKey) -> FetchedPartition:
         """A partition whose log is not here: led by another broker, or unknown."""

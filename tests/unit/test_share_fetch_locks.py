@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import uuid
+from dataclasses import dataclass
 from unittest.mock import Mock
 
 import pytest
@@ -25,6 +26,7 @@ from broker.share.partition import InFlightRange, RecordState
 from coordinator.share_state import ShareState, ShareStateKey
 from persister.clock import ManualClock
 from protocol.errors import ErrorCode
+from protocol.records import NewRecord, build_batch
 from tests.unit.test_share_manager import ACCEPT, LOCK_MS, FakeLog, manager, spans
 
 TOPIC = uuid.UUID(int=7)
@@ -288,4 +290,61 @@ async def test_a_closing_members_release_sees_a_partition_its_fetch_loads_while_
     assert await holder == (ErrorCode.none, None)
     assert mgr.partitions[Y].acquired_count == 0
     assert len(mgr._locks) == 0
+    mgr.stop()
+
+
+@dataclass
+class GrowingLog(FakeLog):
+    """Batches of ten records, one more each time `append` is called."""
+
+    batches: int = 1
+
+    def append(self) -> None:
+        self.batches += 1
+        self.high_watermark = self.last_stable_offset = 10 * self.batches
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = False,
+        beyond_high_watermark: bool = False,
+    ) -> bytes:
+        first = offset - offset % 10
+        return b"".join(
+            build_batch([NewRecord(None, b"v%d" % i) for i in range(10)], base_offset=base)
+            for base in range(first, self.high_watermark, 10)
+        )
+
+
+@pytest.mark.parametrize("write", ["succeeds", "fails"])
+async def test_a_fetch_takes_new_records_beside_an_acknowledgement_being_written(
+    write: str,
+) -> None:
+    """Kafka's fetch does not wait for an acknowledgement's persister write: new records
+    appended meanwhile are acquired at once; whether the write then succeeds or fails,
+    they stay the fetching member's, and the acknowledgement is applied or undone."""
+    log = GrowingLog()
+    mgr, persister, _ = manager(log)
+    await fetch(mgr, [X], "m")  # m holds 0-9
+    persister.gate = asyncio.Event()
+    if write == "fails":
+        persister.fail_next(OSError(errno.EIO, "disk gone"), X)
+    acked = asyncio.ensure_future(mgr.acknowledge(X, "m", [(0, 9, (ACCEPT,))]))
+    await turns()
+    log.append()  # offsets 10-19
+    got = await asyncio.wait_for(fetch(mgr, [X], "n"), BOUND_S)
+    assert spans(got[X]) == [(10, 19, 1)]  # without waiting for the write
+    assert not acked.done()
+    persister.gate.set()
+    code, _ = await acked
+    sp = mgr.partitions[X]
+    assert sp.record_state(15) is not None and sp.record_state(15).member_id == "n"  # type: ignore[union-attr]
+    if write == "succeeds":
+        assert code == ErrorCode.none and sp.spso == 10
+    else:
+        assert code != ErrorCode.none and sp.spso == 0
+        assert sp.record_state(5).member_id == "m"  # type: ignore[union-attr]
+    assert sp.speo == 20
     mgr.stop()

@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 
 from broker.share.partition import (
     AcknowledgeType,
+    AcquiredRange,
     ChangePending,
     PendingChange,
     RecordState,
@@ -390,6 +391,79 @@ class SharePartitionMachine(RuleBasedStateMachine):
                 if state is not Q or owner != member:
                     return ErrorCode.invalid_record_state
         return ErrorCode.none
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        other=st.sampled_from(MEMBERS),
+        data=st.data(),
+        max_batches=st.integers(1, 4),
+        max_records=st.integers(1, 20),
+        mode=st.sampled_from(ShareAcquireMode),
+        commit=st.booleans(),
+    )
+    def acknowledge_with_a_fetch_beside(
+        self,
+        member: str,
+        other: str,
+        data: st.DataObject,
+        max_batches: int,
+        max_records: int,
+        mode: ShareAcquireMode,
+        commit: bool,
+    ) -> None:
+        """An acknowledgement pending (its write in flight) while another member's fetch
+        acquires new records beside it; then the write succeeds or fails."""
+        sp = self.sp
+        held = sorted(o for o, v in self.model.items() if v[0] is Q and v[2] == member)
+        if not held:
+            return
+        first = data.draw(st.sampled_from(held))
+        last = first
+        while (
+            last + 1 in self.model
+            and self.model[last + 1][0] is Q
+            and self.model[last + 1][2] == member
+        ):
+            last += 1
+        ack_type = data.draw(st.sampled_from([1, 2, 3]))  # ACCEPT, RELEASE, REJECT
+        spso_before = sp.spso
+        result = sp.acknowledge(member, [(first, last, (ack_type,))], now_ms=self.now)
+        assert result.error_code == ErrorCode.none
+        change = result.change
+        batches = self.read_log(sp.speo, max_batches)
+        in_gap = {o for lo, hi in self.gaps for o in range(lo, hi + 1)}
+        touches_gap = any(o in in_gap for lo, hi in batches for o in range(lo, hi + 1))
+        got: tuple[AcquiredRange, ...] = ()
+        if change.pending and sp.can_acquire_beside() and not touches_gap:
+            got = sp.acquire_beside(
+                other, batches, max_records=max_records, batch_size=5, now_ms=self.now, mode=mode
+            )
+            for r in got:
+                assert r.delivery_count == 1
+                for o in range(r.first_offset, r.last_offset + 1):
+                    assert o not in in_gap
+            if got:
+                assert sp.speo - min(sp.spso, spso_before) <= sp.config.max_in_flight_records
+        if commit and change.pending:
+            change.commit()
+        elif change.pending:
+            change.rollback()
+        for r in got:
+            for o in range(r.first_offset, r.last_offset + 1):
+                self.model[o] = (Q, 1, other, self.now + LOCK_MS)
+        self.speo = sp.speo
+        if not commit:
+            return
+        for offset in range(max(first, self.spso), last + 1):
+            _state, count, _owner, _deadline = self.model[offset]
+            if ack_type == 1:
+                self.model[offset] = (K, count, None, None)
+            elif ack_type == 3:
+                self.model[offset] = (X, count, None, None)
+            else:
+                self.release_model(offset)
+        self.advance_model()
+        self.record(result.state_update, spso_before)
 
     @rule(commit=st.booleans())
     def expire_locks(self, commit: bool) -> None:
