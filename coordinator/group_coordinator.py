@@ -807,17 +807,23 @@ class GroupCoordinator:
 
     async def expire_offsets(self, at_ms: int) -> int:
         """offsets.retention.minutes: delete the offsets whose time is up, group by group
-        (Kafka's cleanupGroupMetadata); a simple group goes with its last offset.
+        (Kafka's cleanupGroupMetadata); an Empty classic or consumer group whose offsets
+        are all gone goes too (maybeDeleteGroup), a simple group with its last offset.
         Returns how many offsets were deleted."""
         deleted = 0
-        for group_id in sorted(self.offsets.group_ids()):
+        group_ids = self.offsets.group_ids() | set(self.classic_groups) | set(self.consumer_groups)
+        for group_id in sorted(group_ids):
 
-            def op(group_id: str = group_id) -> tuple[list[OffsetRecord], int]:
+            def op(group_id: str = group_id) -> tuple[list[Any], int]:
                 group = self._offset_group(group_id)
                 if group is None:
                     return [], 0
-                records, _ = self.offsets.expire(group_id, group, at_ms)
-                return records, len(records)
+                records: list[Any]
+                records, all_gone = self.offsets.expire(group_id, group, at_ms)
+                expired = len(records)
+                if all_gone and group.is_empty:
+                    records = [*records, *group.tombstones()]
+                return records, expired
 
             try:
                 deleted += await self.runtime.run(group_id, op)

@@ -254,3 +254,28 @@ async def test_a_transactional_commit_with_a_generation_to_no_group_is_illegal_g
             "ghost", "m", None, 2, 77, 0, commits(("orders", 0, 9)), api_version=3
         )
     assert refused.value.code == ErrorCode.illegal_generation
+
+
+async def test_an_empty_classic_group_goes_with_its_last_offset() -> None:
+    """Kafka's cleanupGroupMetadata: an Empty classic group's offsets expire a retention
+    after it went Empty (its GroupMetadata's current state timestamp), and once all are
+    gone the group is deleted too (maybeDeleteGroup)."""
+    from coordinator.classic_group import GroupMetadataRecord
+
+    clock = ManualClock(1_000_000)
+    groups = coordinator(clock=clock)
+    for group_id, empty_since in (("old", 1_000_000), ("later", 1_000_000 + DAY_MS // 2)):
+        groups._replay(GroupMetadataRecord(group_id, "consumer", 3, "range", None, empty_since))
+        assert groups.group_type(group_id) == GroupType.CLASSIC
+        assert not isinstance(groups.classic_groups[group_id], SimpleGroup)
+        await groups.commit_offsets(
+            group_id, "", None, -1, commits(("orders", 0, 1), ("orders", 1, 2)), api_version=9
+        )
+    clock.advance(DAY_MS)
+    assert await groups.expire_offsets(clock.now_ms()) == 2
+    assert groups.group_type("old") is None
+    assert groups.group_type("later") == GroupType.CLASSIC
+    assert len(groups.fetch_offsets("later", None)[0][2]) == 2
+    clock.advance(DAY_MS // 2)
+    assert await groups.expire_offsets(clock.now_ms()) == 2
+    assert groups.group_type("later") is None
