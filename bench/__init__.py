@@ -4,7 +4,8 @@ Each benchmark is a function taking a `BenchContext` (a running broker plus the 
 parameters) and returning `Result` rows; `bench.__main__` keeps them in a registry,
 runs the selected ones against one broker and prints a table. Figures are printed,
 never asserted: tests do not time things. A benchmark may also record named figures in
-`ctx.figures` (checked against `TARGETS` in the final table) and spool-vs-reference rows
+`ctx.figures` (checked against `TARGETS` in the final table, or listed without a target
+in `FIGURES`) and spool-vs-reference rows
 in `ctx.comparisons`; `progress()` prints a line per step on stderr while it runs.
 """
 
@@ -284,6 +285,40 @@ def format_targets(rows: list[tuple[Target, float | None, str]]) -> str:
         limit = f"{sign} {target.limit:g} {target.unit}"
         shown = f"{value:.3g} {target.unit}" if value is not None else "-"
         lines.append(f"{target.name:<40} {limit:>12} {shown:>12}  {status}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure (a key of ctx.figures) shown without a target: the issue asking for it
+    set none."""
+
+    name: str
+    figure: str
+    unit: str
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure("consumer group (KIP-848), async commits", "groups.consume_rate_consumer", "rec/s"),
+    Figure("consumer group (classic), async commits", "groups.consume_rate_classic", "rec/s"),
+    Figure("share group, per-record acks", "groups.share_rate", "rec/s"),
+    Figure("rebalance, 10th of 10 members (KIP-848)", "groups.rebalance_s_consumer", "s"),
+    Figure("rebalance, 10th of 10 members (classic)", "groups.rebalance_s_classic", "s"),
+)
+
+
+def format_figures(figures: dict[str, float], not_run: dict[str, str] | None = None) -> str:
+    """The FIGURES table: each figure, or why it is missing."""
+    header = f"{'figure (no target)':<40} {'value':>14}  notes"
+    lines = [header, "-" * len(header)]
+    for f in FIGURES:
+        value = figures.get(f.figure)
+        if value is None or math.isnan(value):
+            why = (not_run or {}).get(f.figure, "no figure (benchmark not selected)")
+            lines.append(f"{f.name:<40} {'-':>14}  not run: {why}")
+        else:
+            shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+            lines.append(f"{f.name:<40} {f'{shown} {f.unit}':>14}  {f.figure}")
     return "\n".join(lines)
 
 

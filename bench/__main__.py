@@ -12,12 +12,15 @@ The long variants, off by default to keep `make bench` near 15 minutes on 2 core
 Share backlog sizes: SPOOL_BENCH_BACKLOGS (default 100000,1000000,10000000).
 PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (500000).
 Files next to PostgreSQL (`--only storage`): SPOOL_BENCH_STORAGE_RECORDS (200000).
+Consumer groups next to share groups, rebalance of 10 members (`--only consumer_groups`):
+SPOOL_BENCH_GROUPS_RECORDS (200000).
 1, 2 and 3 brokers on one PostgreSQL, failover (`--only cluster`): SPOOL_BENCH_CLUSTER_RECORDS
 (500000), SPOOL_BENCH_CLUSTER_CONSUMERS (3).
 
 MB/s counts record value bytes (1 MB = 10^6 bytes). Each step prints a line on stderr.
 After the results: spool next to librdkafka's mock cluster (bench.reference), and the
-target table (bench.TARGETS), each target met / not met / not run with the reason.
+target table (bench.TARGETS), each target met / not met / not run with the reason, and
+the figures without a target (bench.FIGURES).
 To add a benchmark, write `def bench_x(ctx) -> list[Result]` (recording figures for
 targets in `ctx.figures`) and add it to `BENCHMARKS`.
 """
@@ -50,11 +53,13 @@ from bench import (
     drain,
     evaluate_targets,
     format_comparisons,
+    format_figures,
     format_table,
     format_targets,
     progress,
 )
 from bench.cluster import bench_cluster
+from bench.consumer_groups import bench_consumer_groups
 from bench.memory import bench_memory
 from bench.reference import bench_reference
 from bench.security import bench_security
@@ -203,6 +208,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "security": bench_security,
     "storage": bench_storage,
     "cluster": bench_cluster,
+    "consumer_groups": bench_consumer_groups,
 }
 
 
@@ -283,6 +289,8 @@ def main(argv: list[str]) -> int:
             print(section)
         print()
         print(format_targets(evaluate_targets(ctx.figures, ctx.not_run)))
+        print()
+        print(format_figures(ctx.figures, ctx.not_run))
         if code != 0:
             print(f"broker exited with {code}\n{broker.log_tail()}", file=sys.stderr)
             return 1
