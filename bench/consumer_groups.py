@@ -7,8 +7,10 @@ Everything runs on the run's one broker (file storage), side by side:
 
 - Consumption: RECORDS records (SPOOL_BENCH_GROUPS_RECORDS, 200000; value size the run's
   first --sizes) are produced once to a PARTITIONS-partition topic, then read in full
-  three times, each by a new group of CONSUMERS (2) consumer processes (separate
-  processes, so one client's interpreter lock does not bound the rate):
+  by new groups of CONSUMERS (2) consumer processes (separate processes, so one
+  client's interpreter lock does not bound the rate), three kinds below, each RUNS
+  times (SPOOL_BENCH_GROUPS_RUNS, 3), the kinds interleaved so a drift of the
+  machine's other load hits all; a kind's figure is its median reading:
   - a consumer group with `group.protocol=consumer` (KIP-848), and one with
     `group.protocol=classic` (librdkafka's default assignors, range then roundrobin):
     confluent-kafka `Consumer`s, `auto.offset.reset=earliest`, auto commit off, each
@@ -29,7 +31,14 @@ Everything runs on the run's one broker (file storage), side by side:
   Without that wait the first member to join reads most of the topic alone: a KIP-848
   member gives partitions up only at its next heartbeat (group.consumer.heartbeat.
   interval.ms, 5000). The consumer group readings count records, not distinct
-  offsets; a count above the topic's is reported in the notes.
+  offsets; a count above the topic's is reported in the notes, and so is when each
+  member's first record came. At the start each member resumes its partitions and
+  seeks them to the beginning: in librdkafka 2.16 a resumed partition that was
+  already in its active fetch state (the KIP-848 member that held every partition
+  first) is only fetched on its broker thread's next wake-up, about a second later
+  (seen with the broker and the consumers nearly idle: one member then read its half
+  after the other had finished, a third of the rate), while the seek's offset lookup
+  wakes it at once.
 - Rebalance time for REBALANCE_MEMBERS (10) members, per protocol (consumer, classic):
   an empty REBALANCE_PARTITIONS-partition (20) topic and a new group; nine `Consumer`s
   (threads of this process, each polling every POLL_S) join and settle, then the
@@ -69,6 +78,7 @@ from bench import (
     Result,
     client_config,
     fill_topic,
+    median_reading,
     progress,
 )
 from bench.cluster import (
@@ -83,6 +93,7 @@ from bench.cluster import (
 RECORDS = int(os.environ.get("SPOOL_BENCH_GROUPS_RECORDS", "200000"))
 PARTITIONS = 6  # bench.cluster.PARTITIONS: its share helpers assume this many
 CONSUMERS = 2
+RUNS = int(os.environ.get("SPOOL_BENCH_GROUPS_RUNS", "3"))
 BATCH = 500
 CASE_TIME_LIMIT_S = 90.0
 SETTLE_TIMEOUT_S = 60.0
@@ -98,8 +109,9 @@ FIGURES = (
     "groups.rebalance_s_classic",
 )
 
-# Slots of the array the consumer processes share: totals, then one assigned-partition
-# count per process from ASSIGNED on.
+# Slots of the array the consumer processes share: totals, then per process its
+# assigned-partition count (from ASSIGNED on) and when its first record came (after
+# those, FIRST_BY slots on).
 RECORDS_SLOT, FIRST_AT, DONE_AT, ERRORS, COMMITS, COMMIT_ERRORS, EARLY, ASSIGNED = range(8)
 
 
@@ -128,6 +140,7 @@ def _group_consumer_process(
     group: str,
     protocol: str,
     index: int,
+    consumers: int,
     expected: int,
     time_limit_s: float,
     shared: Any,
@@ -138,7 +151,7 @@ def _group_consumer_process(
     """One confluent-kafka Consumer in `group` (`group.protocol=protocol`): it pauses
     what it is assigned until `go`, then reads batches, committing each batch's
     positions asynchronously; adds its records to `shared` (times are monotonic)."""
-    from confluent_kafka import Consumer
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     started = threading.Event()
 
@@ -171,7 +184,10 @@ def _group_consumer_process(
             with lock:
                 shared[ASSIGNED + index] = len(consumer.assignment())
         started.set()
-        consumer.resume(consumer.assignment())
+        held = consumer.assignment()
+        consumer.resume(held)
+        for tp in held:  # a partition already fetching waits up to 1 s unless woken
+            consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
         deadline = time.monotonic() + time_limit_s
         while not stop.is_set() and time.monotonic() < deadline:
             msgs = consumer.consume(num_messages=BATCH, timeout=0.1)
@@ -192,6 +208,9 @@ def _group_consumer_process(
             with lock:
                 if shared[FIRST_AT] == 0.0 and records:
                     shared[FIRST_AT] = now
+                first_by = ASSIGNED + consumers + index
+                if shared[first_by] == 0.0 and records:
+                    shared[first_by] = now
                 shared[RECORDS_SLOT] += records
                 shared[ERRORS] += errors
                 shared[COMMITS if committed else COMMIT_ERRORS] += 1
@@ -215,7 +234,7 @@ def group_consume_processes(
     """`consumers` Consumer processes in a new consumer group read `topic` until
     `expected` records; the clock starts once the assignment has settled."""
     mp = multiprocessing.get_context("spawn")  # no fork of a process running librdkafka
-    shared = mp.Array("d", ASSIGNED + consumers, lock=False)
+    shared = mp.Array("d", ASSIGNED + 2 * consumers, lock=False)
     lock = mp.Lock()
     go = mp.Event()
     stop = mp.Event()
@@ -228,6 +247,7 @@ def group_consume_processes(
                 group,
                 protocol,
                 i,
+                consumers,
                 expected,
                 time_limit_s,
                 shared,
@@ -265,10 +285,12 @@ def group_consume_processes(
     records, first_at, done_at = shared[RECORDS_SLOT], shared[FIRST_AT], shared[DONE_AT]
     first_at = first_at or start
     seconds = (done_at or time.monotonic()) - first_at
+    firsts = [shared[ASSIGNED + consumers + i] for i in range(consumers)]
     notes = [
         "assignment settled after "
         + (f"{settled:.1f}s" if settled is not None else "- (not settled: started anyway)"),
-        f"first record after {first_at - start:.2f}s",
+        "each member's first record after "
+        + ", ".join(f"{f - start:.2f}s" if f else "-" for f in firsts),
         f"{int(shared[COMMITS])} async commits",
     ]
     if records < expected:
@@ -419,10 +441,13 @@ def bench_consumer_groups(ctx: BenchContext, records: int | None = None) -> list
     brokers = {1: ctx.broker}
     results: list[Result] = []
 
-    def add(result: Result, figure: str, value: float | None, cores: str) -> None:
+    def note(result: Result, cores: str) -> Result:
         load = os.getloadavg()[0]
         result.notes = "; ".join(n for n in (result.notes, cores, f"load {load:.2f}") if n)
         progress(f"groups: {result.case}: {result.records_per_s:,.0f} rec/s; {result.notes}")
+        return result
+
+    def add(result: Result, figure: str, value: float | None) -> None:
         results.append(result)
         if value is not None:
             ctx.figures[figure] = value
@@ -431,53 +456,51 @@ def bench_consumer_groups(ctx: BenchContext, records: int | None = None) -> list
     progress(f"groups: producing {records} records of {size} B to {PARTITIONS} partitions")
     stored = fill_topic(ctx, topic, records, size, partitions=PARTITIONS)
     sample = lambda pids: cpu_sample(brokers, pids)  # noqa: E731
-    for protocol in PROTOCOLS:
-        figure = f"groups.consume_rate_{protocol}"
-        progress(f"groups: {CONSUMERS} consumers, group.protocol={protocol}")
-        result, before, after = group_consume_processes(
+    readings: dict[str, list[Result]] = {}
+    for run in range(max(RUNS, 1)):  # the kinds interleaved: a drift of the load hits all
+        for protocol in PROTOCOLS:
+            progress(f"groups: {CONSUMERS} consumers, group.protocol={protocol} (run {run + 1})")
+            result, before, after = group_consume_processes(
+                ctx.bootstrap,
+                topic,
+                f"spool-bench-groups-{protocol}-{run}",
+                protocol,
+                CONSUMERS,
+                stored,
+                CASE_TIME_LIMIT_S,
+                sample,
+            )
+            result.payload_bytes = result.records * size
+            readings.setdefault(protocol, []).append(note(result, _cores_note(before, after, True)))
+        progress(f"groups: {CONSUMERS} share consumers, explicit per-record acks (run {run + 1})")
+        group = f"spool-bench-groups-share-{run}"
+        start_from_earliest(ctx, ctx.bootstrap, group, topic)
+        result, before, after = share_consume_processes(
             ctx.bootstrap,
             topic,
-            f"spool-bench-groups-{protocol}",
-            protocol,
+            group,
             CONSUMERS,
             stored,
             CASE_TIME_LIMIT_S,
             sample,
+            CLIENT_PROCESSES[LIBRDKAFKA_CLIENT],
         )
+        result.case = f"share {PARTITIONS}p x{CONSUMERS} per-record acks"
         result.payload_bytes = result.records * size
-        complete = result.records >= stored > 0
-        if not complete:
-            ctx.not_run[figure] = f"read {result.records} of {stored} records"
-        add(
-            result,
-            figure,
-            result.records_per_s if complete else None,
-            _cores_note(before, after, True),
-        )
-    progress(f"groups: {CONSUMERS} share consumers, explicit per-record acks")
-    group = "spool-bench-groups-share"
-    start_from_earliest(ctx, ctx.bootstrap, group, topic)
-    result, before, after = share_consume_processes(
-        ctx.bootstrap,
-        topic,
-        group,
-        CONSUMERS,
-        stored,
-        CASE_TIME_LIMIT_S,
-        sample,
-        CLIENT_PROCESSES[LIBRDKAFKA_CLIENT],
-    )
-    result.case = f"share {PARTITIONS}p x{CONSUMERS} per-record acks"
-    result.payload_bytes = result.records * size
-    complete = result.records >= stored > 0
-    if not complete:
-        ctx.not_run["groups.share_rate"] = f"read {result.records} of {stored} records"
-    add(
-        result,
-        "groups.share_rate",
-        result.records_per_s if complete else None,
-        _cores_note(before, after, True),
-    )
+        readings.setdefault("share", []).append(note(result, _cores_note(before, after, True)))
+    for kind, figure in (
+        ("consumer", "groups.consume_rate_consumer"),
+        ("classic", "groups.consume_rate_classic"),
+        ("share", "groups.share_rate"),
+    ):
+        mine = readings[kind]
+        short = [r for r in mine if r.records < stored or stored <= 0]
+        if short:
+            ctx.not_run[figure] = f"a reading read {short[0].records} of {stored} records"
+            add(short[0], figure, None)
+            continue
+        middle = median_reading(mine)
+        add(middle, figure, middle.records_per_s)
 
     rebalance_topic = "bench-groups-rebalance"
     admin = AdminClient(client_config(ctx))
@@ -499,5 +522,5 @@ def bench_consumer_groups(ctx: BenchContext, records: int | None = None) -> list
             0,
             ("" if seconds is None else f"{seconds:.2f}s to stable; ") + notes,
         )
-        add(result, figure, seconds, _cores_note(before, after, False))
+        add(note(result, _cores_note(before, after, False)), figure, seconds)
     return results
