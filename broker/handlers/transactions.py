@@ -89,6 +89,8 @@ class TxnBroker(Guarded, Protocol):
     @property
     def groups(self) -> GroupCoordinator: ...
     @property
+    def txn_verifier(self) -> ProduceVerifier: ...
+    @property
     def metadata(self) -> MetadataStore: ...
     @property
     def logs(self) -> LogManager: ...
@@ -390,10 +392,13 @@ async def txn_offset_commit(
     if wanted:
         # The producer's transaction must hold the group's __consumer_offsets partition
         # (AddOffsetsToTxn), at its epoch: Kafka's group coordinator verifies this with
-        # the transaction coordinator before it writes.
+        # the transaction coordinator before it writes, on its broker or another's
+        # (AddPartitionsToTxn VerifyOnly, as a partition leader verifies a produce).
         partition = (OFFSETS_TOPIC, offsets_partition(req.group_id))
-        verified = broker.transactions.verify(
-            req.transactional_id, req.producer_id, req.producer_epoch, [partition]
+        verified = (
+            await broker.txn_verifier.verify(
+                req.transactional_id, req.producer_id, req.producer_epoch, [partition]
+            )
         )[partition]
         if verified != ErrorCode.none:
             failed = verified

@@ -419,28 +419,6 @@ async def test_a_lost_connection_is_retried(cluster: Cluster) -> None:
     assert stable(c, 1) and len(c.transport.sent) == 2
 
 
-async def test_the_channel_stops_once_this_broker_is_no_longer_the_coordinator(
-    cluster: Cluster,
-) -> None:
-    c = cluster
-    await open_txn(c, 1)
-    c.led[2].clear()  # never written
-    task = asyncio.ensure_future(c.run(c.channel(PID, EPOCH, True, frozenset({(TOPIC, 1)}))))
-    await until(lambda: len(c.transport.sent) >= 2, task)
-    c.view.coordinator_id = 2
-    with pytest.raises(KafkaError) as stopped:
-        await task
-    assert stopped.value.code == ErrorCode.not_coordinator
-    # And a coordinator that lost its log and got it back at a new epoch stops too.
-    c.view.coordinator_id = 1
-    task = asyncio.ensure_future(c.run(c.channel(PID, EPOCH, True, frozenset({(TOPIC, 1)}))))
-    await until(lambda: len(c.transport.sent) >= 4, task)
-    c.view.coordinator_epoch = 5
-    with pytest.raises(KafkaError) as moved:
-        await task
-    assert moved.value.code == ErrorCode.not_coordinator
-
-
 async def test_a_newer_producer_epoch_gives_that_partition_up_only(cluster: Cluster) -> None:
     c = cluster
     await open_txn(c, 0, 2)
