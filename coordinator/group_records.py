@@ -379,16 +379,22 @@ def decode(key: bytes | None, value: bytes | None) -> GroupRecord | None:
             return sg.ShareGroupTombstone(group_id)
         cls = _TOMBSTONE_CLASSES.get(record_type)
         return None if cls is None else cls(group_id=group_id, **member)
+    data = _value_data(record_type, value)
+    cls = _VALUE_CLASSES[record_type]
+    fields = _stored_fields(cls, data, _KEY_FIELDS)
+    record: GroupRecord = cls(group_id=group_id, **member, **fields)
+    return record
+
+
+def _value_data(record_type: int, value: bytes) -> Mapping[str, Any]:
+    """A stored value's fields; ValueError for a layout version this spool does not know."""
     data: Mapping[str, Any] = json.loads(value)
     if data.get("version") != VALUE_VERSION:
         raise ValueError(
             f"{TYPE_NAMES[record_type]} value version {data.get('version')!r} is not "
             f"supported (only {VALUE_VERSION})"
         )
-    cls = _VALUE_CLASSES[record_type]
-    fields = _stored_fields(cls, data, _KEY_FIELDS)
-    record: GroupRecord = cls(group_id=group_id, **member, **fields)
-    return record
+    return data
 
 
 def _decode_keyed(
@@ -402,12 +408,7 @@ def _decode_keyed(
             return cg.ConsumerGroupTombstone(group_id)
         tombstone = _KEYED_TOMBSTONE_CLASSES.get(record_type)
         return None if tombstone is None else tombstone(group_id=group_id, **key)
-    data: Mapping[str, Any] = json.loads(value)
-    if data.get("version") != VALUE_VERSION:
-        raise ValueError(
-            f"{TYPE_NAMES[record_type]} value version {data.get('version')!r} is not "
-            f"supported (only {VALUE_VERSION})"
-        )
+    data = _value_data(record_type, value)
     cls = _KEYED_VALUE_CLASSES[record_type]
     skip = {"group_id", *key}
     fields = {

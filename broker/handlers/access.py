@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from broker.authorizer import Authorizer, Requester
-from coordinator.acls import CLUSTER_NAME, SUPPORTED_OPERATIONS, ResourceType
+from coordinator.acls import CLUSTER_NAME, SUPPORTED_OPERATIONS, AclOperation, ResourceType
 
 
 class Guarded(Protocol):
@@ -44,3 +44,20 @@ TOPIC_DENIED = "Topic authorization failed."
 GROUP_DENIED = "Group authorization failed."
 CLUSTER_DENIED = "Cluster authorization failed."
 TRANSACTIONAL_ID_DENIED = "Transactional Id authorization failed."
+
+
+# What a described group answers when a topic of its members' assignments may not be
+# described (Kafka's ShareGroupDescribe and ConsumerGroupDescribe in KafkaApis).
+UNDESCRIBABLE_TOPICS = (
+    "The group has described topic(s) that the client is not authorized to describe."
+)
+
+
+def hides_a_topic(authorizer: Authorizer, ctx: Requester, names: list[str]) -> bool:
+    """Whether the principal may not DESCRIBE one of `names` (denials logged)."""
+    if not authorizer.enabled:
+        return False
+    allowed = authorizer.filter(
+        ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, names, log_denied=True
+    )
+    return len(allowed) < len(names)

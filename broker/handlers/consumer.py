@@ -25,7 +25,13 @@ from kio.static.primitive import i8, i32, i32Timedelta
 
 from broker.cluster import ClusterView
 from broker.handlers import responses as resp
-from broker.handlers.access import GROUP_DENIED, Guarded, authorized_operations
+from broker.handlers.access import (
+    GROUP_DENIED,
+    UNDESCRIBABLE_TOPICS,
+    Guarded,
+    authorized_operations,
+    hides_a_topic,
+)
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
@@ -201,17 +207,9 @@ async def consumer_group_describe(
                 for tid in (*member.assignment, *member.target_assignment)
             }
         )
-        if az.enabled and len(
-            az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, assigned, log_denied=True)
-        ) < len(assigned):
+        if hides_a_topic(az, ctx, assigned):
             groups.append(
-                failed(
-                    group_id,
-                    ErrorCode.topic_authorization_failed,
-                    "The group has described topic(s) that the client is not "
-                    "authorized to describe.",
-                    "",
-                )
+                failed(group_id, ErrorCode.topic_authorization_failed, UNDESCRIBABLE_TOPICS, "")
             )
             continue
         operations = AUTHORIZED_OPERATIONS_OMITTED

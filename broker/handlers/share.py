@@ -27,7 +27,13 @@ from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
 from broker.cluster import ClusterView
 from broker.handlers import responses as resp
-from broker.handlers.access import GROUP_DENIED, Guarded, authorized_operations
+from broker.handlers.access import (
+    GROUP_DENIED,
+    UNDESCRIBABLE_TOPICS,
+    Guarded,
+    authorized_operations,
+    hides_a_topic,
+)
 from broker.handlers.leaders import MOVED, CurrentLeaders
 from broker.handlers.responses import NO_THROTTLE
 from broker.server import RequestContext
@@ -178,18 +184,10 @@ async def share_group_describe(
             groups.append(failed(group_id, exc.code, exc.message, "Dead"))
             continue
         assigned = sorted({names.get(tid, "") for member in d.members for tid in member.assignment})
-        if az.enabled and len(
-            az.filter(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, assigned, log_denied=True)
-        ) < len(assigned):
+        if hides_a_topic(az, ctx, assigned):
             # Kafka answers the whole group so: its members would show the topics.
             groups.append(
-                failed(
-                    group_id,
-                    ErrorCode.topic_authorization_failed,
-                    "The group has described topic(s) that the client is not "
-                    "authorized to describe.",
-                    "",
-                )
+                failed(group_id, ErrorCode.topic_authorization_failed, UNDESCRIBABLE_TOPICS, "")
             )
             continue
         operations = AUTHORIZED_OPERATIONS_OMITTED
