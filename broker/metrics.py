@@ -158,6 +158,7 @@ class SharePartitionStats:
         "acknowledged",
         "acquired",
         "archived_delivery_limit",
+        "dead_lettered",
         "delivery_counts",
         "lock_timeouts",
         "released_acknowledged",
@@ -175,6 +176,10 @@ class SharePartitionStats:
         self.lock_timeouts = 0  # records whose acquisition lock expired
         # The delivery count of each record as it is acquired.
         self.delivery_counts = Histogram(DELIVERY_COUNT_BUCKETS)
+        # KIP-1191: records archived after going through ARCHIVING, by reason
+        # ("rejected", "delivery_limit") and whether the copy reached the dead-letter topic
+        # ("copied") or could never be made ("not_copied").
+        self.dead_lettered: dict[tuple[str, str], int] = {}
 
 
 class ShareMetrics:
@@ -183,6 +188,8 @@ class ShareMetrics:
 
     def __init__(self) -> None:
         self.partitions: dict[ShareStateKey, SharePartitionStats] = {}
+        # Per group: [writes to its dead-letter topic, of which failed] (KIP-1191).
+        self.dead_letter_writes: dict[str, list[int]] = {}
 
     def partition(self, key: ShareStateKey) -> SharePartitionStats:
         stats = self.partitions.get(key)
@@ -229,6 +236,21 @@ class ShareMetrics:
         stats = self.partition(key)
         stats.released_member += released
         stats.archived_delivery_limit += archived
+
+    def dead_lettered(self, key: ShareStateKey, reason: str, records: int, copied: bool) -> None:
+        """`records` went ARCHIVING -> ARCHIVED (KIP-1191), durably; `reason` is
+        "rejected" or "delivery_limit"; `copied` says whether the dead-letter topic got them."""
+        counts = self.partition(key).dead_lettered
+        slot = (reason, "copied" if copied else "not_copied")
+        counts[slot] = counts.get(slot, 0) + records
+
+    def dead_letter_produce(self, group_id: str, failed: bool) -> None:
+        """One write of copies to a dead-letter topic (Kafka's
+        DeadLetterQueueTotalProduceRequestsPerSec; failed ones also
+        DeadLetterQueueFailedProduceRequestsPerSec)."""
+        counts = self.dead_letter_writes.setdefault(group_id, [0, 0])
+        counts[0] += 1
+        counts[1] += 1 if failed else 0
 
     def forget(self, key: ShareStateKey) -> None:
         """The share partition is gone (topic or group state deleted)."""

@@ -616,6 +616,16 @@ class GroupConfig:
     # `group.share.initialize.retry.interval.ms` (broker-wide), at least
     # `offsets.commit.timeout.ms` as Kafka uses it.
     initialize_retry_interval_ms: int = 30000
+    # KIP-1191: `errors.deadletterqueue.topic.name` ("" = no dead-letter topic) and
+    # `errors.deadletterqueue.copy.record.enable` (copy key and value, not only headers).
+    dead_letter_topic: str = ""
+    dead_letter_copy_record: bool = False
+
+    @property
+    def dead_letter_enabled(self) -> bool:
+        """Whether records this group gives up on go through ARCHIVING to a dead-letter
+        topic (KIP-1191) instead of straight to ARCHIVED."""
+        return self.dead_letter_topic != ""
 
     @classmethod
     def effective(
@@ -639,7 +649,10 @@ class GroupConfig:
         reset = overrides.get("share.auto.offset.reset", "latest")
         isolation = overrides.get("share.isolation.level", "read_uncommitted")
         renew = overrides.get("share.renew.acknowledge.enable", True)
+        dlq_topic = overrides.get("errors.deadletterqueue.topic.name", "")
+        dlq_copy = overrides.get("errors.deadletterqueue.copy.record.enable", False)
         assert isinstance(reset, str) and isinstance(renew, bool)
+        assert isinstance(dlq_topic, str) and isinstance(dlq_copy, bool)
         assert isolation in ISOLATION_LEVELS
         return cls(
             session_timeout_ms=number("share.session.timeout.ms"),
@@ -654,6 +667,8 @@ class GroupConfig:
             initialize_retry_interval_ms=max(
                 broker.initialize_retry_interval_ms, OFFSETS_COMMIT_TIMEOUT_MS
             ),
+            dead_letter_topic=dlq_topic,
+            dead_letter_copy_record=dlq_copy,
         )
 
     def value(self, name: str) -> ConfigValue:

@@ -1,0 +1,96 @@
+"""What the share-partition leader and the dead-letter writer agree on (KIP-1191).
+
+A share group with a dead-letter topic (group config `errors.deadletterqueue.topic.name`)
+does not archive a record it gives up on at once: a rejected record, or one that reached
+`share.delivery.count.limit`, goes ACQUIRED -> ARCHIVING, durably, then its copy is
+written to the dead-letter topic, durably, and only then does it go ARCHIVING -> ARCHIVED.
+A crash between the two writes leaves ARCHIVING in the share state, and whoever loads the
+share partition next writes the copy again: never lost, at worst copied twice, and a
+second copy names the same source topic, partition, offset and group in its headers.
+
+`DeadLetter` is one run of ARCHIVING offsets of one share partition, handed to a
+`DeadLetterSink`; the sink writes the copies (or refuses for good) and the leader then
+archives the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+__all__ = [
+    "HEADER_DELIVERY_COUNT",
+    "HEADER_GROUP",
+    "HEADER_MESSAGE",
+    "HEADER_OFFSET",
+    "HEADER_PARTITION",
+    "HEADER_TOPIC",
+    "DeadLetter",
+    "DeadLetterReason",
+    "DeadLetterRefused",
+    "DeadLetterRetriable",
+    "DeadLetterSink",
+]
+
+# The context headers of a dead-letter record, as Kafka's share-group DLQ writes them
+# (values are UTF-8 text; numbers in decimal).
+HEADER_TOPIC: Final = "__dlq.errors.topic"
+HEADER_PARTITION: Final = "__dlq.errors.partition"
+HEADER_OFFSET: Final = "__dlq.errors.offset"
+HEADER_GROUP: Final = "__dlq.errors.group"
+HEADER_DELIVERY_COUNT: Final = "__dlq.errors.delivery.count"
+HEADER_MESSAGE: Final = "__dlq.errors.message"
+
+
+class DeadLetterReason(enum.Enum):
+    """Why a record is dead-lettered; the value is the `__dlq.errors.message` header
+    Kafka writes, the name (lower case) the metrics' `reason` label."""
+
+    REJECTED = "Offset rejected by client."
+    DELIVERY_LIMIT = "Offset delivery count exceeded the threshold."
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Offsets [first_offset, last_offset] of one share partition, all ARCHIVING with one
+    delivery count and one reason. Offsets in the run that hold no record (compacted
+    away, or past the log start) get no copy."""
+
+    group_id: str
+    topic_id: uuid.UUID
+    partition: int
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    reason: DeadLetterReason
+
+    @property
+    def record_count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+class DeadLetterRetriable(Exception):
+    """The copy could not be written now (storage error, leader moved, database down):
+    the run stays ARCHIVING and is tried again after a backoff."""
+
+
+class DeadLetterRefused(Exception):
+    """The copy can never be written (no dead-letter topic configured any more, the topic
+    is gone or lacks `errors.deadletterqueue.group.enable` or the required prefix, it is
+    the source topic itself, a copy is larger than the topic accepts): the run is
+    archived without a copy, as Kafka does when its DLQ write fails, and the message
+    says why (logged, counted as a failed dead-letter write)."""
+
+
+class DeadLetterSink(Protocol):
+    async def write(self, letter: DeadLetter) -> int:
+        """Write the copies of `letter`'s records to its group's dead-letter topic, durable
+        (committed as an acks=all produce is) before returning the number of records
+        written; raise DeadLetterRetriable or DeadLetterRefused."""
+        ...
