@@ -419,6 +419,51 @@ async def test_a_lost_connection_is_retried(cluster: Cluster) -> None:
     assert stable(c, 1) and len(c.transport.sent) == 2
 
 
+async def test_the_channel_stops_once_this_broker_is_no_longer_the_coordinator(
+    cluster: Cluster,
+) -> None:
+    """The marker of a partition whose leader refuses it is retried until the transactions
+    log moves away (NOT_COORDINATOR), or comes back at a new epoch: the coordinator that
+    loads it completes the transaction. Driven on the manual clock alone: the view changes
+    inside the transport, at the third send; a channel that never stops fails at the 50th."""
+    c = cluster
+    await open_txn(c, 1)
+    c.led[2].clear()  # broker 2 answers NOT_LEADER_OR_FOLLOWER: the marker is retried
+
+    def change_at_third_send(change: Callable[[], None]) -> Callable[[Sent], None]:
+        def fault(_sent: Sent) -> None:
+            sends = len(c.transport.sent)
+            if sends == 3:
+                change()
+            assert sends < 50, "the channel kept retrying after it lost the transactions log"
+
+        return fault
+
+    def moved_away() -> None:
+        c.view.coordinator_id = 2
+
+    c.transport.fault = change_at_third_send(moved_away)
+    with pytest.raises(KafkaError) as stopped:
+        await c.run(c.channel(PID, EPOCH, True, frozenset({(TOPIC, 1)})))
+    assert stopped.value.code == ErrorCode.not_coordinator
+    assert len(c.transport.sent) == 3
+    assert not stable(c, 1)
+
+    # A coordinator that lost its log and got it back at a new epoch stops too.
+    c.view.coordinator_id = 1
+    c.transport.sent.clear()
+
+    def new_epoch() -> None:
+        c.view.coordinator_epoch += 1
+
+    c.transport.fault = change_at_third_send(new_epoch)
+    with pytest.raises(KafkaError) as moved:
+        await c.run(c.channel(PID, EPOCH, True, frozenset({(TOPIC, 1)})))
+    assert moved.value.code == ErrorCode.not_coordinator
+    assert "new epoch" in str(moved.value)
+    assert len(c.transport.sent) == 3
+
+
 async def test_a_newer_producer_epoch_gives_that_partition_up_only(cluster: Cluster) -> None:
     c = cluster
     await open_txn(c, 0, 2)
