@@ -6,6 +6,8 @@ state rebuilt from the log after a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import uuid
 
 import pytest
@@ -279,3 +281,58 @@ async def test_an_empty_classic_group_goes_with_its_last_offset() -> None:
     clock.advance(DAY_MS // 2)
     assert await groups.expire_offsets(clock.now_ms()) == 2
     assert groups.group_type("later") is None
+
+
+class _InterleavingLog(MemoryRecordLog):
+    """A record log whose sync yields to the event loop, so concurrent commits overlap,
+    and fails (EIO) on the syncs numbered in `fail`."""
+
+    def __init__(self, fail: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self.fail = fail
+        self.syncs = 0
+
+    async def sync(self) -> None:
+        self.syncs += 1
+        number = self.syncs
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if number in self.fail:
+            raise OSError(errno.EIO, "injected I/O error")
+
+
+@pytest.mark.parametrize("fail", [frozenset(), frozenset({2, 5, 9})])
+async def test_many_committers_at_once_agree_with_the_log(fail: frozenset[int]) -> None:
+    """40 members of one group commit at once (3 partitions, a new offset each): each
+    commit is applied whole or not at all, the group's offsets are those of the last
+    successful commit of each partition, and a coordinator rebuilt from the log sees the
+    same offsets as memory (memory never ahead of what was written). With failed syncs
+    the failed commits report an error and change nothing."""
+    log = _InterleavingLog(fail)
+    groups = coordinator(log)
+    await groups.commit_offsets("app", "", None, -1, commits(("orders", 0, 0)), api_version=9)
+
+    async def commit(i: int) -> tuple[int, bool]:
+        try:
+            outcomes = await groups.commit_offsets(
+                "app", "", None, -1, commits(("orders", i % 3, i)), api_version=9
+            )
+        except KafkaError:
+            return i, False
+        return i, all(code == ErrorCode.none for _, code in outcomes)
+
+    results = await asyncio.gather(*(commit(i) for i in range(1, 41)))
+    succeeded = [i for i, ok in results if ok]
+    if fail:
+        assert len(succeeded) < 40, "an injected sync failure was not reported"
+    else:
+        assert len(succeeded) == 40
+    expected = {0: 0}
+    for i in succeeded:  # submitted in this order, applied in this order
+        expected[i % 3] = i
+    [(_, _, fetched)] = groups.fetch_offsets("app", [("orders", [0, 1, 2], None)])
+    in_memory = {f.partition: f.offset for f in fetched if f.offset >= 0}
+    assert in_memory == expected
+    again = coordinator(log)
+    [(_, _, replayed)] = again.fetch_offsets("app", [("orders", [0, 1, 2], None)])
+    assert {f.partition: f.offset for f in replayed if f.offset >= 0} == in_memory
