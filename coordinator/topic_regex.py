@@ -101,17 +101,30 @@ def compile_regex(regex: str) -> re.Pattern[str]:
 
     Raises KafkaError(INVALID_REGULAR_EXPRESSION) with Kafka's message when RE2J
     would refuse the expression."""
+    compiled = _compile(regex)
+    if isinstance(compiled, str):
+        raise KafkaError(
+            ErrorCode.invalid_regular_expression,
+            f"SubscribedTopicRegex `{regex}` is not a valid regular expression: {compiled}.",
+        )
+    return compiled
+
+
+def why_invalid(regex: str) -> str | None:
+    """RE2J's description of why it refuses `regex`, or None when it accepts it."""
+    compiled = _compile(regex)
+    return compiled if isinstance(compiled, str) else None
+
+
+def _compile(regex: str) -> re.Pattern[str] | str:
+    """The translated pattern, or why RE2J refuses `regex`."""
     try:
         translated = _Translator(regex).translate()
         return re.compile(translated, re.ASCII)
     except _Invalid as exc:
-        reason = str(exc)
+        return str(exc)
     except re.error as exc:
-        reason = exc.msg
-    raise KafkaError(
-        ErrorCode.invalid_regular_expression,
-        f"SubscribedTopicRegex `{regex}` is not a valid regular expression: {reason}.",
-    )
+        return exc.msg
 
 
 def resolve(regexes: Iterable[str], topic_names: Iterable[str]) -> dict[str, frozenset[str]]:

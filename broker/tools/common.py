@@ -67,12 +67,17 @@ class UsageError(Exception):
     """Bad arguments: printed with the usage and exit code 2, as argparse does."""
 
 
-def add_connection_flags(parser: argparse.ArgumentParser, timeout: bool = False) -> None:
+def add_connection_flags(
+    parser: argparse.ArgumentParser, timeout: bool = False, required: bool = True
+) -> None:
+    """The connection flags; with `required=False` the tool checks --bootstrap-server
+    itself (an action that needs no broker, such as --validate-regex)."""
     parser.add_argument(
         "--bootstrap-server",
-        required=True,
+        required=required,
         metavar="HOST:PORT[,HOST:PORT]",
-        help="REQUIRED: the server(s) to connect to",
+        help="REQUIRED: the server(s) to connect to"
+        + ("" if required else " (for every action but --validate-regex)"),
     )
     parser.add_argument(
         "--command-config",

@@ -45,6 +45,7 @@ from broker.tools.share_groups import (
     parse_duration,
     parse_topic_arg,
 )
+from coordinator.topic_regex import why_invalid
 
 if TYPE_CHECKING:
     from protocol.admin import (
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
 TopicPartition = tuple[str, int]
 
-ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
+ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets", "validate_regex")
 SCENARIOS = (
     "to_offset",
     "shift_by",
@@ -96,7 +97,7 @@ def register(subparsers: Any) -> None:
         "(kafka-consumer-groups.sh)",
         description="List, describe, reset the offsets of and delete consumer groups.",
     )
-    add_connection_flags(p, timeout=True)
+    add_connection_flags(p, timeout=True, required=False)
     actions = p.add_argument_group("actions (exactly one)")
     actions.add_argument("--list", action="store_true", help="list all consumer groups")
     actions.add_argument(
@@ -117,6 +118,12 @@ def register(subparsers: Any) -> None:
         "--delete-offsets",
         action="store_true",
         help="delete the committed offsets of one consumer group for the --topic(s) given",
+    )
+    actions.add_argument(
+        "--validate-regex",
+        metavar="REGEX",
+        help="validate that the syntax of the provided regular expression is valid according "
+        "to the RE2 format (a consumer's subscription pattern); needs no --bootstrap-server",
     )
     p.add_argument(
         "--group", action="append", metavar="GROUP", help="a consumer group (repeatable)"
@@ -203,9 +210,11 @@ def validate(args: argparse.Namespace) -> None:
     if len(chosen) != 1:
         raise UsageError(
             "Command must include exactly one action: --list, --describe, --delete, "
-            "--reset-offsets, --delete-offsets"
+            "--reset-offsets, --delete-offsets, --validate-regex"
         )
     action = chosen[0]
+    if action != "validate_regex" and not args.bootstrap_server:
+        raise UsageError('Missing required argument "[bootstrap-server]"')
     for dest in ("members", "offsets", "verbose"):
         if given(args, dest) and action != "describe":
             raise UsageError(f"Option {flag(dest)} may be used with --describe only")
@@ -407,11 +416,25 @@ def run(args: argparse.Namespace) -> int:
         "delete_offsets": delete_offsets,
     }
     action = next(a for a in ACTIONS if given(args, a))
+    if action == "validate_regex":
+        return validate_regex(args.validate_regex)
 
     async def body(admin: AdminClient) -> int:
         return await handlers[action](admin, args)
 
     return run_admin(args, body)
+
+
+def validate_regex(regex: str) -> int:
+    """Kafka's ConsumerGroupCommand.validateRegex: whether the broker would accept `regex`
+    as a subscription pattern (RE2 syntax, as Kafka checks it with RE2J), told on stdout;
+    exit code 0 either way, as Kafka's tool."""
+    reason = why_invalid(regex)
+    if reason is None:
+        print(f"The regular expression `{regex}` is valid.")
+    else:
+        print(f"The regular expression `{regex}` is invalid: {reason}.")
+    return 0
 
 
 def error_line(message: str) -> None:

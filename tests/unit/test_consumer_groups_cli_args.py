@@ -513,3 +513,43 @@ def test_delete_of_a_non_empty_group(capsys: pytest.CaptureFixture[str]) -> None
         in out.out
     )
     assert "These consumer groups were deleted successfully: 'h'" in out.out
+
+
+# --- --validate-regex ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("regex", "said"),
+    [
+        ("orders-.*", "The regular expression `orders-.*` is valid.\n"),
+        (
+            "orders-(.*",
+            "The regular expression `orders-(.*` is invalid: missing closing ): `orders-(.*`.\n",
+        ),
+        (
+            "(?<=a)b",
+            "The regular expression `(?<=a)b` is invalid: invalid or unsupported Perl syntax: "
+            "`(?<`.\n",
+        ),
+    ],
+)
+def test_validate_regex_needs_no_broker(
+    regex: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kafka-consumer-groups.sh --validate-regex: RE2 syntax, told on stdout, exit 0,
+    no --bootstrap-server needed (nothing listens on the address in B either)."""
+    for argv in (
+        ["consumer-groups", "--validate-regex", regex],
+        ["consumer-groups", *B, "--validate-regex", regex],
+    ):
+        args = build_parser().parse_args(argv)
+        cg.validate(args)
+        assert cg.run(args) == 0
+        assert capsys.readouterr().out == said
+
+
+def test_every_other_action_needs_a_bootstrap_server() -> None:
+    args = build_parser().parse_args(["consumer-groups", "--list"])
+    with pytest.raises(UsageError) as exc:
+        cg.validate(args)
+    assert str(exc.value) == 'Missing required argument "[bootstrap-server]"'
