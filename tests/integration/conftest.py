@@ -87,6 +87,7 @@ class Broker:
         log_path: Path,
         settings: dict[str, str | None] | None = None,
         open_file_limit: int | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.data_dir = data_dir
         self.log_path = log_path
@@ -97,6 +98,9 @@ class Broker:
         self.settings = {k: v for k, v in merged.items() if v is not None}
         # RLIMIT_NOFILE (soft and hard) for the broker process; None: inherited.
         self.open_file_limit = open_file_limit
+        # Extra environment variables of the process (e.g. SPOOL_CRASH_AT, broker.faults);
+        # a test may change them between a kill and the next start.
+        self.env = dict(env or {})
         self.port = free_port()
         self.host = "127.0.0.1"
         self.process: subprocess.Popen[bytes] | None = None
@@ -141,7 +145,7 @@ class Broker:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         self._wait_accepting()
 
@@ -268,17 +272,22 @@ def broker_factory(
     request: pytest.FixtureRequest, tmp_path: Path, storage: str
 ) -> Iterator[Callable[..., Broker]]:
     """Start brokers with extra `--set` settings (and optionally a lower open-file
-    limit), on the test's storage engine (each its own database on PostgreSQL, unless
-    the settings name a `storage`); all are stopped (exit 0) at teardown."""
+    limit, or extra environment variables: `env`, kept in `Broker.env`), on the test's
+    storage engine (each its own database on PostgreSQL, unless the settings name a
+    `storage`); all are stopped (exit 0) at teardown."""
     brokers: list[Broker] = []
     request.node.stash[_LOGS_KEY] = []
 
-    def make(settings: dict[str, str] | None = None, open_file_limit: int | None = None) -> Broker:
+    def make(
+        settings: dict[str, str] | None = None,
+        open_file_limit: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Broker:
         n = len(brokers)
         if not settings or "storage" not in settings:
             settings = {**storage_settings_for(request, storage), **(settings or {})}
         broker = Broker(
-            tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings, open_file_limit
+            tmp_path / f"data{n}", tmp_path / f"broker{n}.log", settings, open_file_limit, env
         )
         brokers.append(broker)
         request.node.stash[_LOGS_KEY].append(broker.log_path)
