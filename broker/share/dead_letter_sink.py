@@ -1,0 +1,540 @@
+"""The dead-letter copies of a share group's records, written to its dead-letter topic
+(KIP-1191).
+
+`DeadLetterTopicSink.write` takes one `DeadLetter` run (offsets of one share partition,
+all ARCHIVING) and:
+
+1. resolves the group's `errors.deadletterqueue.topic.name` and
+   `errors.deadletterqueue.copy.record.enable`, and checks the topic as Kafka's share-group
+   DLQ manager does, refusing (`DeadLetterRefused`, with what to change) when no topic is
+   configured, the name starts with "__" or lacks the broker's
+   `errors.deadletterqueue.topic.name.prefix`, the topic does not exist and
+   `errors.deadletterqueue.auto.create.topics.enable` is off, it lacks the topic config
+   `errors.deadletterqueue.group.enable=true`, or it is the source topic itself. With
+   auto-creation on, a missing topic is created (num.partitions, the opt-in set, and
+   CreateTime timestamps, as Kafka's CreateTopics for it);
+2. reads the run's records from the source partition's local log (this broker leads it:
+   it is the share-partition leader); control batches and offsets holding no record get
+   no copy;
+3. builds one record per source offset with the `__dlq.errors.*` headers (source topic,
+   partition, offset, group, delivery count, reason; UTF-8 decimal text). With
+   copy.record.enable the copy keeps the record's key, value, headers (after the
+   `__dlq` ones) and timestamp; without it (Kafka's default) key and value are null and
+   the timestamp is now (wall clock, so retention counts from the dead-lettering).
+   Records go in uncompressed batches with no producer id, each within the DLQ topic's
+   `max.message.bytes` (a copy larger than that on its own is refused before anything
+   is written);
+4. appends them to DLQ partition `source partition % DLQ partitions` (Kafka's rule):
+   through the Produce path's durable append when this broker leads it (returns once
+   fsynced / committed to PostgreSQL, as acks=all), else with Produce acks=-1 to its
+   leader over the inter-broker listener.
+
+Errors that may pass (leader moved, storage or database down, timeouts, lost
+connections) raise `DeadLetterRetriable`; the run stays ARCHIVING and the writer tries
+again. Those that will not (too large, unknown topic, authorization) raise
+`DeadLetterRefused`. Each write that got as far as a produce, or was refused, is counted
+(`ShareMetrics.dead_letter_produce`: Kafka's DeadLetterQueueTotalProduceRequestsPerSec
+and, failed, DeadLetterQueueFailedProduceRequestsPerSec).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from broker.cluster import ClusterView
+from broker.metrics import ShareMetrics
+from broker.partitions import validate_produce_data
+from broker.share.dead_letters import (
+    HEADER_DELIVERY_COUNT,
+    HEADER_GROUP,
+    HEADER_MESSAGE,
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_TOPIC,
+    DeadLetter,
+    DeadLetterRefused,
+    DeadLetterRetriable,
+)
+from broker.share.remote_persister import Target, Transport, TransportError
+from coordinator.group_config import GroupConfig
+from persister.clock import Clock
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
+from protocol.records import (
+    HEADER_SIZE,
+    NewRecord,
+    Record,
+    build_batch,
+    decode_records,
+    iter_batches,
+)
+
+log = structlog.get_logger("spool.share")
+
+PRODUCE = 0
+PRODUCE_VERSION = 13  # the newest spool serves: topics by id (KIP-516)
+# How long a write waits for its copies to be durable (locally) or answered (remotely):
+# Kafka's share-group DLQ sender uses the inter-broker request timeout of 30 s.
+WRITE_TIMEOUT_MS = 30_000
+# Bytes read from the source log per read (Kafka's DLQ_MAX_FETCH_BYTES): a run is
+# mostly one offset, and a longer one is read in steps.
+SOURCE_READ_BYTES = 1024 * 1024
+# Kafka's default max.message.bytes, for a topic whose setting is not given.
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 + 12
+
+TOPIC_OPT_IN = "errors.deadletterqueue.group.enable"
+# The record names a dead-letter topic must not start with (internal topics).
+INTERNAL_PREFIX = "__"
+
+# Produce and storage errors after which a retry may succeed.
+RETRIABLE = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.leader_not_available,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.request_timed_out,
+        ErrorCode.network_exception,
+        ErrorCode.not_enough_replicas,
+        ErrorCode.not_enough_replicas_after_append,
+        ErrorCode.throttling_quota_exceeded,
+        ErrorCode.unknown_server_error,
+    }
+)
+
+
+class TopicInfo(Protocol):
+    """A topic as the cluster metadata has it (coordinator.metadata.Topic)."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    configs: dict[str, str]
+
+
+class Topics(Protocol):
+    """The cluster metadata's topics (coordinator.metadata.ClusterState)."""
+
+    @property
+    def topics(self) -> Mapping[str, Any]: ...
+    @property
+    def topics_by_id(self) -> Mapping[uuid.UUID, Any]: ...
+
+
+class SourceLog(Protocol):
+    """What is read of the source partition (broker.partitions.Partition)."""
+
+    @property
+    def log_start_offset(self) -> int: ...
+    @property
+    def high_watermark(self) -> int: ...
+
+    def read(self, offset: int, max_bytes: int) -> bytes: ...
+
+
+class DeadLetterLog(Protocol):
+    """What is appended to on the DLQ partition (broker.partitions.Partition)."""
+
+    settings: dict[str, Any]
+
+    def append(self, data: bytearray, batches: list[Any]) -> Any: ...
+    async def wait_durable(self, last_offset: int, timeout_s: float) -> None: ...
+
+
+def _refused(letter: DeadLetter, why: str) -> DeadLetterRefused:
+    return DeadLetterRefused(f"dead-letter copies of share group {letter.group_id!r}: {why}")
+
+
+def opted_in(configs: Mapping[str, str]) -> bool:
+    """Whether a topic's configs let share groups write dead letters into it."""
+    return configs.get(TOPIC_OPT_IN, "false").strip().lower() == "true"
+
+
+def destination_partition(source_partition: int, dlq_partitions: int) -> int:
+    """The DLQ partition a source partition's copies go to (Kafka's rule)."""
+    return source_partition % dlq_partitions
+
+
+def read_source_records(part: SourceLog, first: int, last: int) -> list[Record]:
+    """The records of offsets [first, last] in the log, in offset order: control batches
+    and offsets holding no record (below the log start, compacted away) left out."""
+    out: list[Record] = []
+    offset = max(first, part.log_start_offset)
+    while offset <= last and offset < part.high_watermark:
+        data = part.read(offset, SOURCE_READ_BYTES)
+        headers = list(iter_batches(data, validate=False))
+        if not headers:
+            break
+        for pos, header in headers:
+            if not header.is_control:
+                for record in decode_records(data, pos, header):
+                    if offset <= record.offset <= last:
+                        out.append(record)
+        offset = max(offset, headers[-1][1].next_offset)
+    return out
+
+
+def dead_letter_records(
+    letter: DeadLetter,
+    source_topic: str,
+    records: Sequence[Record],
+    *,
+    copy_record: bool,
+    now_ms: int,
+) -> list[NewRecord]:
+    """One dead-letter record per source record: the `__dlq.errors.*` headers, and with
+    `copy_record` the record's key, value, headers and timestamp."""
+    context: list[tuple[str, bytes | None]] = [
+        (HEADER_TOPIC, source_topic.encode()),
+        (HEADER_PARTITION, str(letter.partition).encode()),
+    ]
+    group = letter.group_id.encode()
+    count = str(letter.delivery_count).encode()
+    message = letter.reason.value.encode()
+    out = []
+    for record in records:
+        headers = (
+            *context,
+            (HEADER_OFFSET, str(record.offset).encode()),
+            (HEADER_GROUP, group),
+            (HEADER_DELIVERY_COUNT, count),
+            (HEADER_MESSAGE, message),
+        )
+        if copy_record:
+            out.append(
+                NewRecord(
+                    record.key,
+                    record.value,
+                    (*headers, *record.headers),
+                    timestamp=record.timestamp,
+                )
+            )
+        else:
+            out.append(NewRecord(None, None, headers, timestamp=now_ms))
+    return out
+
+
+def _varint_size(value: int) -> int:
+    raw = (value << 1) ^ (value >> 63)
+    size = 1
+    while raw >= 0x80:
+        raw >>= 7
+        size += 1
+    return size
+
+
+def _bytes_size(data: bytes | None) -> int:
+    return 1 if data is None else _varint_size(len(data)) + len(data)
+
+
+def record_size(record: NewRecord, offset_delta: int, timestamp_delta: int) -> int:
+    """Bytes `record` takes in a v2 batch (protocol.records.build_batch's encoding)."""
+    body = (
+        1
+        + _varint_size(timestamp_delta)
+        + _varint_size(offset_delta)
+        + _bytes_size(record.key)
+        + _bytes_size(record.value)
+        + _varint_size(len(record.headers))
+        + sum(_bytes_size(name.encode()) + _bytes_size(value) for name, value in record.headers)
+    )
+    return _varint_size(body) + body
+
+
+def split_batches(records: Sequence[NewRecord], max_bytes: int) -> list[bytes]:
+    """Uncompressed batches of `records`, in order, each at most `max_bytes` (the DLQ
+    topic's max.message.bytes). ValueError when one record alone does not fit."""
+    batches: list[bytes] = []
+    chunk: list[NewRecord] = []
+    size = HEADER_SIZE
+    base_ts = 0
+    for record in records:
+        ts = record.timestamp if record.timestamp is not None else 0
+        if chunk:
+            grown = size + record_size(record, len(chunk), ts - base_ts)
+            if grown <= max_bytes:
+                chunk.append(record)
+                size = grown
+                continue
+            batches.append(build_batch(chunk))
+        base_ts = ts
+        size = HEADER_SIZE + record_size(record, 0, 0)
+        if size > max_bytes:
+            raise ValueError(
+                f"a dead-letter record of {size} bytes (in its batch) exceeds "
+                f"max.message.bytes ({max_bytes})"
+            )
+        chunk = [record]
+    if chunk:
+        batches.append(build_batch(chunk))
+    return batches
+
+
+def _max_message_bytes(topic: TopicInfo) -> int:
+    try:
+        return int(topic.configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+    except ValueError:
+        return DEFAULT_MAX_MESSAGE_BYTES
+
+
+class DeadLetterTopicSink:
+    """`DeadLetterSink` writing to each group's dead-letter topic (module docstring).
+
+    Everything it reads is read at each write, so config changes apply to the next one:
+    `group_config(group_id)` (the group coordinator's GroupConfig), `topics()` (the
+    cluster metadata), `prefix()` and `auto_create()` (the broker configs
+    errors.deadletterqueue.topic.name.prefix / .auto.create.topics.enable),
+    `create_topic(name, configs)` (auto-creation through the metadata store, returning
+    the topic), `log_partition(topic_id, partition)` (this broker's partition logs),
+    `max_message_bytes(topic)` (the topic's effective max.message.bytes, for a
+    partition another broker leads), `cluster()` (who leads what), and `transport` with
+    `listener` (the inter-broker listener) for the Produce to another leader."""
+
+    def __init__(
+        self,
+        *,
+        group_config: Callable[[str], GroupConfig],
+        topics: Callable[[], Topics],
+        log_partition: Callable[[uuid.UUID, int], Any],
+        cluster: Callable[[], ClusterView],
+        transport: Transport,
+        listener: str,
+        metrics: ShareMetrics,
+        clock: Clock,
+        prefix: Callable[[], str] = lambda: "dlq.",
+        auto_create: Callable[[], bool] = lambda: False,
+        create_topic: Callable[[str, dict[str, str]], Awaitable[Any]] | None = None,
+        max_message_bytes: Callable[[Any], int] = _max_message_bytes,
+        timeout_ms: int = WRITE_TIMEOUT_MS,
+    ) -> None:
+        self.group_config = group_config
+        self.topics = topics
+        self.log_partition = log_partition
+        self.cluster = cluster
+        self.transport = transport
+        self.listener = listener
+        self.metrics = metrics
+        self.clock = clock
+        self.prefix = prefix
+        self.auto_create = auto_create
+        self.create_topic = create_topic
+        self.max_message_bytes = max_message_bytes
+        self.timeout_ms = timeout_ms
+
+    async def write(self, letter: DeadLetter) -> int:
+        try:
+            written = await self._write(letter)
+        except DeadLetterRefused as exc:
+            log.warning(
+                "dead_letter_refused",
+                group=letter.group_id,
+                partition=letter.partition,
+                first_offset=letter.first_offset,
+                last_offset=letter.last_offset,
+                reason=str(exc),
+            )
+            self.metrics.dead_letter_produce(letter.group_id, failed=True)
+            raise
+        except DeadLetterRetriable:
+            self.metrics.dead_letter_produce(letter.group_id, failed=True)
+            raise
+        if written:  # nothing to copy (no record left at those offsets): no produce
+            self.metrics.dead_letter_produce(letter.group_id, failed=False)
+        return written
+
+    async def _write(self, letter: DeadLetter) -> int:
+        config = self.group_config(letter.group_id)
+        state = self.topics()
+        source = state.topics_by_id.get(letter.topic_id)
+        if source is None:
+            raise _refused(letter, f"the source topic {letter.topic_id} no longer exists")
+        topic = await self._dlq_topic(letter, config, source.name)
+        part = self.log_partition(letter.topic_id, letter.partition)
+        if part is None or getattr(part, "fenced", None) is not None:
+            raise DeadLetterRetriable(
+                f"{source.name}-{letter.partition} is not led by this broker any more: its "
+                "new share-partition leader writes the dead letters"
+            )
+        try:
+            records = read_source_records(part, letter.first_offset, letter.last_offset)
+        except KafkaError as exc:
+            raise self._mapped(letter, exc, f"reading {source.name}-{letter.partition}") from exc
+        except CorruptRecordError as exc:
+            raise _refused(
+                letter, f"records of {source.name}-{letter.partition} cannot be read: {exc}"
+            ) from exc
+        if not records:
+            return 0
+        copies = dead_letter_records(
+            letter,
+            source.name,
+            records,
+            copy_record=config.dead_letter_copy_record,
+            now_ms=self.clock.now_ms(),
+        )
+        index = destination_partition(letter.partition, topic.partitions)
+        view = self.cluster()
+        leader = view.leader(topic.topic_id, index)
+        if leader is None:
+            raise DeadLetterRetriable(f"{topic.name}-{index} has no leader at the moment")
+        if view.is_local(leader):
+            dlq_part = self.log_partition(topic.topic_id, index)
+            if dlq_part is None:
+                raise DeadLetterRetriable(f"{topic.name}-{index} is not open on this broker yet")
+            batches = self._batches(letter, topic.name, copies, dlq_part.settings)
+            await self._append_local(letter, topic.name, index, dlq_part, batches)
+        else:
+            settings = {"max.message.bytes": self.max_message_bytes(topic)}
+            batches = self._batches(letter, topic.name, copies, settings)
+            await self._produce_remote(letter, view, leader.node_id, topic, index, batches)
+        return len(copies)
+
+    async def _dlq_topic(self, letter: DeadLetter, config: GroupConfig, source: str) -> Any:
+        """The group's dead-letter topic, checked (created if missing and allowed)."""
+        name = config.dead_letter_topic
+        if not name:
+            raise _refused(
+                letter, "the group has no dead-letter topic (errors.deadletterqueue.topic.name)"
+            )
+        if name.startswith(INTERNAL_PREFIX):
+            raise _refused(
+                letter,
+                f"errors.deadletterqueue.topic.name {name!r} starts with "
+                f"{INTERNAL_PREFIX!r}, reserved for internal topics",
+            )
+        prefix = self.prefix()
+        if prefix and not name.startswith(prefix):
+            raise _refused(
+                letter,
+                f"errors.deadletterqueue.topic.name {name!r} lacks the prefix {prefix!r} "
+                "the broker requires (errors.deadletterqueue.topic.name.prefix)",
+            )
+        if name == source:
+            raise _refused(letter, f"the dead-letter topic {name!r} is the source topic itself")
+        topic = self.topics().topics.get(name)
+        if topic is None:
+            if not self.auto_create() or self.create_topic is None:
+                raise _refused(
+                    letter,
+                    f"the dead-letter topic {name!r} does not exist and "
+                    "errors.deadletterqueue.auto.create.topics.enable is false: create it "
+                    f"with {TOPIC_OPT_IN}=true",
+                )
+            topic = await self._create(letter, name)
+        if not opted_in(topic.configs):
+            raise _refused(
+                letter,
+                f"the topic {name!r} does not accept dead letters: set its topic config "
+                f"{TOPIC_OPT_IN}=true",
+            )
+        return topic
+
+    async def _create(self, letter: DeadLetter, name: str) -> Any:
+        assert self.create_topic is not None
+        try:
+            topic = await self.create_topic(
+                name, {TOPIC_OPT_IN: "true", "message.timestamp.type": "CreateTime"}
+            )
+        except KafkaError as exc:
+            raise self._mapped(letter, exc, f"creating the dead-letter topic {name!r}") from exc
+        except OSError as exc:
+            raise DeadLetterRetriable(
+                f"creating the dead-letter topic {name!r} failed: {exc}"
+            ) from exc
+        log.info("dead_letter_topic_created", topic=name, group=letter.group_id)
+        return topic
+
+    def _batches(
+        self,
+        letter: DeadLetter,
+        topic: str,
+        copies: Sequence[NewRecord],
+        settings: Mapping[str, Any],
+    ) -> list[bytes]:
+        limit = int(settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        try:
+            return split_batches(copies, limit)
+        except ValueError as exc:
+            raise _refused(letter, f"{exc} of the dead-letter topic {topic!r}") from exc
+
+    async def _append_local(
+        self,
+        letter: DeadLetter,
+        topic: str,
+        index: int,
+        part: DeadLetterLog,
+        batches: Sequence[bytes],
+    ) -> None:
+        """The Produce handler's append and acks=all wait (fsync / PostgreSQL commit)."""
+        where = f"appending to {topic}-{index}"
+        last = -1
+        try:
+            for batch in batches:
+                data, headers = validate_produce_data(batch)
+                last = part.append(data, headers).last_offset
+            await part.wait_durable(last, self.timeout_ms / 1000)
+        except KafkaError as exc:
+            raise self._mapped(letter, exc, where) from exc
+        except OSError as exc:
+            raise DeadLetterRetriable(f"{where} failed: {exc}") from exc
+
+    async def _produce_remote(
+        self,
+        letter: DeadLetter,
+        view: ClusterView,
+        node_id: int,
+        topic: Any,
+        index: int,
+        batches: Sequence[bytes],
+    ) -> None:
+        """Produce acks=-1 of each batch, in order, to the DLQ partition's leader."""
+        where = f"producing to {topic.name}-{index} on broker {node_id}"
+        info = view.broker(node_id)
+        endpoint = None if info is None else info.endpoint(self.listener)
+        if endpoint is None:
+            raise DeadLetterRetriable(
+                f"{where}: broker {node_id} is not live or has no {self.listener} listener"
+            )
+        target = Target(node_id, endpoint.host, endpoint.port)
+        for batch in batches:
+            body = {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout": self.timeout_ms,
+                "topic_data": [
+                    {
+                        "name": topic.name,
+                        "topic_id": topic.topic_id,
+                        "partition_data": [{"index": index, "records": batch}],
+                    }
+                ],
+            }
+            try:
+                response = await self.transport.send(target, PRODUCE, PRODUCE_VERSION, body)
+            except TransportError as exc:
+                raise DeadLetterRetriable(f"{where}: {exc.message}") from exc
+            code, message = _produce_error(response, index)
+            if code != ErrorCode.none:
+                raise self._mapped(letter, KafkaError(code, message or code.name), where)
+
+    def _mapped(
+        self, letter: DeadLetter, exc: KafkaError, where: str
+    ) -> DeadLetterRetriable | DeadLetterRefused:
+        why = f"{where}: {ErrorCode(exc.code).name.upper()}: {exc.message}"
+        if exc.code in RETRIABLE:
+            return DeadLetterRetriable(why)
+        return _refused(letter, why)
+
+
+def _produce_error(response: Any, index: int) -> tuple[ErrorCode, str | None]:
+    for topic in response.responses:
+        for p in topic.partition_responses:
+            if int(p.index) == index:
+                return ErrorCode(p.error_code), p.error_message
+    return (
+        ErrorCode.unknown_server_error,
+        f"the Produce response has no result for partition {index}",
+    )

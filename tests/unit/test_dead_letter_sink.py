@@ -1,0 +1,522 @@
+"""The dead-letter copies (broker.share.dead_letter_sink, KIP-1191): what is written, where,
+and what is refused or retried.
+
+Real partition logs (file engine) under tmp_path for the source topic `orders` (3
+partitions) and the dead-letter topic `dlq.orders` (2 partitions, opted in); a fake
+cluster view and a fake transport for a DLQ partition another broker leads. No sockets.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from broker.cluster import BrokerEndpoint, BrokerInfo, Leader
+from broker.config import BrokerConfig
+from broker.metrics import ShareMetrics
+from broker.partitions import LogManager, validate_produce_data
+from broker.share.dead_letter_sink import (
+    DeadLetterTopicSink,
+    destination_partition,
+    split_batches,
+)
+from broker.share.dead_letters import (
+    HEADER_DELIVERY_COUNT,
+    HEADER_GROUP,
+    HEADER_MESSAGE,
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_TOPIC,
+    DeadLetter,
+    DeadLetterReason,
+    DeadLetterRefused,
+    DeadLetterRetriable,
+)
+from broker.share.remote_persister import Target, TransportError
+from coordinator.group_config import GroupConfig
+from coordinator.metadata import Topic
+from persister.clock import ManualClock
+from persister.commit import GroupCommit
+from protocol import api
+from protocol.errors import ErrorCode
+from protocol.records import (
+    NewRecord,
+    Record,
+    build_batch,
+    decode_records,
+    iter_batches,
+)
+from tests.unit.cluster_fakes import FakeCluster
+
+ME, OTHER = 1, 2
+GROUP = "billing"
+SOURCE, DLQ = "orders", "dlq.orders"
+NOW_MS = 1_700_000_000_000
+OPT_IN = {"errors.deadletterqueue.group.enable": "true"}
+BROKERS = [
+    BrokerInfo(ME, (BrokerEndpoint("INTERNAL", "one", 9093),)),
+    BrokerInfo(OTHER, (BrokerEndpoint("INTERNAL", "two", 9193),)),
+]
+
+
+class FakeTransport:
+    """Answers each Produce with `codes` in turn (none once they run out), or raises."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Target, int, int, Mapping[str, Any]]] = []
+        self.codes: list[ErrorCode] = []
+        self.fail: TransportError | None = None
+
+    async def send(
+        self, target: Target, api_key: int, version: int, body: Mapping[str, Any]
+    ) -> Any:
+        self.sent.append((target, api_key, version, body))
+        if self.fail is not None:
+            raise self.fail
+        code = self.codes.pop(0) if self.codes else ErrorCode.none
+        (topic,) = body["topic_data"]
+        (part,) = topic["partition_data"]
+        return api.build_response(
+            api_key,
+            version,
+            {
+                "responses": [
+                    {
+                        "topic_id": topic["topic_id"],
+                        "partition_responses": [
+                            {
+                                "index": part["index"],
+                                "error_code": code,
+                                "error_message": None if code == ErrorCode.none else "no",
+                            }
+                        ],
+                    }
+                ]
+            },
+        )
+
+    async def close(self) -> None:
+        pass
+
+
+class World:
+    """The logs, metadata, config and sink of one test."""
+
+    def __init__(self, logs: LogManager) -> None:
+        self.logs = logs
+        self.topics: dict[str, Topic] = {}
+        self.config = GroupConfig(dead_letter_topic=DLQ)
+        self.prefix = "dlq."
+        self.auto_create = False
+        self.created: list[tuple[str, dict[str, str]]] = []
+        self.metrics = ShareMetrics()
+        self.transport = FakeTransport()
+        self.cluster = FakeCluster(ME, BROKERS)
+        self.clock = ManualClock(NOW_MS)
+        self.source = self.add_topic(SOURCE, 3)
+        self.dlq = self.add_topic(DLQ, 2, OPT_IN)
+        self.sink = DeadLetterTopicSink(
+            group_config=lambda _g: self.config,
+            topics=lambda: SimpleNamespace(
+                topics=self.topics, topics_by_id={t.topic_id: t for t in self.topics.values()}
+            ),
+            log_partition=self.log_partition,
+            cluster=lambda: self.cluster,
+            transport=self.transport,
+            listener="INTERNAL",
+            metrics=self.metrics,
+            clock=self.clock,
+            prefix=lambda: self.prefix,
+            auto_create=lambda: self.auto_create,
+            create_topic=self.create_topic,
+        )
+
+    def add_topic(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> Topic:
+        topic = Topic(name, uuid.uuid4(), partitions, dict(configs or {}))
+        self.logs.open_topic(name, topic.topic_id, partitions, topic.configs)
+        self.topics[name] = topic
+        return topic
+
+    async def create_topic(self, name: str, configs: dict[str, str]) -> Topic:
+        self.created.append((name, configs))
+        return self.add_topic(name, 1, configs)
+
+    def log_partition(self, topic_id: uuid.UUID, partition: int) -> Any:
+        topic = next((t for t in self.topics.values() if t.topic_id == topic_id), None)
+        return None if topic is None else self.logs.get(topic.name, partition)
+
+    async def produce(self, topic: str, partition: int, batch: bytes) -> int:
+        part = self.logs.get(topic, partition)
+        assert part is not None
+        data, headers = validate_produce_data(batch)
+        outcome = part.append(data, headers)
+        await part.wait_durable(outcome.last_offset, 5)
+        return outcome.base_offset
+
+    def read(self, topic: str, partition: int) -> list[Record]:
+        part = self.logs.get(topic, partition)
+        assert part is not None
+        data = part.read(0, 1 << 24)
+        return [
+            r
+            for pos, h in iter_batches(data, validate=True)
+            if not h.is_control
+            for r in decode_records(data, pos, h)
+        ]
+
+    def letter(
+        self,
+        first: int,
+        last: int,
+        partition: int = 1,
+        reason: DeadLetterReason = DeadLetterReason.REJECTED,
+        delivery_count: int = 2,
+    ) -> DeadLetter:
+        return DeadLetter(
+            GROUP, self.source.topic_id, partition, first, last, delivery_count, reason
+        )
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    commit = GroupCommit()
+    commit.start()
+    logs = LogManager(tmp_path, BrokerConfig({}), commit)
+    try:
+        yield World(logs)
+    finally:
+        await logs.flush_all()
+        logs.close()
+        await commit.stop()
+
+
+def source_records(n: int, start_ts: int = 1_000) -> bytes:
+    return build_batch(
+        [
+            NewRecord(
+                f"k{i}".encode(),
+                f"v{i}".encode(),
+                (("trace", f"t{i}".encode()), ("empty", None)),
+                timestamp=start_ts + i,
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def dlq_headers(record: Record) -> dict[str, bytes | None]:
+    return {k: v for k, v in record.headers if k.startswith("__dlq.")}
+
+
+# -- what is written -------------------------------------------------------------------
+
+
+async def test_headers_only_copies_by_default(world: World) -> None:
+    await world.produce(SOURCE, 1, source_records(5))
+    written = await world.sink.write(world.letter(1, 3, delivery_count=5))
+    assert written == 3
+    # Source partition 1 of 3 goes to DLQ partition 1 % 2 = 1.
+    assert world.read(DLQ, 0) == []
+    copies = world.read(DLQ, 1)
+    assert [r.offset for r in copies] == [0, 1, 2]
+    for source_offset, copy in zip((1, 2, 3), copies, strict=True):
+        assert copy.key is None and copy.value is None
+        assert copy.timestamp == NOW_MS  # the write's wall clock, not the record's
+        assert copy.headers == (
+            (HEADER_TOPIC, b"orders"),
+            (HEADER_PARTITION, b"1"),
+            (HEADER_OFFSET, str(source_offset).encode()),
+            (HEADER_GROUP, b"billing"),
+            (HEADER_DELIVERY_COUNT, b"5"),
+            (HEADER_MESSAGE, b"Offset rejected by client."),
+        )
+    assert world.metrics.dead_letter_writes == {GROUP: [1, 0]}
+
+
+async def test_copy_record_keeps_key_value_headers_and_timestamp(world: World) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=True)
+    await world.produce(SOURCE, 1, source_records(3))
+    written = await world.sink.write(world.letter(0, 2, reason=DeadLetterReason.DELIVERY_LIMIT))
+    assert written == 3
+    copies = world.read(DLQ, 1)
+    for i, copy in enumerate(copies):
+        assert (copy.key, copy.value, copy.timestamp) == (
+            f"k{i}".encode(),
+            f"v{i}".encode(),
+            1_000 + i,
+        )
+        assert copy.headers[:6] == (
+            (HEADER_TOPIC, b"orders"),
+            (HEADER_PARTITION, b"1"),
+            (HEADER_OFFSET, str(i).encode()),
+            (HEADER_GROUP, b"billing"),
+            (HEADER_DELIVERY_COUNT, b"2"),
+            (HEADER_MESSAGE, b"Offset delivery count exceeded the threshold."),
+        )
+        # The original headers follow the __dlq ones, a null value kept null.
+        assert copy.headers[6:] == (("trace", f"t{i}".encode()), ("empty", None))
+    # Written as a plain producer would: no producer id, not transactional, uncompressed.
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+    data = part.read(0, 1 << 20)
+    for _, header in iter_batches(data, validate=True):
+        assert header.producer_id == -1
+        assert not header.is_transactional and header.compression == 0
+
+
+async def test_control_batches_and_missing_offsets_get_no_copy(world: World) -> None:
+    await world.produce(SOURCE, 0, source_records(2))  # offsets 0, 1
+    part = world.logs.get(SOURCE, 0)
+    assert part is not None
+    marker = part.append_marker(7, 0, commit=False, coordinator_epoch=0)  # offset 2
+    await part.wait_durable(marker.last_offset, 5)
+    await world.produce(SOURCE, 0, source_records(1))  # offset 3
+    written = await world.sink.write(world.letter(1, 6, partition=0))
+    assert written == 2
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 0)] == [b"1", b"3"]
+
+
+async def test_offsets_below_the_log_start_get_no_copy(world: World) -> None:
+    await world.produce(SOURCE, 2, source_records(4))
+    part = world.logs.get(SOURCE, 2)
+    assert part is not None
+    await part.delete_records_before(3)
+    assert await world.sink.write(world.letter(0, 3, partition=2)) == 1
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 0)] == [b"3"]
+
+
+async def test_nothing_left_to_copy_writes_nothing(world: World) -> None:
+    await world.produce(SOURCE, 2, source_records(2))
+    part = world.logs.get(SOURCE, 2)
+    assert part is not None
+    await part.delete_records_before(2)
+    assert await world.sink.write(world.letter(0, 1, partition=2)) == 0
+    assert world.read(DLQ, 0) == []
+    assert world.metrics.dead_letter_writes == {}
+
+
+@pytest.mark.parametrize(("source", "partitions", "expected"), [(0, 2, 0), (5, 2, 1), (7, 3, 1)])
+def test_destination_partition_is_the_source_partition_modulo(
+    source: int, partitions: int, expected: int
+) -> None:
+    assert destination_partition(source, partitions) == expected
+
+
+# -- sizes -----------------------------------------------------------------------------
+
+
+def test_split_batches_fits_each_batch_and_keeps_the_order() -> None:
+    records = [NewRecord(None, bytes(100), (("h", b"x"),), timestamp=NOW_MS) for _ in range(20)]
+    batches = split_batches(records, 600)
+    assert len(batches) > 1
+    seen = 0
+    for batch in batches:
+        assert len(batch) <= 600
+        ((pos, header),) = list(iter_batches(batch, validate=True))
+        assert header.size == len(batch)
+        seen += len(decode_records(batch, pos, header))
+    assert seen == 20
+    # The greedy split is tight: one more record would not have fit.
+    ((pos, header),) = list(iter_batches(batches[0], validate=True))
+    n = header.records_count
+    assert batches[0] == build_batch(records[:n])
+    assert len(build_batch(records[: n + 1])) > 600
+
+
+def test_split_batches_counts_timestamp_deltas() -> None:
+    records = [NewRecord(None, b"v", timestamp=t) for t in (0, 1 << 40, 5, -(1 << 30))]
+    (batch,) = split_batches(records, 1 << 20)
+    assert batch == build_batch(records)
+
+
+async def test_copies_split_to_fit_the_dlq_topics_max_message_bytes(world: World) -> None:
+    world.topics.pop(DLQ)
+    world.dlq = world.add_topic("dlq.small", 1, {**OPT_IN, "max.message.bytes": "700"})
+    world.config = GroupConfig(dead_letter_topic="dlq.small", dead_letter_copy_record=True)
+    await world.produce(
+        SOURCE, 0, build_batch([NewRecord(None, bytes(200), timestamp=1) for _ in range(10)])
+    )
+    assert await world.sink.write(world.letter(0, 9, partition=0)) == 10
+    part = world.logs.get("dlq.small", 0)
+    assert part is not None
+    sizes = [h.size for _, h in iter_batches(part.read(0, 1 << 20), validate=True)]
+    assert len(sizes) >= 4 and max(sizes) <= 700
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read("dlq.small", 0)] == [
+        str(i).encode() for i in range(10)
+    ]
+
+
+async def test_a_copy_too_large_alone_is_refused_before_anything_is_written(
+    world: World,
+) -> None:
+    world.topics.pop(DLQ)
+    world.add_topic("dlq.small", 1, {**OPT_IN, "max.message.bytes": "700"})
+    world.config = GroupConfig(dead_letter_topic="dlq.small", dead_letter_copy_record=True)
+    await world.produce(SOURCE, 0, build_batch([NewRecord(None, bytes(100), timestamp=1)]))
+    await world.produce(SOURCE, 0, build_batch([NewRecord(None, bytes(5000), timestamp=1)]))
+    with pytest.raises(DeadLetterRefused, match=r"max\.message\.bytes"):
+        await world.sink.write(world.letter(0, 1, partition=0))
+    assert world.read("dlq.small", 0) == []
+    assert world.metrics.dead_letter_writes == {GROUP: [1, 1]}
+    # Headers only, the same record fits.
+    world.config = GroupConfig(dead_letter_topic="dlq.small")
+    assert await world.sink.write(world.letter(0, 1, partition=0)) == 2
+
+
+# -- refusals --------------------------------------------------------------------------
+
+
+async def refused(world: World, match: str) -> None:
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRefused, match=match):
+        await world.sink.write(world.letter(0, 0))
+    assert world.read(DLQ, 1) == []
+    assert world.metrics.dead_letter_writes == {GROUP: [1, 1]}
+
+
+async def test_refused_without_a_dlq_topic(world: World) -> None:
+    world.config = GroupConfig()
+    await refused(world, "errors.deadletterqueue.topic.name")
+
+
+async def test_refused_for_an_internal_name(world: World) -> None:
+    world.prefix = ""
+    world.config = GroupConfig(dead_letter_topic="__consumer_offsets")
+    await refused(world, "starts with '__'")
+
+
+async def test_refused_without_the_prefix(world: World) -> None:
+    world.prefix = "dead."
+    await refused(world, r"lacks the prefix 'dead\.'.*errors.deadletterqueue.topic.name.prefix")
+
+
+async def test_refused_for_a_missing_topic_without_auto_create(world: World) -> None:
+    world.config = GroupConfig(dead_letter_topic="dlq.missing")
+    await refused(world, "does not exist and errors.deadletterqueue.auto.create.topics.enable")
+    assert world.created == []
+
+
+async def test_refused_for_a_topic_without_the_opt_in(world: World) -> None:
+    world.add_topic("dlq.plain", 1, {"errors.deadletterqueue.group.enable": "false"})
+    world.config = GroupConfig(dead_letter_topic="dlq.plain")
+    await refused(world, "errors.deadletterqueue.group.enable=true")
+
+
+async def test_refused_for_the_source_topic_itself(world: World) -> None:
+    world.prefix = ""
+    world.config = GroupConfig(dead_letter_topic=SOURCE)
+    await refused(world, "is the source topic itself")
+
+
+async def test_auto_create_makes_the_topic_with_the_opt_in(world: World) -> None:
+    world.auto_create = True
+    world.config = GroupConfig(dead_letter_topic="dlq.new")
+    await world.produce(SOURCE, 1, source_records(2))
+    assert await world.sink.write(world.letter(0, 1)) == 2
+    assert world.created == [
+        (
+            "dlq.new",
+            {"errors.deadletterqueue.group.enable": "true", "message.timestamp.type": "CreateTime"},
+        )
+    ]
+    assert len(world.read("dlq.new", 0)) == 2  # 1 partition: 1 % 1 = 0
+
+
+# -- where it goes, and errors ----------------------------------------------------------
+
+
+async def test_a_dlq_partition_led_elsewhere_gets_a_produce_with_acks_all(world: World) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
+    await world.produce(SOURCE, 1, source_records(2))
+    assert await world.sink.write(world.letter(0, 1)) == 2
+    ((target, api_key, version, body),) = world.transport.sent
+    assert target == Target(OTHER, "two", 9193)
+    assert (api_key, version, body["acks"]) == (0, 13, -1)
+    (topic,) = body["topic_data"]
+    assert (topic["name"], topic["topic_id"]) == (DLQ, world.dlq.topic_id)
+    ((part),) = topic["partition_data"]
+    assert part["index"] == 1
+    ((pos, header),) = list(iter_batches(part["records"], validate=True))
+    assert [
+        dlq_headers(r)[HEADER_OFFSET] for r in decode_records(part["records"], pos, header)
+    ] == [
+        b"0",
+        b"1",
+    ]
+    assert world.read(DLQ, 1) == []  # nothing written here
+    assert world.metrics.dead_letter_writes == {GROUP: [1, 0]}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.request_timed_out,
+        ErrorCode.leader_not_available,
+    ],
+)
+async def test_retriable_produce_errors(world: World, code: ErrorCode) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
+    world.transport.codes = [code]
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRetriable, match=code.name.upper()):
+        await world.sink.write(world.letter(0, 0))
+    assert world.metrics.dead_letter_writes == {GROUP: [1, 1]}
+    assert await world.sink.write(world.letter(0, 0)) == 1  # the retry goes through
+    assert world.metrics.dead_letter_writes == {GROUP: [2, 1]}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.message_too_large,
+        ErrorCode.record_list_too_large,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.unknown_topic_id,
+        ErrorCode.topic_authorization_failed,
+    ],
+)
+async def test_refused_produce_errors(world: World, code: ErrorCode) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
+    world.transport.codes = [code]
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRefused, match=code.name.upper()):
+        await world.sink.write(world.letter(0, 0))
+
+
+@pytest.mark.parametrize("code", [ErrorCode.network_exception, ErrorCode.request_timed_out])
+async def test_a_connection_lost_or_timed_out_is_retriable(world: World, code: ErrorCode) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
+    world.transport.fail = TransportError(code, "gone")
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRetriable, match="gone"):
+        await world.sink.write(world.letter(0, 0))
+
+
+async def test_no_leader_for_the_dlq_partition_is_retriable(world: World) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = None
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRetriable, match="no leader"):
+        await world.sink.write(world.letter(0, 0))
+
+
+async def test_a_source_partition_no_longer_led_here_is_retriable(world: World) -> None:
+    await world.produce(SOURCE, 1, source_records(1))
+    world.logs.drop_partition(SOURCE, 1, "moved")
+    with pytest.raises(DeadLetterRetriable, match="not led by this broker"):
+        await world.sink.write(world.letter(0, 0))
+
+
+async def test_a_failed_local_append_is_retriable(world: World) -> None:
+    await world.produce(SOURCE, 1, source_records(1))
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+    part.dropped = "handed over"  # appends answer NOT_LEADER_OR_FOLLOWER from now
+    with pytest.raises(DeadLetterRetriable, match="NOT_LEADER_OR_FOLLOWER"):
+        await world.sink.write(world.letter(0, 0))
