@@ -823,6 +823,55 @@ def _share_metrics(
     )
     for group_id, h in sorted(per_group.items()):
         deliveries.add_metric((group_id,), h.cumulative(), h.sum)
+    _dead_letter_metrics(broker, counter, labels)
+
+
+def _dead_letter_metrics(
+    broker: Observed,
+    counter: Callable[..., Any],
+    labels: Callable[[ShareStateKey], tuple[str, str, str] | None],
+) -> None:
+    """KIP-1191's dead-letter counters (kafka.server:type=ShareGroupMetrics
+    DeadLetterQueueRecordCount, DeadLetterQueueTotalProduceRequestsPerSec and
+    DeadLetterQueueFailedProduceRequestsPerSec, per group), and spool's per share
+    partition, reason and outcome."""
+    by_partition = counter(
+        "spool_share_records_dead_lettered",
+        "Records archived through ARCHIVING (KIP-1191), by reason and whether their copy "
+        "reached the dead-letter topic (copied) or could never be made (not_copied).",
+        labels=("group", "topic", "partition", "reason", "outcome"),
+    )
+    copied: dict[str, int] = {}
+    for key, s in list(broker.metrics.share.partitions.items()):
+        if not s.dead_lettered:
+            continue
+        tags = labels(key)
+        for (reason, outcome), n in sorted(s.dead_lettered.items()):
+            if outcome == "copied":
+                copied[key.group_id] = copied.get(key.group_id, 0) + n
+            if tags is not None:
+                by_partition.add_metric((*tags, reason, outcome), n)
+    records = counter(
+        "kafka_server_sharegroupmetrics_deadletterqueuerecordcount",
+        "Records copied to the group's dead-letter topic (DeadLetterQueueRecordCount).",
+        labels=("group",),
+    )
+    for group_id, n in sorted(copied.items()):
+        records.add_metric((group_id,), n)
+    total = counter(
+        "kafka_server_sharegroupmetrics_deadletterqueuetotalproducerequests",
+        "Writes to the group's dead-letter topic (DeadLetterQueueTotalProduceRequestsPerSec).",
+        labels=("group",),
+    )
+    failed = counter(
+        "kafka_server_sharegroupmetrics_deadletterqueuefailedproducerequests",
+        "Writes to the group's dead-letter topic that failed or were refused "
+        "(DeadLetterQueueFailedProduceRequestsPerSec).",
+        labels=("group",),
+    )
+    for group_id, (writes, failures) in sorted(broker.metrics.share.dead_letter_writes.items()):
+        total.add_metric((group_id,), writes)
+        failed.add_metric((group_id,), failures)
 
 
 def _delivery_complete(state: ShareState) -> int:
