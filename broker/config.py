@@ -16,6 +16,8 @@ from typing import Any
 
 from coordinator.group_config import (
     BROKER_CONFIG_DEFS,
+    DLQ_BROKER_CONFIG_DEFS,
+    DLQ_GROUP_ENABLE,
     GROUP_COORDINATOR_CONFIG_DEFS,
     GroupCoordinatorConfig,
     ShareGroupBrokerConfig,
@@ -510,6 +512,9 @@ BROKER_KEYS.update(BROKER_CONFIG_DEFS)
 # The group coordinator's keys for consumer and classic groups and committed offsets
 # (Kafka's GroupCoordinatorConfig), read at start.
 BROKER_KEYS.update(GROUP_COORDINATOR_CONFIG_DEFS)
+# KIP-1191: the prefix dead-letter topics need and whether a missing one is created
+# (dynamic, as Kafka reconfigures them).
+BROKER_KEYS.update(DLQ_BROKER_CONFIG_DEFS)
 
 # Where the broker's logs are durable (persister.storage), read at start. A password in
 # the URL makes the key sensitive: it is typed PASSWORD, so DescribeConfigs hides it.
@@ -670,6 +675,14 @@ TOPIC_KEYS: dict[str, ConfigDef] = {
             "Kept for clients; spool is one node.",
             _at_least(1),
             "min.insync.replicas",
+        ),
+        # KIP-1191 (Kafka's TopicConfig after 4.2): no broker synonym.
+        ConfigDef(
+            DLQ_GROUP_ENABLE,
+            BOOLEAN,
+            False,
+            "Whether share groups may use this topic as their dead-letter topic "
+            "(errors.deadletterqueue.topic.name); false refuses them.",
         ),
     ]
 }

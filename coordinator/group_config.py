@@ -23,6 +23,13 @@ share partitions see them. spool before that kept them in the `groups` log; a br
 loading such a log copies them to the metadata log once
 (`MetadataStore.adopt_group_configs`).
 
+Dead-letter topics (KIP-1191, after Kafka 4.2, `share.version` 2): a share group's
+`errors.deadletterqueue.topic.name` ("" = none) and `errors.deadletterqueue.copy.record.enable`
+are group configs with no broker synonym; the broker's
+`errors.deadletterqueue.topic.name.prefix` and `errors.deadletterqueue.auto.create.topics.enable`
+(`DLQ_BROKER_CONFIG_DEFS`) and the topic's `errors.deadletterqueue.group.enable` say which
+topics a group may name, as `dead_letter_topic_problem` checks.
+
 The group coordinator's own broker keys (Kafka's `GroupCoordinatorConfig`, 4.2):
 `group.consumer.*` for KIP-848 consumer groups, `group.min/max.session.timeout.ms`,
 `group.initial.rebalance.delay.ms` and `group.max.size` for classic groups, and the
@@ -39,7 +46,7 @@ serve the `share.*` keys only until consumer groups are served (issue 26).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -49,6 +56,12 @@ from protocol.errors import ErrorCode, KafkaError
 __all__ = [
     "BROKER_CONFIG_DEFS",
     "CONSUMER_GROUP_CONFIG_DEFS",
+    "DLQ_AUTO_CREATE_TOPICS_ENABLE",
+    "DLQ_BROKER_CONFIG_DEFS",
+    "DLQ_COPY_RECORD_ENABLE",
+    "DLQ_GROUP_ENABLE",
+    "DLQ_TOPIC_NAME",
+    "DLQ_TOPIC_NAME_PREFIX",
     "EARLIEST_TIMESTAMP",
     "GROUP_CONFIG_DEFS",
     "GROUP_COORDINATOR_CONFIG_DEFS",
@@ -65,8 +78,11 @@ __all__ = [
     "GroupConfigStore",
     "GroupCoordinatorConfig",
     "ShareGroupBrokerConfig",
+    "check_dead_letter_topic",
+    "dead_letter_topic_problem",
     "parse_auto_offset_reset",
     "parse_iso8601_duration_ms",
+    "topic_dead_letter_enabled",
     "validate",
     "validate_all",
     "validate_consumer_configs",
@@ -227,7 +243,18 @@ BROKER_CONFIG_DEFS: dict[str, ConfigDef] = {
 OFFSETS_COMMIT_TIMEOUT_MS = 5000
 
 
-# Kafka's `GroupConfig`, share keys only (spool has no consumer or streams groups).
+# KIP-1191's keys (Kafka's GroupConfig, GroupCoordinatorConfig and TopicConfig after
+# 4.2): the group's dead-letter topic and whether copies carry the record, the broker's
+# required prefix of dead-letter topic names and whether a missing one is created, and
+# the topic's opt-in to being one.
+DLQ_TOPIC_NAME = "errors.deadletterqueue.topic.name"
+DLQ_COPY_RECORD_ENABLE = "errors.deadletterqueue.copy.record.enable"
+DLQ_TOPIC_NAME_PREFIX = "errors.deadletterqueue.topic.name.prefix"
+DLQ_AUTO_CREATE_TOPICS_ENABLE = "errors.deadletterqueue.auto.create.topics.enable"
+DLQ_GROUP_ENABLE = "errors.deadletterqueue.group.enable"
+
+# Kafka's `GroupConfig`, share and dead-letter keys (spool serves no consumer or streams
+# group configs yet).
 GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
@@ -300,6 +327,23 @@ GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
             BOOLEAN,
             True,
             "Whether the renew acknowledge type is enabled for the share group.",
+        ),
+        # KIP-1191 (Kafka's GroupConfig after 4.2, share.version 2): no broker synonym.
+        ConfigDef(
+            DLQ_TOPIC_NAME,
+            STRING,
+            "",
+            "The topic this share group writes the records it gives up on to (rejected, "
+            "or at share.delivery.count.limit), its dead-letter queue. Empty (the "
+            "default): the group has none and archives them. The topic must carry the "
+            f"broker's {DLQ_TOPIC_NAME_PREFIX} and have {DLQ_GROUP_ENABLE}=true.",
+        ),
+        ConfigDef(
+            DLQ_COPY_RECORD_ENABLE,
+            BOOLEAN,
+            False,
+            "Whether a dead-letter record carries the original record's key, value, "
+            "headers and timestamp, or only the headers naming where it came from and why.",
         ),
     ]
 }
@@ -440,6 +484,9 @@ def _parse(definition: ConfigDef, value: object) -> ConfigValue:
                 raise _invalid(name, value, str(e)) from None
         elif name == "share.isolation.level" and value not in ISOLATION_LEVELS:
             raise _invalid(name, value, f"must be one of {', '.join(ISOLATION_LEVELS)}")
+        elif name == DLQ_TOPIC_NAME and value.startswith("__"):
+            # Kafka's GroupConfig.validate: the names of internal topics.
+            raise _invalid(name, value, INTERNAL_TOPIC_PROBLEM)
         return value
     parsed = _parse_int(name, value)
     if definition.min is not None and parsed < definition.min:
@@ -674,9 +721,124 @@ class GroupConfig:
     def value(self, name: str) -> ConfigValue:
         """The effective value of a group config by its Kafka name."""
         _definition(name)
-        attr = name.removeprefix("share.").replace(".", "_")
+        attr = _DLQ_FIELDS.get(name) or name.removeprefix("share.").replace(".", "_")
         result: ConfigValue | AutoOffsetReset = getattr(self, attr)
         return str(result) if isinstance(result, AutoOffsetReset) else result
+
+
+# GroupConfig fields of the keys not named share.*.
+_DLQ_FIELDS = {
+    DLQ_TOPIC_NAME: "dead_letter_topic",
+    DLQ_COPY_RECORD_ENABLE: "dead_letter_copy_record",
+}
+
+
+# ---------------------------------------------------------------------------
+# Dead-letter topics (KIP-1191): the broker's keys and the checks of a group's topic
+
+
+# Kafka's GroupCoordinatorConfig keys of KIP-1191; reconfigurable, as Kafka lists them in
+# GroupCoordinatorConfig.RECONFIGURABLE_CONFIGS.
+DLQ_BROKER_CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef(
+            DLQ_TOPIC_NAME_PREFIX,
+            STRING,
+            "dlq.",
+            "The prefix every share group's dead-letter topic name must start with; empty "
+            "for no restriction on the names.",
+        ),
+        ConfigDef(
+            DLQ_AUTO_CREATE_TOPICS_ENABLE,
+            BOOLEAN,
+            False,
+            "Whether a share group may name a dead-letter topic that does not exist yet: "
+            "it is created (with errors.deadletterqueue.group.enable=true) when the "
+            "first record is dead-lettered.",
+        ),
+    ]
+}
+
+INTERNAL_TOPIC_PROBLEM = "a dead-letter topic name must not start with '__' (internal topics)"
+
+
+def topic_dead_letter_enabled(topic_configs: Mapping[str, str]) -> bool:
+    """A topic's effective `errors.deadletterqueue.group.enable` from its stored
+    overrides (the key has no broker synonym: false unless set)."""
+    return topic_configs.get(DLQ_GROUP_ENABLE, "false").strip().lower() == "true"
+
+
+def dead_letter_topic_problem(
+    group_id: str,
+    topic: str,
+    *,
+    prefix: str,
+    auto_create: bool,
+    topic_configs: Mapping[str, str] | None,
+    consumed: Collection[str] = (),
+) -> str | None:
+    """Why share group `group_id` may not write dead letters to `topic`, or None if it
+    may; "" (no dead-letter topic) is always allowed.
+
+    `prefix` and `auto_create` are the broker's `errors.deadletterqueue.topic.name.prefix`
+    and `errors.deadletterqueue.auto.create.topics.enable`; `topic_configs` the topic's
+    stored overrides, None if it does not exist; `consumed` the topics the group reads
+    (its members' subscriptions and the topics it has share state on). KIP-1191 has a
+    group write only into a topic made for it, so no group can write into an arbitrary
+    topic: checked, in this order, when the group config is set (INVALID_CONFIG) and
+    again when a copy is written (the copy is refused).
+    """
+    if topic == "":
+        return None
+    if topic.startswith("__"):
+        return INTERNAL_TOPIC_PROBLEM
+    if prefix and not topic.startswith(prefix):
+        return (
+            f"the topic name must start with {prefix!r}, the prefix the brokers' "
+            f"{DLQ_TOPIC_NAME_PREFIX} requires of dead-letter topics"
+        )
+    if topic_configs is None:
+        if auto_create:
+            return None
+        return (
+            f"topic {topic!r} does not exist; create it with {DLQ_GROUP_ENABLE}=true "
+            f"(the brokers' {DLQ_AUTO_CREATE_TOPICS_ENABLE} is false)"
+        )
+    if not topic_dead_letter_enabled(topic_configs):
+        return (
+            f"topic {topic!r} does not have {DLQ_GROUP_ENABLE}=true; set it on the "
+            "topic to let share groups write dead letters to it"
+        )
+    if topic in consumed:
+        return (
+            f"topic {topic!r} is a topic share group {group_id!r} consumes; a group "
+            "cannot write its dead letters to its own source topic"
+        )
+    return None
+
+
+def check_dead_letter_topic(
+    group_id: str,
+    topic: str,
+    *,
+    prefix: str,
+    auto_create: bool,
+    topic_configs: Mapping[str, str] | None,
+    consumed: Collection[str] = (),
+) -> None:
+    """`dead_letter_topic_problem` as Kafka's error: INVALID_CONFIG naming
+    `errors.deadletterqueue.topic.name`, the value and why."""
+    problem = dead_letter_topic_problem(
+        group_id,
+        topic,
+        prefix=prefix,
+        auto_create=auto_create,
+        topic_configs=topic_configs,
+        consumed=consumed,
+    )
+    if problem is not None:
+        raise _invalid(DLQ_TOPIC_NAME, topic, problem)
 
 
 # ---------------------------------------------------------------------------

@@ -940,6 +940,15 @@ class GroupCoordinator:
             raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} not found.")
         return group.describe()
 
+    def share_group_topics(self, group_id: str) -> tuple[frozenset[str], frozenset[uuid.UUID]]:
+        """The topics share group `group_id` consumes, as this coordinator knows them:
+        its members' subscribed topic names, and the ids of the topics it has share
+        state on (initialized or being initialized). Empty for no such group here."""
+        group = self.groups.get(group_id)
+        if group is None or group.deleted:
+            return frozenset(), frozenset()
+        return group.subscribed_topic_names(), frozenset({*group.initialized, *group.initializing})
+
     def list_groups(self) -> list[GroupListing]:
         """Every group of every type, by id (ListGroups)."""
         listed = [

@@ -695,13 +695,22 @@ class MetadataStore:
         await self.run(op)
 
     async def alter_group_configs(
-        self, group_id: str, ops: Sequence[AlterConfigOp], validate_only: bool
+        self,
+        group_id: str,
+        ops: Sequence[AlterConfigOp],
+        validate_only: bool,
+        check: Callable[[ClusterState], None] | None = None,
     ) -> list[Record]:
         """IncrementalAlterConfigs of a GROUP as one metadata operation, on any broker;
-        validate_only checks in the same turn and writes nothing. The records written."""
+        validate_only checks in the same turn and writes nothing. `check` (raising
+        KafkaError) runs in that turn too, after the values are validated, on the state
+        the records would apply to (a dead-letter topic's existence and configs). The
+        records written."""
 
         def op() -> tuple[list[Record], list[Record]]:
             records = self.state.group_configs_records(group_id, ops)
+            if check is not None:
+                check(self.state)
             return ([] if validate_only else records), records
 
         records = await self.run(op)

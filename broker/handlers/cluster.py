@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("spool.handlers")
 
-# KIP-932: share groups are on when the `share.version` feature is finalized at 1.
-FEATURES = [("share.version", 0, 1, 1)]
+# `share.version`, finalized at 2: share groups (KIP-932, level 1) with dead-letter
+# topics (KIP-1191, level 2, Kafka's ShareVersion.SV_2).
+FEATURES = [("share.version", 0, 2, 2)]
 # The coordinator record log of each FindCoordinator key type (group, transaction,
 # share): its leader coordinates every key of that type.
 COORDINATOR_LOGS = {0: "groups", 1: "transactions", 2: "share-state"}

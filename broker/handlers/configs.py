@@ -3,7 +3,17 @@
 Authorization as Kafka 4.2 (ConfigHelper, ControllerApis): describing needs
 DESCRIBE_CONFIGS and altering ALTER_CONFIGS, on the cluster for a broker, on the topic
 or the group for theirs; a denied resource is answered CLUSTER_, TOPIC_ or
-GROUP_AUTHORIZATION_FAILED and the others are served."""
+GROUP_AUTHORIZATION_FAILED and the others are served.
+
+Setting a share group's dead-letter topic (KIP-1191's `errors.deadletterqueue.topic.name`)
+is checked against the cluster as it is in the same metadata turn: the topic must carry
+the brokers' `errors.deadletterqueue.topic.name.prefix`, exist (unless
+`errors.deadletterqueue.auto.create.topics.enable`), have
+`errors.deadletterqueue.group.enable=true`, and not be a topic the group consumes (as
+this broker's group coordinator knows it: subscriptions and share state), else
+INVALID_CONFIG says which and why and nothing is stored. Kafka checks most of this only
+when it writes a dead letter; spool refuses the config up front, and the dead-letter
+writer checks again (`coordinator.group_config.dead_letter_topic_problem`)."""
 
 from __future__ import annotations
 
@@ -29,13 +39,20 @@ from broker.handlers.topics import validate_topic_configs
 from broker.partitions import LogManager
 from broker.server import RequestContext
 from coordinator.acls import AclOperation, ResourceType
-from coordinator.group_config import AlterConfigOp
-from coordinator.metadata import MetadataStore, Record, Topic
+from coordinator.group_config import (
+    DLQ_AUTO_CREATE_TOPICS_ENABLE,
+    DLQ_TOPIC_NAME,
+    DLQ_TOPIC_NAME_PREFIX,
+    AlterConfigOp,
+    check_dead_letter_topic,
+)
+from coordinator.metadata import ClusterState, MetadataStore, Record, Topic
 from protocol.configs import ConfigDef, ConfigType
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
     from broker.handlers.requests import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+    from coordinator.group_coordinator import GroupCoordinator
 
 log = structlog.get_logger("spool.configs")
 
@@ -51,6 +68,8 @@ class ConfigsBroker(Guarded, Protocol):
     def metadata(self) -> MetadataStore: ...
     @property
     def logs(self) -> LogManager: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
 
 
 # ConfigResource types.
@@ -333,6 +352,36 @@ async def _alter_broker(
     await broker.metadata.run(op, applied=applied)
 
 
+async def _alter_group(
+    broker: ConfigsBroker, name: str, ops: list[AlterConfigOp], validate_only: bool
+) -> None:
+    """A metadata change (Kafka forwards it to its controller): any broker. Setting the
+    dead-letter topic also checks the topic (see the module docstring)."""
+    dead_letter = next((op for op in ops if op.name == DLQ_TOPIC_NAME and op.op == SET), None)
+    check = None
+    if dead_letter is not None and dead_letter.value:
+        topic_name = dead_letter.value
+
+        def check(state: ClusterState) -> None:
+            topic = state.topics.get(topic_name)
+            subscribed, with_state = broker.groups.share_group_topics(name)
+            consumed = subscribed | {
+                state.topics_by_id[topic_id].name
+                for topic_id in with_state
+                if topic_id in state.topics_by_id
+            }
+            check_dead_letter_topic(
+                name,
+                topic_name,
+                prefix=broker.config.get(DLQ_TOPIC_NAME_PREFIX),
+                auto_create=broker.config.get(DLQ_AUTO_CREATE_TOPICS_ENABLE),
+                topic_configs=None if topic is None else topic.configs,
+                consumed=consumed,
+            )
+
+    await broker.metadata.alter_group_configs(name, ops, validate_only, check)
+
+
 async def incremental_alter_configs(
     ctx: RequestContext, req: IncrementalAlterConfigsRequest, broker: ConfigsBroker
 ) -> resp.incremental_alter_configs_v1.IncrementalAlterConfigsResponse:
@@ -356,8 +405,7 @@ async def incremental_alter_configs(
             elif res.resource_type == BROKER:
                 await _alter_broker(broker, res.resource_name, ops, req.validate_only)
             elif res.resource_type == GROUP:
-                # A metadata change (Kafka forwards it to its controller): any broker.
-                await broker.metadata.alter_group_configs(res.resource_name, ops, req.validate_only)
+                await _alter_group(broker, res.resource_name, ops, req.validate_only)
             else:
                 raise KafkaError(
                     ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"

@@ -57,6 +57,8 @@ def test_group_config_names_are_kafkas() -> None:
         "share.auto.offset.reset",
         "share.isolation.level",
         "share.renew.acknowledge.enable",
+        "errors.deadletterqueue.topic.name",
+        "errors.deadletterqueue.copy.record.enable",
     }
 
 
