@@ -22,7 +22,7 @@ from broker.config import BrokerConfig
 from broker.handlers import build_table, responses
 from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
-from broker.handlers.topics import apply_topic_change
+from broker.handlers.topics import apply_topic_change, auto_create_topic
 from broker.leadership import Leadership, LogManagerHost, TopicRef
 from broker.listeners import ListenerConfig, inter_broker_listener, listeners_from_config
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
@@ -36,6 +36,7 @@ from broker.server import (
     ServerLimits,
     error_frame,
 )
+from broker.share.dead_letter_sink import DeadLetterTopicSink
 from broker.share.fetch import ShareFetchService
 from broker.share.manager import SharePartitionManager
 from broker.share.reader import LogPartition
@@ -501,6 +502,25 @@ class Broker:
             self.groups.drop("not claimed yet")
         else:
             self.groups.load()
+        # KIP-1191: writes the dead-letter copies of the records share groups give up on.
+        self.dead_letter_sink = DeadLetterTopicSink(
+            group_config=self.groups.config,
+            topics=lambda: self.metadata.state,
+            log_partition=self.log_partition,
+            cluster=lambda: self.cluster,
+            transport=BrokerConnections(f"spool-broker-{self.node_id}-dead-letters"),
+            listener=inter_broker_listener(
+                self.config, self.listeners, isinstance(self.storage, PgStorage)
+            ),
+            metrics=self.metrics.share,
+            clock=self.clock,
+            prefix=lambda: self.config.get("errors.deadletterqueue.topic.name.prefix"),
+            auto_create=lambda: self.config.get("errors.deadletterqueue.auto.create.topics.enable"),
+            create_topic=lambda name, configs: auto_create_topic(self, name, configs),
+            max_message_bytes=lambda topic: self.logs.topic_settings(topic.configs)[
+                "max.message.bytes"
+            ],
+        )
         self.share = SharePartitionManager(
             self.share_state,
             self.groups,
@@ -664,6 +684,7 @@ class Broker:
         await self.txn_verifier.close()
         self.share.stop()
         await self.share_state.close()
+        await self.dead_letter_sink.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

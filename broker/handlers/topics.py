@@ -222,9 +222,12 @@ async def _undo_creations(broker: TopicStores, topics: list[Topic]) -> None:
         log.error("topic_creation_not_undone", topics=[t.name for t in topics], error=exc.message)
 
 
-async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
+async def auto_create_topic(
+    broker: TopicStores, name: str, configs: dict[str, str] | None = None
+) -> Topic:
     """Metadata's auto-creation (auto.create.topics.enable): the topic, created with
-    num.partitions unless it exists by this request's turn."""
+    num.partitions (and `configs`: a dead-letter topic's opt-in) unless it exists by
+    this request's turn."""
     validate_topic_name(name)
     created: set[int] = set()
     failed: list[Topic] = []
@@ -233,7 +236,9 @@ async def auto_create_topic(broker: TopicStores, name: str) -> Topic:
         existing = broker.metadata.state.topics.get(name)
         if existing is not None:
             return [], [existing]
-        topic, record = _new_topic(broker, name, broker.config.get("num.partitions"), {}, 0)
+        topic, record = _new_topic(
+            broker, name, broker.config.get("num.partitions"), dict(configs or {}), 0
+        )
         created.add(0)
         return [record], [topic]
 

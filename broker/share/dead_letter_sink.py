@@ -60,7 +60,12 @@ from broker.share.dead_letters import (
     DeadLetterRetriable,
 )
 from broker.share.remote_persister import Target, Transport, TransportError
-from coordinator.group_config import GroupConfig
+from coordinator.group_config import (
+    DLQ_GROUP_ENABLE,
+    DLQ_TOPIC_NAME,
+    GroupConfig,
+    dead_letter_topic_problem,
+)
 from persister.clock import Clock
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
@@ -85,9 +90,6 @@ SOURCE_READ_BYTES = 1024 * 1024
 # Kafka's default max.message.bytes, for a topic whose setting is not given.
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 + 12
 
-TOPIC_OPT_IN = "errors.deadletterqueue.group.enable"
-# The record names a dead-letter topic must not start with (internal topics).
-INTERNAL_PREFIX = "__"
 
 # Produce and storage errors after which a retry may succeed.
 RETRIABLE = frozenset(
@@ -146,11 +148,6 @@ class DeadLetterLog(Protocol):
 
 def _refused(letter: DeadLetter, why: str) -> DeadLetterRefused:
     return DeadLetterRefused(f"dead-letter copies of share group {letter.group_id!r}: {why}")
-
-
-def opted_in(configs: Mapping[str, str]) -> bool:
-    """Whether a topic's configs let share groups write dead letters into it."""
-    return configs.get(TOPIC_OPT_IN, "false").strip().lower() == "true"
 
 
 def destination_partition(source_partition: int, dlq_partitions: int) -> int:
@@ -345,6 +342,10 @@ class DeadLetterTopicSink:
             self.metrics.dead_letter_produce(letter.group_id, failed=False)
         return written
 
+    async def close(self) -> None:
+        """The broker stops: the connections to other brokers close."""
+        await self.transport.close()
+
     async def _write(self, letter: DeadLetter) -> int:
         config = self.group_config(letter.group_id)
         state = self.topics()
@@ -393,50 +394,41 @@ class DeadLetterTopicSink:
         return len(copies)
 
     async def _dlq_topic(self, letter: DeadLetter, config: GroupConfig, source: str) -> Any:
-        """The group's dead-letter topic, checked (created if missing and allowed)."""
+        """The group's dead-letter topic, checked as when the group config was set
+        (coordinator.group_config.dead_letter_topic_problem: it may have changed since),
+        created if missing and auto-creation is on."""
         name = config.dead_letter_topic
         if not name:
-            raise _refused(
-                letter, "the group has no dead-letter topic (errors.deadletterqueue.topic.name)"
-            )
-        if name.startswith(INTERNAL_PREFIX):
-            raise _refused(
-                letter,
-                f"errors.deadletterqueue.topic.name {name!r} starts with "
-                f"{INTERNAL_PREFIX!r}, reserved for internal topics",
-            )
-        prefix = self.prefix()
-        if prefix and not name.startswith(prefix):
-            raise _refused(
-                letter,
-                f"errors.deadletterqueue.topic.name {name!r} lacks the prefix {prefix!r} "
-                "the broker requires (errors.deadletterqueue.topic.name.prefix)",
-            )
-        if name == source:
-            raise _refused(letter, f"the dead-letter topic {name!r} is the source topic itself")
+            raise _refused(letter, f"the group has no dead-letter topic ({DLQ_TOPIC_NAME})")
+        auto_create = self.auto_create() and self.create_topic is not None
         topic = self.topics().topics.get(name)
-        if topic is None:
-            if not self.auto_create() or self.create_topic is None:
-                raise _refused(
-                    letter,
-                    f"the dead-letter topic {name!r} does not exist and "
-                    "errors.deadletterqueue.auto.create.topics.enable is false: create it "
-                    f"with {TOPIC_OPT_IN}=true",
-                )
+        problem = dead_letter_topic_problem(
+            letter.group_id,
+            name,
+            prefix=self.prefix(),
+            auto_create=auto_create,
+            topic_configs=None if topic is None else topic.configs,
+            consumed=(source,),
+        )
+        if problem is None and topic is None:
             topic = await self._create(letter, name)
-        if not opted_in(topic.configs):
-            raise _refused(
-                letter,
-                f"the topic {name!r} does not accept dead letters: set its topic config "
-                f"{TOPIC_OPT_IN}=true",
+            problem = dead_letter_topic_problem(
+                letter.group_id,
+                name,
+                prefix=self.prefix(),
+                auto_create=False,
+                topic_configs=topic.configs,
+                consumed=(source,),
             )
+        if problem is not None:
+            raise _refused(letter, f"{DLQ_TOPIC_NAME} {name!r}: {problem}")
         return topic
 
     async def _create(self, letter: DeadLetter, name: str) -> Any:
         assert self.create_topic is not None
         try:
             topic = await self.create_topic(
-                name, {TOPIC_OPT_IN: "true", "message.timestamp.type": "CreateTime"}
+                name, {DLQ_GROUP_ENABLE: "true", "message.timestamp.type": "CreateTime"}
             )
         except KafkaError as exc:
             raise self._mapped(letter, exc, f"creating the dead-letter topic {name!r}") from exc

@@ -387,30 +387,31 @@ async def test_refused_without_a_dlq_topic(world: World) -> None:
 async def test_refused_for_an_internal_name(world: World) -> None:
     world.prefix = ""
     world.config = GroupConfig(dead_letter_topic="__consumer_offsets")
-    await refused(world, "starts with '__'")
+    await refused(world, "must not start with '__'")
 
 
 async def test_refused_without_the_prefix(world: World) -> None:
     world.prefix = "dead."
-    await refused(world, r"lacks the prefix 'dead\.'.*errors.deadletterqueue.topic.name.prefix")
+    await refused(world, r"must start with 'dead\.'.*errors.deadletterqueue.topic.name.prefix")
 
 
 async def test_refused_for_a_missing_topic_without_auto_create(world: World) -> None:
     world.config = GroupConfig(dead_letter_topic="dlq.missing")
-    await refused(world, "does not exist and errors.deadletterqueue.auto.create.topics.enable")
+    await refused(world, "does not exist; create it with errors.deadletterqueue.group.enable=true")
     assert world.created == []
 
 
 async def test_refused_for_a_topic_without_the_opt_in(world: World) -> None:
     world.add_topic("dlq.plain", 1, {"errors.deadletterqueue.group.enable": "false"})
     world.config = GroupConfig(dead_letter_topic="dlq.plain")
-    await refused(world, "errors.deadletterqueue.group.enable=true")
+    await refused(world, "does not have errors.deadletterqueue.group.enable=true")
 
 
 async def test_refused_for_the_source_topic_itself(world: World) -> None:
     world.prefix = ""
+    world.source.configs.update(OPT_IN)
     world.config = GroupConfig(dead_letter_topic=SOURCE)
-    await refused(world, "is the source topic itself")
+    await refused(world, "cannot write its dead letters to its own source topic")
 
 
 async def test_auto_create_makes_the_topic_with_the_opt_in(world: World) -> None:
