@@ -14,6 +14,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from broker.tools import replay
 from broker.tools.common import (
     UsageError,
     add_connection_flags,
@@ -26,7 +27,14 @@ from broker.tools.common import (
 if TYPE_CHECKING:
     from protocol.admin import AdminClient, ShareGroupDescription
 
-ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
+ACTIONS = (
+    "list",
+    "describe",
+    "delete",
+    "reset_offsets",
+    "delete_offsets",
+    "replay_dead_letters",
+)
 SCENARIOS = ("to_datetime", "to_earliest", "to_latest", "to_offset", "by_duration")
 SHARE_GROUP_STATES = ("Dead", "Empty", "Stable")  # GroupState.groupStatesForType(SHARE)
 
@@ -62,6 +70,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="delete the offsets of one share group for the --topic(s) given",
     )
+    actions.add_argument(
+        "--replay-dead-letters",
+        action="store_true",
+        help="move the records --group dead-lettered into --topic DLQ back to their source "
+        "topic (or --to-topic), once each, in transactions; partition: the source one if "
+        "the topic has it, else the key's murmur2 hash, else 0 (--dry-run: list only)",
+    )
     p.add_argument("--group", action="append", metavar="GROUP", help="a share group (repeatable)")
     p.add_argument("--all-groups", action="store_true", help="apply to all share groups")
     p.add_argument(
@@ -87,7 +102,11 @@ def register(subparsers: Any) -> None:
         f"comma-separated STATES ({', '.join(SHARE_GROUP_STATES)})",
     )
     p.add_argument("--verbose", action="store_true", help="with --describe: more columns")
-    p.add_argument("--dry-run", action="store_true", help="show the reset plan, change nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the reset plan, or the records a replay would move; change nothing",
+    )
     p.add_argument("--execute", action="store_true", help="apply the reset")
     p.add_argument(
         "--to-datetime",
@@ -101,6 +120,11 @@ def register(subparsers: Any) -> None:
         "--by-duration",
         metavar="PnDTnHnMnS",
         help="reset to the first offset at or after now minus this ISO-8601 duration",
+    )
+    p.add_argument(
+        "--to-topic",
+        metavar="TOPIC",
+        help="with --replay-dead-letters: replay into TOPIC instead of the source topic",
     )
     p.set_defaults(run=usage_checked(validate, run), tool_parser=p)
 
@@ -119,9 +143,14 @@ def validate(args: argparse.Namespace) -> None:
     if len(chosen) != 1:
         raise UsageError(
             "Command must include exactly one action: --list, --describe, --delete, "
-            "--reset-offsets, --delete-offsets."
+            "--reset-offsets, --delete-offsets, --replay-dead-letters."
         )
     action = chosen[0]
+    if action == "replay_dead_letters":
+        replay.validate(args)
+        return
+    if args.to_topic is not None:
+        raise UsageError("Option --to-topic may be used with --replay-dead-letters only")
     for dest in ("members", "offsets", "verbose"):
         if given(args, dest) and action != "describe":
             raise UsageError(f"Option {flag(dest)} may be used with --describe only")
@@ -299,6 +328,8 @@ def parse_topic_arg(text: str) -> tuple[str, list[int] | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replay_dead_letters:
+        return replay.run(args)
     handlers = {
         "list": list_groups,
         "describe": describe,
