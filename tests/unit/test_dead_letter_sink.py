@@ -76,6 +76,10 @@ class FakeTransport:
         self, target: Target, api_key: int, version: int, body: Mapping[str, Any]
     ) -> Any:
         self.sent.append((target, api_key, version, body))
+        # As BrokerConnections sends it: built as the version's request entity, encoded.
+        request = api.build(api.request_class(api_key, version), body)
+        assert api.encode_request(api_key, version, 1, "spool-broker-1", request)
+        assert request.topic_data[0].topic_id == body["topic_data"][0]["topic_id"]
         if self.fail is not None:
             raise self.fail
         code = self.codes.pop(0) if self.codes else ErrorCode.none
