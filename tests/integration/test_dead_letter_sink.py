@@ -1,12 +1,13 @@
-"""The dead-letter sink against a real broker (file engine), driven with confluent-kafka.
+"""The dead-letter sink against a real broker, driven with confluent-kafka.
 
-The broker runs in this test's event loop (the DeadLetterWriter that calls the sink in
-production is tested with ShareConsumers in test_dead_letters.py); confluent-kafka's
-blocking calls run in threads beside it. Checked: a copy written through the broker's
-own sink is read back by a librdkafka consumer with its headers, key, value and
-timestamp; a copy for a DLQ partition another broker leads goes as Produce acks=-1 over
-a real connection to that broker (here: the in-loop broker as the leader), and the
-leader's refusal (MESSAGE_TOO_LARGE) is a refusal of the copy.
+The broker (file engine; PostgreSQL too for the first test) runs in this test's event
+loop (the DeadLetterWriter that calls the sink in production is tested with
+ShareConsumers in test_dead_letters.py); confluent-kafka's blocking calls run in threads
+beside it. Checked: a copy written through the broker's own sink is read back by a
+librdkafka consumer with its headers, key, value and timestamp; a copy for a DLQ
+partition another broker leads goes as Produce acks=-1 over a real connection to that
+broker (here: the in-loop broker as the leader), and the leader's refusal
+(MESSAGE_TOO_LARGE) is a refusal of the copy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from confluent_kafka import Producer
 
 from broker.broker import Broker
+from broker.cli import storage_engine
 from broker.cluster import BrokerEndpoint, BrokerInfo, Leader
 from broker.config import BrokerConfig, load_static
 from broker.metrics import ShareMetrics
@@ -46,10 +48,12 @@ from persister.clock import SYSTEM_CLOCK
 from persister.commit import GroupCommit
 from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import (
+    BOTH_STORAGES,
     consume_assigned,
     create_topic,
     produce,
     producer_config,
+    storage_settings_for,
 )
 from tests.integration.share_helpers import set_group_configs
 from tests.unit.cluster_fakes import FakeCluster
@@ -58,8 +62,21 @@ OPT_IN = {"errors.deadletterqueue.group.enable": "true"}
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    b = Broker(BrokerConfig(load_static(None, [], {})), tmp_path / "data", Endpoint("127.0.0.1", 0))
+def settings(request: pytest.FixtureRequest, storage: str) -> dict[str, str]:
+    """Outside the event loop: the PostgreSQL database is made with a loop of its own."""
+    return storage_settings_for(request, storage)
+
+
+@pytest.fixture
+async def broker(settings: dict[str, str], tmp_path: Path) -> AsyncIterator[Broker]:
+    env = {"SPOOL_STORAGE": settings["storage"]} if settings else {}
+    config = BrokerConfig(load_static(None, [], env))
+    b = Broker(
+        config,
+        tmp_path / "data",
+        Endpoint("127.0.0.1", 0),
+        storage=storage_engine(config),
+    )
     await b.start()
     try:
         yield b
@@ -72,6 +89,7 @@ def client_view(b: Broker) -> Any:
     return SimpleNamespace(bootstrap=f"127.0.0.1:{b.advertised.port}")
 
 
+@BOTH_STORAGES
 async def test_a_copy_reaches_a_consumer_with_its_headers(broker: Broker) -> None:
     view = client_view(broker)
     await asyncio.to_thread(create_topic, view, "orders", 2)
