@@ -91,7 +91,8 @@ SOURCE_READ_BYTES = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 + 12
 
 
-# Produce and storage errors after which a retry may succeed.
+# Produce, storage and metadata errors after which a retry may succeed; any other is a
+# refusal (UNKNOWN_SERVER_ERROR too, as a Kafka producer gives up on it).
 RETRIABLE = frozenset(
     {
         ErrorCode.not_leader_or_follower,
@@ -103,7 +104,11 @@ RETRIABLE = frozenset(
         ErrorCode.not_enough_replicas,
         ErrorCode.not_enough_replicas_after_append,
         ErrorCode.throttling_quota_exceeded,
-        ErrorCode.unknown_server_error,
+        # Auto-creating the topic: the metadata log busy or changing under the request.
+        ErrorCode.not_controller,
+        ErrorCode.not_coordinator,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.coordinator_load_in_progress,
     }
 )
 

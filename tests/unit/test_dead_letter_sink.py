@@ -43,7 +43,7 @@ from coordinator.metadata import Topic
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol import api
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaError
 from protocol.records import (
     NewRecord,
     Record,
@@ -524,4 +524,32 @@ async def test_a_failed_local_append_is_retriable(world: World) -> None:
     assert part is not None
     part.dropped = "handed over"  # appends answer NOT_LEADER_OR_FOLLOWER from now
     with pytest.raises(DeadLetterRetriable, match="NOT_LEADER_OR_FOLLOWER"):
+        await world.sink.write(world.letter(0, 0))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaError(ErrorCode.not_controller, "the metadata changed under this request"),
+        KafkaError(ErrorCode.kafka_storage_error, "database down"),
+        ConnectionRefusedError("database down"),
+    ],
+)
+async def test_auto_create_failing_for_now_is_retriable(world: World, error: Exception) -> None:
+    async def failing(name: str, configs: dict[str, str]) -> Topic:
+        raise error
+
+    world.auto_create = True
+    world.sink.create_topic = failing
+    world.config = GroupConfig(dead_letter_topic="dlq.new")
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRetriable, match=r"dlq\.new"):
+        await world.sink.write(world.letter(0, 0))
+
+
+async def test_an_unknown_server_error_is_a_refusal(world: World) -> None:
+    world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
+    world.transport.codes = [ErrorCode.unknown_server_error]
+    await world.produce(SOURCE, 1, source_records(1))
+    with pytest.raises(DeadLetterRefused, match="UNKNOWN_SERVER_ERROR"):
         await world.sink.write(world.letter(0, 0))
