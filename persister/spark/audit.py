@@ -3,7 +3,8 @@
 The log is the whole durable truth of the share groups (KIP-932): Kafka's
 `__share_group_state` records (ShareSnapshot, ShareUpdate, tombstones) that the share
 coordinator replays on start. The audit reads a copy or a stopped broker's data dir and
-checks, each as a named rule:
+checks, each as a named rule (and counts, per share partition, where its offsets
+stand: `partition_stats`):
 
 - `crc_and_framing`: every batch has whole framing and a matching CRC32C, every record
   is a share-state record. Read in the executors; a bad batch is a violation at its
@@ -20,8 +21,9 @@ checks, each as a named rule:
   changes (an admin reset, KIP-932's AlterShareGroupOffsets, writes a new epoch).
 - `state_batches_ordered`: each record's state batches are valid ranges, in order,
   non-overlapping and at or above the start offset in force.
-- `delivery_state_known`: 0 Available, 2 Acknowledged or 4 Archived, the only states
-  Kafka persists (Acquired is never written).
+- `delivery_state_known`: 0 Available, 2 Acknowledged, 3 Archiving or 4 Archived, the
+  only states Kafka persists (Acquired is never written; Archiving, KIP-1191, holds a
+  record whose dead-letter copy is being written).
 - `delivery_count_within_limit`: no count above the group's `share.delivery.count.limit`
   (a group override in the metadata log, or in the groups log of a spool from before
   group configs moved there and not yet adopted, else the dynamic broker default
@@ -38,6 +40,7 @@ checked (`check_group`), which also gives the records table its rows.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import sys
@@ -112,14 +115,19 @@ RULES: dict[str, str] = {
     STATE_EPOCH_MONOTONIC: "a key's state epoch never goes back",
     START_OFFSET_MONOTONIC: "a start offset moves back only with a new state epoch",
     STATE_BATCHES_ORDERED: "state batches ordered, non-overlapping, at or above the start",
-    DELIVERY_STATE_KNOWN: "delivery states are 0 Available, 2 Acknowledged or 4 Archived",
+    DELIVERY_STATE_KNOWN: (
+        "delivery states are 0 Available, 2 Acknowledged, 3 Archiving or 4 Archived"
+    ),
     DELIVERY_COUNT_WITHIN_LIMIT: "delivery counts within share.delivery.count.limit",
     OFFSETS_IN_TOPIC_LOG: "offsets exist in the topic partition's log",
 }
 
-# What Kafka persists (PersisterStateBatch): Acquired (1) is in memory only.
-KNOWN_DELIVERY_STATES = {0: "Available", 2: "Acknowledged", 4: "Archived"}
-AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
+# What Kafka persists (PersisterStateBatch): Acquired (1) is in memory only; Archiving
+# (3) is KIP-1191's: archived once the record's dead-letter copy is durable.
+KNOWN_DELIVERY_STATES = {0: "Available", 2: "Acknowledged", 3: "Archiving", 4: "Archived"}
+AVAILABLE, ACKNOWLEDGED, ARCHIVING, ARCHIVED = 0, 2, 3, 4
+# The outcomes the summary totals over every share partition.
+OUTCOME_TOTALS = ("accepted", "archived", "dead_lettered", "archiving")
 # Kafka's group.share.delivery.count.limit default (KIP-932).
 DEFAULT_DELIVERY_COUNT_LIMIT = 5
 GROUP_LIMIT_KEY = "share.delivery.count.limit"
@@ -465,8 +473,8 @@ def check_delivery_states(records: Sequence[LogRecord]) -> list[Violation]:
             DELIVERY_STATE_KNOWN,
             record,
             f"state batch {batch.first_offset}-{batch.last_offset} has delivery state "
-            f"{batch.delivery_state}; Kafka stores 0 (Available), 2 (Acknowledged) or "
-            "4 (Archived)",
+            f"{batch.delivery_state}; Kafka stores 0 (Available), 2 (Acknowledged), "
+            "3 (Archiving) or 4 (Archived)",
         )
         for record in records
         for batch in record.batches
@@ -612,9 +620,15 @@ def partition_stats(
     states: States | None = None,
 ) -> dict[str, Any]:
     """What the final state says of a share partition: offsets accepted (done), archived
-    (poison or given up), released (available again after a delivery), redelivered
-    (delivered more than once), the delivery-count histogram, and the lag (KIP-932's
-    share-group lag: log end - start offset - offsets done above the start)."""
+    (poison or given up), of those the dead-lettered ones (`dead_lettered`: archived
+    after passing through Archiving, so with a copy in the group's dead-letter topic,
+    KIP-1191), archiving (a dead-letter copy still to be written), released (available
+    again after a delivery), redelivered (delivered more than once), the delivery-count
+    histogram, and the lag (KIP-932's share-group lag: log end - start offset - offsets
+    done above the start). Archiving offsets are not done (Kafka's SPSO stops at them).
+
+    Dead-lettered offsets are known from the records the log holds: a compaction keeps
+    only the newest snapshot, where they are archived like any other."""
     state = _final(records, states)
     counts: Counter[int] = Counter()
     by_state: Counter[int] = Counter()
@@ -628,6 +642,14 @@ def partition_stats(
         if batch.delivery_count > 1:
             redelivered += size
     done = by_state[ACKNOWLEDGED] + by_state[ARCHIVED]
+    dead_lettered = _overlap(
+        [
+            (b.first_offset, b.last_offset)
+            for b in (state.batches if state else ())
+            if b.delivery_state == ARCHIVED
+        ],
+        archiving_ranges(records),
+    )
     start = state.start_offset if state else NO_OFFSET
     lag = None
     if state is not None and context.log_end_offset is not None and start >= 0:
@@ -649,6 +671,8 @@ def partition_stats(
         "tombstones": kinds[TOMBSTONE],
         "accepted": by_state[ACKNOWLEDGED],
         "archived": by_state[ARCHIVED],
+        "dead_lettered": dead_lettered,
+        "archiving": by_state[ARCHIVING],
         "released": released,
         "redelivered": redelivered,
         "lag": lag,
@@ -656,6 +680,43 @@ def partition_stats(
         "limit_source": context.limit_source,
         "delivery_count_histogram": {str(k): v for k, v in sorted(counts.items())},
     }
+
+
+def archiving_ranges(records: Sequence[LogRecord]) -> list[tuple[int, int]]:
+    """The offset ranges, merged and sorted, that a key's records put in the Archiving
+    state since its state last started afresh (a tombstone, or a snapshot of a new state
+    epoch: an admin reset, after which offsets are delivered anew)."""
+    ranges: list[tuple[int, int]] = []
+    epoch: int | None = None
+    for record in records:
+        if record.record_type == TOMBSTONE or (
+            record.record_type == SNAPSHOT and record.state_epoch != epoch
+        ):
+            ranges.clear()
+            epoch = record.state_epoch if record.record_type == SNAPSHOT else None
+        ranges += [
+            (b.first_offset, b.last_offset) for b in record.batches if b.delivery_state == ARCHIVING
+        ]
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(ranges):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def _overlap(ranges: Sequence[tuple[int, int]], merged: Sequence[tuple[int, int]]) -> int:
+    """How many offsets of `ranges` lie in the merged, sorted, disjoint `merged`."""
+    starts = [first for first, _ in merged]
+    total = 0
+    for first, last in ranges:
+        i = max(bisect.bisect_right(starts, first) - 1, 0)
+        while i < len(merged) and merged[i][0] <= last:
+            low, high = max(first, merged[i][0]), min(last, merged[i][1])
+            total += max(high - low + 1, 0)
+            i += 1
+    return total
 
 
 # ------------------------------------------------------------------ context from the data dir
@@ -1252,6 +1313,7 @@ def _check(
         **summary,
         "keys": len(partitions),
         "delivery_count_limits": _limit_sources(ctx, partitions),
+        **{name: sum(p[name] for p in partitions) for name in OUTCOME_TOTALS},
     }
     result = AuditResult(checks, violations, partitions, summary)
     say(f"[5/5] writing {out / 'report.json'} and {out / 'report.html'}")
@@ -1348,6 +1410,7 @@ def audit_command(args: argparse.Namespace) -> int:
                 print(f"spool audit: {db.masked}: {exc}", file=sys.stderr)
                 return 2
     failed = [c["rule"] for c in result.checks if not c["passed"]]
+    say(outcome_line(result.summary))
     say(
         "every check passed"
         if not failed
@@ -1355,6 +1418,15 @@ def audit_command(args: argparse.Namespace) -> int:
     )
     say(f"report: {args.out / 'report.html'}")
     return exit_code(result)
+
+
+def outcome_line(summary: dict[str, Any]) -> str:
+    """The offsets' outcomes over every share partition, as the command prints them."""
+    return (
+        f"{summary.get('accepted', 0)} offsets accepted, {summary.get('archived', 0)} "
+        f"archived ({summary.get('dead_lettered', 0)} dead-lettered), "
+        f"{summary.get('archiving', 0)} still archiving"
+    )
 
 
 def exit_code(result: AuditResult) -> int:

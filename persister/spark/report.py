@@ -3,7 +3,8 @@
 Tables under OUT/ (Parquet, one directory each): `records` (every share-state record
 read, with its segment file, byte position and offset), `violations` (rule, key,
 position, message) and `partition_stats` (per group and share partition: accepted,
-archived, released, redelivered, lag, delivery-count histogram).
+archived and of those dead-lettered (KIP-1191), still archiving, released, redelivered,
+lag, delivery-count histogram).
 
 `report.html` is self-contained (inline CSS and SVG, no scripts): a pass/fail line per
 rule, the violations, and per share partition a bar of where its offsets stand and a
@@ -179,6 +180,8 @@ def stats_schema() -> StructType:
             ("tombstones", False),
             ("accepted", False),
             ("archived", False),
+            ("dead_lettered", False),
+            ("archiving", False),
             ("released", False),
             ("redelivered", False),
             ("lag", True),
@@ -249,10 +252,11 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 small{color:#666}
 """
-# accepted, archived, released, other available / unknown, lag
+# accepted, archived, archiving (a dead-letter copy being written), released, lag
 _COLOURS = {
     "accepted": "#2e7d32",
     "archived": "#c62828",
+    "archiving": "#6a1b9a",
     "released": "#f9a825",
     "lag": "#90a4ae",
 }
@@ -267,7 +271,7 @@ def _badge(passed: bool) -> str:
 
 
 def _stack_bar(p: dict[str, Any], width: int = 320) -> str:
-    """One bar: accepted | archived | released | lag, scaled to their sum."""
+    """One bar: accepted | archived | archiving | released | lag, scaled to their sum."""
     parts = [(name, int(p.get(name) or 0)) for name in _COLOURS]
     total = sum(v for _, v in parts) or 1
     x, rects = 0.0, []
@@ -320,6 +324,9 @@ def render_html(document: dict[str, Any]) -> str:
         f"<p>data dir <code>{_e(summary.get('data_dir'))}</code>: "
         f"{_e(summary.get('segments'))} segment files, {_e(summary.get('keys'))} share "
         f"partitions. Replay compared: {_e(summary.get('replay_comparison'))}.</p>",
+        f"<p>Offsets accepted {_e(summary.get('accepted'))}, archived "
+        f"{_e(summary.get('archived'))} (dead-lettered {_e(summary.get('dead_lettered'))}), "
+        f"still archiving {_e(summary.get('archiving'))}.</p>",
         "<h2>Checks</h2><table><tr><th>rule</th><th></th><th>violations</th>"
         "<th>what it checks</th></tr>",
     ]
@@ -364,7 +371,8 @@ def render_html(document: dict[str, Any]) -> str:
             + (" <small>(deleted)</small>" if p.get("deleted") else "")
             + f"<br><small>start {_e(p.get('start_offset'))}, log end "
             f"{_e(p.get('log_end_offset'))}; accepted {_e(p['accepted'])}, archived "
-            f"{_e(p['archived'])}, released {_e(p['released'])}, redelivered "
+            f"{_e(p['archived'])} (dead-lettered {_e(p.get('dead_lettered'))}), archiving "
+            f"{_e(p.get('archiving'))}, released {_e(p['released'])}, redelivered "
             f"{_e(p['redelivered'])}, lag {_e(p.get('lag'))}</small><br>"
             + _stack_bar(p)
             + f"<br><small>delivery counts (limit {_e(p['delivery_count_limit'])}, "

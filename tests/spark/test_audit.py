@@ -130,8 +130,16 @@ def assert_fails_at(result: AuditResult, rule: str, key: ShareKey, offset: int) 
 # ------------------------------------------------------------------ damaged logs
 
 
+# OTHER's group has a dead-letter topic (KIP-1191): offsets 2-4 rejected go Archiving,
+# then 2-3 Archived once their copies are durable; 4's copy is still to be written.
+DEAD_LETTERS: list[ShareRecord] = [
+    upd(-1, StateBatch(2, 4, 3, 5), key=OTHER),
+    upd(-1, StateBatch(2, 3, 4, 5), key=OTHER),
+]
+
+
 def test_the_sound_log_passes_every_check(spark: SparkSession, tmp_path: Path) -> None:
-    data_dir = write_data_dir(tmp_path / "data", SOUND)
+    data_dir = write_data_dir(tmp_path / "data", [*SOUND, *DEAD_LETTERS])
     result = audit_dir(spark, data_dir, tmp_path)
     assert result.violations == []
     assert all(c["passed"] for c in result.checks) and audit.exit_code(result) == 0
@@ -139,7 +147,12 @@ def test_the_sound_log_passes_every_check(spark: SparkSession, tmp_path: Path) -
     key = stats[("g1", 1)]
     assert (key["accepted"], key["released"], key["start_offset"]) == (2, 3, 5)
     assert key["lag"] == TOPIC_RECORDS - 5 - 2
-    assert stats[("g2", 0)]["archived"] == 2
+    other = stats[("g2", 0)]
+    assert (other["archived"], other["dead_lettered"], other["archiving"]) == (4, 2, 1)
+    summary = result.summary
+    assert (summary["archived"], summary["dead_lettered"], summary["archiving"]) == (4, 2, 1)
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "archived 4 (dead-lettered 2), still archiving 1" in page
 
 
 DAMAGE: dict[str, tuple[str, list[ShareRecord], dict[str, str]]] = {
@@ -291,6 +304,10 @@ def test_reports_and_tables_are_written(spark: SparkSession, tmp_path: Path) -> 
     ]
     stats = spark.read.parquet(str(out / "partition_stats")).collect()
     assert sorted((r.group_id, r.partition) for r in stats) == [("g1", 1), ("g2", 0)]
+    assert sorted((r.archived, r.dead_lettered, r.archiving) for r in stats) == [
+        (0, 0, 0),
+        (2, 0, 0),
+    ]
 
 
 def test_a_dir_that_is_not_a_data_dir_is_a_usage_error(tmp_path: Path) -> None:

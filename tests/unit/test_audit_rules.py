@@ -185,6 +185,7 @@ def test_an_unknown_delivery_state_is_flagged_and_the_stored_ones_pass() -> None
     records = rows(
         snap(0, 0, StateBatch(0, 1, 0, 1), StateBatch(2, 3, 2, 1), StateBatch(4, 5, 4, 5)),
         upd(-1, StateBatch(6, 6, 1, 1)),
+        upd(-1, StateBatch(7, 7, 3, 5)),  # Archiving (KIP-1191) is stored too
     )
     assert where(audit.check_delivery_states(records)) == [(DELIVERY_STATE_KNOWN, "g1", 3, 1)]
 
@@ -265,6 +266,23 @@ def test_partition_stats_count_outcomes_histogram_and_lag() -> None:
     )
     assert stats["delivery_count_histogram"] == {"1": 4, "2": 2, "5": 1}
     assert stats["lag"] == 100 - 10 - 5
+
+
+def test_partition_stats_count_dead_lettered_offsets_next_to_archived_ones() -> None:
+    records = rows(
+        snap(0, 10),
+        upd(-1, StateBatch(10, 11, 4, 5)),  # archived without a dead-letter topic
+        upd(-1, StateBatch(12, 15, 3, 5), StateBatch(16, 16, 3, 2)),  # -> Archiving
+        upd(-1, StateBatch(12, 14, 4, 5)),  # copies durable: archived
+        upd(-1, StateBatch(16, 16, 4, 2)),
+        upd(-1, StateBatch(17, 17, 3, 1)),  # rejected, its copy not written yet
+    )
+    stats = audit.partition_stats(("g1", str(TOPIC), 3), records, CONTEXT)
+    assert (stats["archived"], stats["dead_lettered"], stats["archiving"]) == (6, 4, 2)
+    assert stats["lag"] == 100 - 10 - 6  # archiving offsets are not done
+    # A reset (a new state epoch) delivers the offsets anew: their past does not count.
+    reset = rows(*(r.share for r in records), snap(1, 10, StateBatch(12, 12, 4, 1)))
+    assert audit.partition_stats(("g1", str(TOPIC), 3), reset, CONTEXT)["dead_lettered"] == 0
 
 
 def test_the_delivery_count_limit_is_the_groups_then_the_brokers_then_kafkas_default() -> None:
