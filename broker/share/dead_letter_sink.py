@@ -521,6 +521,11 @@ class DeadLetterTopicSink:
         self, letter: DeadLetter, exc: KafkaError, where: str
     ) -> DeadLetterRetriable | DeadLetterRefused:
         why = f"{where}: {ErrorCode(exc.code).name.upper()}: {exc.message}"
+        if exc.code == ErrorCode.topic_authorization_failed:
+            why += (
+                f" (the brokers write dead letters as their {self.listener} principal: "
+                "grant it WRITE on the topic, or add it to super.users)"
+            )
         if exc.code in RETRIABLE:
             return DeadLetterRetriable(why)
         return _refused(letter, why)

@@ -491,8 +491,10 @@ async def test_refused_produce_errors(world: World, code: ErrorCode) -> None:
     world.cluster.leaders[(world.dlq.topic_id, 1)] = Leader(OTHER, 4)
     world.transport.codes = [code]
     await world.produce(SOURCE, 1, source_records(1))
-    with pytest.raises(DeadLetterRefused, match=code.name.upper()):
+    with pytest.raises(DeadLetterRefused, match=code.name.upper()) as refused:
         await world.sink.write(world.letter(0, 0))
+    if code == ErrorCode.topic_authorization_failed:
+        assert "grant it WRITE on the topic" in str(refused.value)
 
 
 @pytest.mark.parametrize("code", [ErrorCode.network_exception, ErrorCode.request_timed_out])
