@@ -62,8 +62,10 @@ if TYPE_CHECKING:
     from protocol.txn_client import ProducerIdentity, TxnClient
 
 DLQ_HEADER_PREFIX = "__dlq.errors."
-# Records per transaction: a killed run redoes at most this many.
+# Records per transaction (a killed run redoes at most this many), and bytes: the batch
+# each partition gets stays within Kafka's default max.message.bytes (1 MiB).
 BATCH_RECORDS = 500
+TRANSACTION_MAX_BYTES = 512 * 1024
 FETCH_MAX_BYTES = 1 << 20
 TRANSACTION_TIMEOUT_MS = 60_000
 
@@ -211,6 +213,12 @@ def replayed_record(record: Record) -> NewRecord:
     return NewRecord(record.key, record.value, strip_dead_letter_headers(record.headers))
 
 
+def record_size(record: NewRecord) -> int:
+    """About the bytes `record` takes in a batch (its fields, not the varints)."""
+    headers = sum(len(k.encode()) + len(v or b"") for k, v in record.headers)
+    return 16 + len(record.key or b"") + len(record.value or b"") + headers
+
+
 # --- arguments ---------------------------------------------------------------------------
 
 # Options of kafka-share-groups.sh that the replay does not take.
@@ -250,6 +258,10 @@ def validate(args: argparse.Namespace) -> None:
         )
     if args.to_topic is not None and not args.to_topic:
         raise UsageError("Option --to-topic takes a topic name")
+    if args.to_topic == args.topic[0]:
+        raise UsageError(
+            "Option --to-topic names the dead-letter topic itself: name the topic to replay into"
+        )
 
 
 # --- running -------------------------------------------------------------------------------
@@ -316,13 +328,15 @@ class Replay:
                 next_position = min(fetched.next_offset, end)
             if next_position <= position:
                 return  # nothing more can be read below the end
-            await self.replay_batch(partition, taken, next_position)
-            position = next_position
+            position = await self.replay_batch(partition, taken, next_position)
 
     async def replay_batch(
         self, dlq_partition: int, records: Sequence[Record], next_position: int
-    ) -> None:
+    ) -> int:
+        """Replay `records` in one transaction that commits `next_position`, or fewer when
+        their replayed bytes pass TRANSACTION_MAX_BYTES; the position committed."""
         out: dict[tuple[str, int], list[NewRecord]] = {}
+        size = 0
         for record in records:
             decision = decide(record, dlq_partition, self.group, self.to_topic)
             if decision.action == OTHER_GROUP:
@@ -344,18 +358,24 @@ class Replay:
                     )
                     continue
             assert original is not None and decision.target_topic is not None
+            new = replayed_record(original)
+            if out and size + record_size(new) > TRANSACTION_MAX_BYTES:
+                next_position = record.offset  # the rest in the next transaction
+                break
+            size += record_size(new)
             count = await self.partitions_of(decision.target_topic)
             target = (
                 decision.target_topic,
                 choose_partition(decision.source_partition, original.key, count),
             )
-            out.setdefault(target, []).append(replayed_record(original))
+            out.setdefault(target, []).append(new)
             self.counts["replayed"] += 1
             self.counts[decision.action] += 1
             if self.dry_run:
                 self.list_row(decision, target)
         if not self.dry_run:
             await self.commit(out, {(self.dlq, dlq_partition): next_position})
+        return next_position
 
     async def commit(
         self, records: dict[tuple[str, int], list[NewRecord]], offsets: dict[tuple[str, int], int]

@@ -6,6 +6,7 @@ and the argument rules. No broker, no sockets."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
 
@@ -207,6 +208,81 @@ def test_arguments() -> None:
         (args(execute=True), "--execute can't be used"),
         (args(all_groups=True), "--all-groups can't be used"),
         (args(to_topic=""), "--to-topic takes"),
+        (args(to_topic="dlq.orders"), "the dead-letter topic itself"),
     ]:
         with pytest.raises(UsageError, match=message):
             replay.validate(bad)
+
+
+class FakeClient:
+    """What Replay asks of its TxnClient, recorded: one topic of `partitions`."""
+
+    def __init__(self, partitions: int = 2) -> None:
+        self.partitions = partitions
+        self.calls: list[tuple[str, object]] = []
+
+    async def describe_topics(self, topics: list[str]) -> list[object]:
+        parts = [argparse.Namespace(partition=p) for p in range(self.partitions)]
+        return [argparse.Namespace(name=t, partitions=parts) for t in topics]
+
+    async def add_partitions(self, txn: str, producer: object, partitions: object) -> None:
+        self.calls.append(("add_partitions", sorted(partitions)))  # type: ignore[call-overload]
+
+    async def produce(self, txn: str, producer: object, records: object, now: int) -> None:
+        self.calls.append(("produce", records))
+
+    async def add_offsets(self, txn: str, producer: object, group: str) -> None:
+        self.calls.append(("add_offsets", group))
+
+    async def commit_offsets(self, txn: str, producer: object, group: str, offsets: object) -> None:
+        self.calls.append(("commit_offsets", offsets))
+
+    async def end_txn(self, txn: str, producer: object, commit: bool) -> None:
+        self.calls.append(("end_txn", commit))
+
+
+def a_replay(client: FakeClient, dry_run: bool = False) -> replay.Replay:
+    namespace = args(dry_run=dry_run, output="table")
+    r = replay.Replay(client, namespace)  # type: ignore[arg-type]
+    r.producer = argparse.Namespace(producer_id=1, producer_epoch=0)  # type: ignore[assignment]
+    return r
+
+
+def test_a_transaction_produces_the_records_and_commits_the_offsets_after_them() -> None:
+    client = FakeClient()
+    records = [
+        dead(b"k0", b"v0", context(partition=1, offset=10), offset=20),
+        dead(b"k1", b"v1", context(group="H"), offset=21),  # passed over, still consumed
+    ]
+    position = asyncio.run(a_replay(client).replay_batch(0, records, 22))
+    assert position == 22
+    assert [name for name, _ in client.calls] == [
+        "add_partitions",
+        "produce",
+        "add_offsets",
+        "commit_offsets",
+        "end_txn",
+    ]
+    assert client.calls[1][1] == {("orders", 1): [NewRecord(b"k0", b"v0", ())]}
+    assert client.calls[2][1] == "spool-replay-G"
+    assert client.calls[3][1] == {("dlq.orders", 0): 22}
+    assert client.calls[4][1] is True
+
+
+def test_a_transaction_stops_before_its_bytes_pass_the_bound() -> None:
+    client = FakeClient()
+    big = b"x" * (replay.TRANSACTION_MAX_BYTES // 2)
+    records = [dead(b"k%d" % i, big, context(offset=i), offset=i) for i in range(3)]
+    r = a_replay(client)
+    assert asyncio.run(r.replay_batch(0, records, 3)) == 1  # the record at 1 waits
+    assert client.calls[3][1] == {("dlq.orders", 0): 1}
+    assert r.counts["replayed"] == 1
+
+
+def test_a_dry_run_changes_nothing() -> None:
+    client = FakeClient()
+    r = a_replay(client, dry_run=True)
+    assert asyncio.run(r.replay_batch(0, [dead(b"k", b"v", context())], 8)) == 8
+    assert client.calls == [] and r.counts["replayed"] == 1
+    # The source partition, 3, is not there: the key's hash chooses.
+    assert r.listed[0]["target_partition"] == (murmur2(b"k") & 0x7FFFFFFF) % 2
