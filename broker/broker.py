@@ -24,7 +24,12 @@ from broker.handlers.configs import apply_dynamic_broker_config
 from broker.handlers.responses import NO_THROTTLE
 from broker.handlers.topics import apply_topic_change, auto_create_topic
 from broker.leadership import Leadership, LogManagerHost, TopicRef
-from broker.listeners import ListenerConfig, inter_broker_listener, listeners_from_config
+from broker.listeners import (
+    InterBrokerClient,
+    ListenerConfig,
+    inter_broker_client,
+    listeners_from_config,
+)
 from broker.metrics import SERVING, STOPPED, STOPPING, BrokerMetrics, StorageHealth
 from broker.partitions import LogManager, Partition
 from broker.registry import BrokerRegistry
@@ -451,6 +456,18 @@ class Broker:
         self.storage.claim_on_open(name, refused)
         return True
 
+    def inter_broker(self) -> InterBrokerClient:
+        """How this broker reaches the others: the inter-broker listener, its client
+        security and principal (broker.listeners.inter_broker_client)."""
+        return inter_broker_client(self.config, self.listeners, isinstance(self.storage, PgStorage))
+
+    def broker_connections(self, purpose: str) -> BrokerConnections:
+        """Connections to the other brokers on the inter-broker listener, secured as
+        that listener is (TLS, SASL with this broker's credentials); every inter-broker
+        client is made here. `purpose` ends its client id."""
+        security = self.inter_broker().security
+        return BrokerConnections(f"spool-broker-{self.node_id}{purpose}", security=security)
+
     def _start_share_groups(self) -> None:
         follower = self._not_claimed_yet("share-state")
         persister = self.share_persister = DurablePersister(
@@ -471,10 +488,9 @@ class Broker:
         self.share_state = RoutedPersister(
             persister,
             lambda: self.cluster,
-            BrokerConnections(f"spool-broker-{self.node_id}"),
-            listener=inter_broker_listener(
-                self.config, self.listeners, isinstance(self.storage, PgStorage)
-            ),
+            self.broker_connections(""),
+            listener=self.inter_broker().listener,
+            principal=self.inter_broker().principal,
             clock=self.clock,
         )
         follower = self._not_claimed_yet("groups")
@@ -559,23 +575,24 @@ class Broker:
         """The transaction coordinator on `data/transactions/`: replayed, in-doubt
         transactions completed, timeout and expiry sweeps on the broker's clock."""
         follower = self._not_claimed_yet("transactions")
-        listener = inter_broker_listener(
-            self.config, self.listeners, isinstance(self.storage, PgStorage)
-        )
+        inter = self.inter_broker()
+        listener = inter.listener
         self.txn_markers = MarkerChannel(
             self.logs,
             lambda: self.cluster,
             self._topic_ref,
-            BrokerConnections(f"spool-broker-{self.node_id}-txn-markers"),
+            self.broker_connections("-txn-markers"),
             listener=listener,
+            principal=inter.principal,
             complete_offsets=self._complete_offsets,
             clock=self.clock,
         )
         self.txn_verifier = ProduceVerifier(
             lambda: self.transactions,
             lambda: self.cluster,
-            BrokerConnections(f"spool-broker-{self.node_id}-txn-verify"),
+            self.broker_connections("-txn-verify"),
             listener=listener,
+            principal=inter.principal,
         )
         self.transactions = TransactionCoordinator(
             self.storage.open_coordinator_log(

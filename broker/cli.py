@@ -172,7 +172,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     from broker.authorizer import Authorizer
     from broker.broker import Broker
-    from broker.listeners import inter_broker_listener, listeners_from_config
+    from broker.listeners import inter_broker_client, listeners_from_config
     from broker.server import ServerLimits, raise_open_file_limit
     from coordinator.acls import AclSet
 
@@ -190,8 +190,9 @@ def serve(args: argparse.Namespace) -> int:
         for listener in listeners:
             if listener.tls is not None:
                 listener.tls.context()  # key and trust stores load, or say why not
-        # Brokers sharing a database reach each other on it (PLAINTEXT only for now).
-        inter_broker_listener(config, listeners, bool(config.get("storage")))
+        # Brokers sharing a database reach each other on the inter-broker listener,
+        # with its TLS and SASL settings: they must be complete and load.
+        inter_broker_client(config, listeners, bool(config.get("storage"))).check()
     except (KafkaError, OSError, ValueError) as exc:
         print(f"spool: {exc}", file=sys.stderr)
         return 2

@@ -377,6 +377,15 @@ SSL_KEYS: list[ConfigDef] = [
         read_only=True,
     ),
     ConfigDef(
+        "ssl.endpoint.identification.algorithm",
+        STRING,
+        "https",
+        "How a broker checks the host name of another broker's certificate when it "
+        "connects to it on the inter-broker listener: https (the default) checks it "
+        "against the address it connects to; empty (or none) does not check it.",
+        read_only=True,
+    ),
+    ConfigDef(
         "ssl.principal.mapping.rules",
         STRING,
         "DEFAULT",
@@ -580,11 +589,34 @@ CLUSTER_KEYS = [
         "inter.broker.listener.name",
         STRING,
         None,
-        "The listener brokers use to reach each other (a share-partition leader sends "
-        "the share-state RPCs to the share coordinator there). Default: the listener "
-        "named PLAINTEXT (Kafka's security.inter.broker.protocol default). spool speaks "
-        "PLAINTEXT between brokers only, so on PostgreSQL storage it must name a "
-        "PLAINTEXT listener.",
+        "Name of the listener brokers use to reach each other (share-state RPCs, "
+        "transaction markers, produce verification). If unset, the listener named "
+        "after security.inter.broker.protocol. It is an error to set both. It may be a "
+        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL listener: a broker connects to the "
+        "others with that listener's own settings (its ssl.* trust store, its key store "
+        "when ssl.client.auth asks for a certificate, ssl.endpoint.identification."
+        "algorithm; on SASL sasl.mechanism.inter.broker.protocol with the username and "
+        "password of listener.name.<listener>.<mechanism>.sasl.jaas.config).",
+        read_only=True,
+    ),
+    ConfigDef(
+        "security.inter.broker.protocol",
+        STRING,
+        "PLAINTEXT",
+        "Security protocol used to communicate between brokers: the inter-broker "
+        "listener is the one of this name when inter.broker.listener.name is unset. It "
+        "is an error to set this and inter.broker.listener.name at the same time.",
+        one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+        read_only=True,
+    ),
+    ConfigDef(
+        "sasl.mechanism.inter.broker.protocol",
+        STRING,
+        "GSSAPI",
+        "SASL mechanism used for communication between brokers on a SASL inter-broker "
+        "listener; it must be one of the listener's sasl.enabled.mechanisms. spool has "
+        "PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512: Kafka's default, GSSAPI, is refused at "
+        "startup when the inter-broker listener is SASL.",
         read_only=True,
     ),
 ]

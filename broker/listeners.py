@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from broker import sasl
 from broker.config import BrokerConfig
 from broker.security import PLAINTEXT, SASL_PLAINTEXT, SASL_SSL, SECURITY_PROTOCOLS, SSL
+from protocol.client import ClientSecurity, SecurityConfigError
 from protocol.errors import ErrorCode, KafkaError
 
 # Kafka's EndPoint URI: NAME://host:port, IPv6 hosts in brackets.
@@ -504,37 +505,223 @@ def endpoint_text(host: str, port: int, name: str = PLAINTEXT) -> str:
     return f"{name}://{shown}:{port}"
 
 
-# Kafka's default inter-broker listener: the one named after security.inter.broker.protocol,
-# whose default is PLAINTEXT.
-DEFAULT_INTER_BROKER_LISTENER = PLAINTEXT
+# Kafka's login modules for the mechanisms the inter-broker client may use.
+_LOGIN_MODULES = {
+    sasl.PLAIN: sasl.PLAIN_LOGIN_MODULE,
+    **dict.fromkeys(sasl.SCRAM, sasl.SCRAM_LOGIN_MODULE),
+}
+_ENDPOINT_IDENTIFICATION = {"https": "https", "": "none", "none": "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class InterBrokerClient:
+    """How this broker reaches the others: the listener (`inter.broker.listener.name`,
+    else the one named after `security.inter.broker.protocol`), its security protocol,
+    the client settings built from that listener's own keys (None: PLAINTEXT), and the
+    principal the other brokers see it as (for the hints of an authorization failure;
+    its repr holds no secret: ClientSecurity hides them)."""
+
+    listener: str
+    protocol: str = PLAINTEXT
+    security: ClientSecurity | None = None
+    principal: str = "User:ANONYMOUS"
+
+    def check(self) -> None:
+        """KafkaError(INVALID_CONFIG) when the client settings cannot work (a trust or
+        key store that does not load), checked at start as the listener's are."""
+        if self.security is None:
+            return
+        try:
+            self.security.validate()
+        except SecurityConfigError as exc:
+            raise _invalid(
+                f"Inter-broker listener {self.listener}: this broker's client to the other "
+                f"brokers cannot use the listener's settings: {exc}"
+            ) from None
+
+
+def inter_broker_client(
+    config: BrokerConfig, listeners: list[ListenerConfig], clustered: bool
+) -> InterBrokerClient:
+    """The inter-broker listener and this broker's client settings for it, checked as
+    Kafka's KafkaConfig checks them; a broker that cannot join a cluster (`clustered`
+    false: its storage is not PostgreSQL) needs none, and only the two keys naming the
+    listener are checked."""
+    named = config.get("inter.broker.listener.name")
+    if named and "security.inter.broker.protocol" in config.static:
+        raise _invalid(
+            "Only one of inter.broker.listener.name and security.inter.broker.protocol "
+            "should be set: inter.broker.listener.name names the listener itself, "
+            "security.inter.broker.protocol picks the listener named after a protocol"
+        )
+    name = str(named or config.get("security.inter.broker.protocol")).upper()
+    if not clustered:
+        return InterBrokerClient(name)
+    found = next((lc for lc in listeners if lc.name == name), None)
+    if found is None:
+        if named:
+            why = f"inter.broker.listener.name {name}"
+        else:
+            default = "" if "security.inter.broker.protocol" in config.static else ", the default"
+            why = (
+                f"The inter-broker listener {name} (named after "
+                f"security.inter.broker.protocol={name}{default})"
+            )
+        raise _invalid(
+            f"{why} is not one of the listeners "
+            f"({', '.join(lc.name for lc in listeners)}): brokers sharing a storage "
+            "database reach each other on it; set inter.broker.listener.name to the name "
+            "of one of them (a PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL listener)"
+        )
+    protocol = found.security_protocol
+    if protocol == PLAINTEXT:
+        return InterBrokerClient(name)
+    fields: dict[str, object] = {}
+    principal = "User:ANONYMOUS"
+    if found.tls is not None:
+        fields.update(_tls_client_fields(config, found.tls))
+        if found.tls.client_auth != "none":
+            principal = f"User:<the subject DN of listener {name}'s key store certificate>"
+    if found.sasl is not None:
+        mechanism, username, password = _sasl_client_credentials(config, found.sasl)
+        fields.update(mechanism=mechanism, username=username, password=password)
+        principal = f"User:{username}"
+    security = ClientSecurity(protocol=protocol, **fields)  # type: ignore[arg-type]
+    return InterBrokerClient(name, protocol, security, principal)
+
+
+def _tls_client_fields(config: BrokerConfig, tls: TlsSettings) -> dict[str, object]:
+    """ClientSecurity's TLS fields from an SSL / SASL_SSL listener's keys, as Kafka's
+    inter-broker client uses them: the listener's trust store to check the other
+    broker's certificate, its key store presented when the listener asks clients for a
+    certificate (ssl.client.auth requested or required), and
+    ssl.endpoint.identification.algorithm (Kafka's default https; empty: no check)."""
+    listener = tls.listener
+    algorithm = config.for_listener(listener, "ssl.endpoint.identification.algorithm")
+    checked = _ENDPOINT_IDENTIFICATION.get(str(algorithm or "").strip().lower())
+    if checked is None:
+        raise _invalid(
+            f"Listener {listener} (the inter-broker listener): "
+            f"ssl.endpoint.identification.algorithm {algorithm!r} is not supported: set it "
+            "to https (the default: the other broker's certificate must name the host it "
+            "is reached at) or to an empty value (no host name check)"
+        )
+    fields: dict[str, object] = {
+        "ssl_ca_location": tls.truststore_location,
+        "ssl_ca_pem": tls.truststore_certificates,
+        "ssl_endpoint_identification": checked,
+    }
+    if tls.client_auth != "none":
+        fields.update(
+            ssl_certificate_location=tls.keystore_location,
+            ssl_certificate_pem=tls.keystore_chain if tls.keystore_location is None else None,
+            ssl_key_pem=tls.keystore_key if tls.keystore_location is None else None,
+            ssl_key_password=tls.key_password,
+        )
+    return fields
+
+
+def _sasl_client_credentials(
+    config: BrokerConfig, settings: sasl.SaslSettings
+) -> tuple[str, str, str]:
+    """(mechanism, username, password) this broker logs in to the others with, as
+    Kafka's brokers: sasl.mechanism.inter.broker.protocol, one of the listener's enabled
+    mechanisms, and the username and password options of the listener's JAAS entry for
+    it (listener.name.<listener>.<mechanism>.sasl.jaas.config, else the JAAS file's
+    <listener>.KafkaServer / KafkaServer section). Messages never quote a password."""
+    listener = settings.listener
+    key_name = "sasl.mechanism.inter.broker.protocol"
+    mechanism = str(config.get(key_name) or "").strip()
+    default = "" if key_name in config.static else " (the default)"
+    enabled = ", ".join(settings.mechanisms)
+    if mechanism not in sasl.SUPPORTED:
+        kind = "not supported by spool" if mechanism in sasl.NOT_YET_SUPPORTED else "unknown"
+        raise _invalid(
+            f"The inter-broker listener {listener} is SASL, but {key_name} is "
+            f"{mechanism!r}{default}, which is {kind}: set {key_name} to one of the "
+            f"listener's sasl.enabled.mechanisms ({enabled}); spool has "
+            f"{', '.join(sasl.SUPPORTED)}"
+        )
+    if mechanism not in settings.mechanisms:
+        raise _invalid(
+            f"{key_name} must be included in sasl.enabled.mechanisms when SASL is used for "
+            f"inter-broker communication: {mechanism} is not enabled on the inter-broker "
+            f"listener {listener} ({enabled}); enable it there or pick one of those"
+        )
+    module = _LOGIN_MODULES[mechanism]
+    key = f"listener.name.{listener.lower()}.{mechanism.lower()}.sasl.jaas.config"
+    entry = _inter_broker_jaas_entry(config, listener, mechanism, key)
+    example = f'{key}=\'{module} required username="<broker user>" password="<password>"'
+    example += ' user_<broker user>="<password>";\'' if mechanism == sasl.PLAIN else ";'"
+    if entry is None:
+        bare = (
+            "; a bare sasl.jaas.config is not read by brokers (Kafka ignores it too)"
+            if config.get("sasl.jaas.config")
+            else ""
+        )
+        raise _invalid(
+            f"The inter-broker listener {listener} uses SASL mechanism {mechanism} "
+            f"({key_name}), but no JAAS entry gives this broker's own credentials: brokers "
+            "log in to each other with the username and password options of the listener's "
+            f"entry for the mechanism; set {example} (or put them in the JAAS file's "
+            f"KafkaServer section){bare}"
+        )
+    if entry.login_module != module:
+        raise _invalid(
+            f"The inter-broker listener {listener}: its {mechanism} JAAS entry names login "
+            f"module {entry.login_module}; {mechanism} takes {module}"
+        )
+    username, password = entry.options.get("username"), entry.options.get("password")
+    if not username or password is None:
+        raise _invalid(
+            f"The inter-broker listener {listener} uses SASL mechanism {mechanism}, but its "
+            "JAAS entry has no username and password options: brokers log in to each other "
+            f"with them; set {example}"
+        )
+    if mechanism == sasl.PLAIN and settings.plain_users.get(username) != password:
+        raise _invalid(
+            f"The inter-broker listener {listener} logs in to the other brokers as "
+            f"{username!r} (the username option of its PLAIN JAAS entry), but the listener's "
+            f"PLAIN users have no {username!r} with that password, so the other brokers "
+            f'would refuse it: declare user_{username}="<the same password>" in that entry'
+        )
+    return mechanism, username, password
+
+
+def _inter_broker_jaas_entry(
+    config: BrokerConfig, listener: str, mechanism: str, key: str
+) -> sasl.JaasEntry | None:
+    """The listener's JAAS entry for `mechanism` (Kafka's JaasContext.loadServerContext):
+    `key`, else the JAAS file's <listener>.KafkaServer (or KafkaServer) section's entry
+    of the mechanism's login module; None when there is none."""
+    jaas = config.for_listener(listener, f"{mechanism.lower()}.sasl.jaas.config")
+    if jaas:
+        try:
+            return sasl.parse_jaas(str(jaas))
+        except sasl.JaasError as exc:
+            raise _invalid(f"Listener {listener}: cannot parse {key}: {exc}") from None
+    path = config.get("java.security.auth.login.config")
+    if not path:
+        return None
+    try:
+        with open(str(path), encoding="utf-8") as fh:
+            sections = sasl.parse_jaas_file(fh.read())
+    except OSError as exc:
+        raise _invalid(
+            f"Listener {listener}: cannot read java.security.auth.login.config {path}: "
+            f"{exc.strerror}"
+        ) from None
+    except sasl.JaasError as exc:
+        raise _invalid(
+            f"Listener {listener}: cannot parse java.security.auth.login.config {path}: {exc}"
+        ) from None
+    entries = sections.get(f"{listener.lower()}.KafkaServer", sections.get("KafkaServer", []))
+    module = _LOGIN_MODULES[mechanism]
+    return next((e for e in entries if e.login_module == module), None)
 
 
 def inter_broker_listener(
     config: BrokerConfig, listeners: list[ListenerConfig], clustered: bool
 ) -> str:
-    """The listener other brokers are reached on (`inter.broker.listener.name`, else
-    PLAINTEXT). spool's brokers speak PLAINTEXT to each other only (no TLS or SASL client
-    for inter-broker traffic yet): a broker that can join a cluster (`clustered`: its
-    storage is PostgreSQL) is refused at start unless the name is a PLAINTEXT listener."""
-    named = config.get("inter.broker.listener.name")
-    name = (named or DEFAULT_INTER_BROKER_LISTENER).upper()
-    if not clustered:
-        return name
-    found = next((lc for lc in listeners if lc.name == name), None)
-    if found is None:
-        raise _invalid(
-            f"inter.broker.listener.name {name}"
-            + ("" if named else " (the default)")
-            + f" is not one of the listeners ({', '.join(lc.name for lc in listeners)}): "
-            "brokers sharing a storage database reach each other on it; add a PLAINTEXT "
-            "listener to listeners (e.g. PLAINTEXT://host:port) or set "
-            "inter.broker.listener.name to the name of one"
-        )
-    if found.security_protocol != PLAINTEXT:
-        raise _invalid(
-            f"inter.broker.listener.name {name} is a {found.security_protocol} listener: "
-            "spool's brokers reach each other over PLAINTEXT only for now; set "
-            "inter.broker.listener.name to a PLAINTEXT listener (on a network only the "
-            "brokers reach)"
-        )
-    return name
+    """The name of the listener other brokers are reached on (`inter_broker_client`)."""
+    return inter_broker_client(config, listeners, clustered).listener

@@ -73,7 +73,13 @@ import structlog
 
 from broker.cluster import ClusterView, Leader
 from broker.partitions import Partition
-from broker.share.remote_persister import Backoff, Target, Transport, TransportError
+from broker.share.remote_persister import (
+    Backoff,
+    Target,
+    Transport,
+    TransportError,
+    not_authorized_hint,
+)
 from coordinator.transactions import OFFSETS_TOPIC, TopicPartition, TransactionCoordinator
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from protocol.errors import ErrorCode, KafkaError
@@ -269,6 +275,7 @@ class MarkerChannel:
         transport: Transport,
         *,
         listener: str,
+        principal: str = "User:ANONYMOUS",
         complete_offsets: CompleteOffsets = _no_offsets,
         clock: Clock = SYSTEM_CLOCK,
         backoff: Callable[[int], int] | None = None,
@@ -280,6 +287,7 @@ class MarkerChannel:
         self._topics = topics
         self.transport = transport
         self.listener = listener
+        self.principal = principal
         self.clock = clock
         self.backoff = backoff or Backoff(RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS, rng=rng)
         self._closed = False
@@ -453,9 +461,8 @@ class MarkerChannel:
                 "marker_not_authorized",
                 broker=target.node_id,
                 listener=self.listener,
-                hint="the partition leader refused CLUSTER_ACTION to this broker: on a "
-                "PLAINTEXT inter-broker listener brokers are User:ANONYMOUS; add it to "
-                "super.users (or grant it CLUSTER_ACTION on the cluster)",
+                hint="the partition leader refused CLUSTER_ACTION to this broker: "
+                + not_authorized_hint(self.principal),
             )
         return results
 
@@ -534,11 +541,13 @@ class ProduceVerifier:
         transport: Transport,
         *,
         listener: str,
+        principal: str = "User:ANONYMOUS",
     ) -> None:
         self._coordinator = coordinator
         self._cluster = cluster
         self.transport = transport
         self.listener = listener
+        self.principal = principal
         self._lanes: dict[Target, _Lane] = {}
         self._closed = False
 
@@ -622,10 +631,19 @@ class ProduceVerifier:
                 _answer(w, dict.fromkeys(w.partitions, ErrorCode.network_exception))
             raise
         if ErrorCode(response.error_code) != ErrorCode.none:
+            code = ErrorCode(response.error_code)
             log.error(
                 "produce_verification_refused",
                 broker=target.node_id,
-                error=ErrorCode(response.error_code).name,
+                error=code.name,
+                **(
+                    {
+                        "hint": "the transaction coordinator's broker refused "
+                        "CLUSTER_ACTION to this broker: " + not_authorized_hint(self.principal)
+                    }
+                    if code == ErrorCode.cluster_authorization_failed
+                    else {}
+                ),
             )
         for w in batch:
             _answer(w, verify_results(response, w.transactional_id, w.partitions))

@@ -19,8 +19,10 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import os
 import ssl
 import struct
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +70,10 @@ class TlsError(ClientError):
 class ClientSecurity:
     """How a client connection is secured, as Kafka's client properties say it:
     `security.protocol`, `sasl.mechanism` with a user and password, and the `ssl.*`
-    files (PEM). `password` and `ssl_key_password` never appear in a repr."""
+    files (PEM), or their PEM text as librdkafka's `ssl.ca.pem`, `ssl.certificate.pem`
+    and `ssl.key.pem` take it (a broker's inter-broker client, from its
+    ssl.truststore.certificates / ssl.keystore.certificate.chain / ssl.keystore.key).
+    `password`, `ssl_key_password` and `ssl_key_pem` never appear in a repr."""
 
     protocol: str = PLAINTEXT
     mechanism: str | None = None
@@ -79,6 +84,9 @@ class ClientSecurity:
     ssl_key_location: str | None = None
     ssl_key_password: str | None = dataclasses.field(default=None, repr=False)
     ssl_endpoint_identification: str = "https"
+    ssl_ca_pem: str | None = dataclasses.field(default=None, repr=False)
+    ssl_certificate_pem: str | None = dataclasses.field(default=None, repr=False)
+    ssl_key_pem: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def uses_tls(self) -> bool:
@@ -117,6 +125,12 @@ class ClientSecurity:
             )
         if self.ssl_key_location is not None and self.ssl_certificate_location is None:
             raise SecurityConfigError("ssl.key.location needs ssl.certificate.location")
+        if (self.ssl_certificate_pem is None) != (self.ssl_key_pem is None):
+            raise SecurityConfigError("ssl.certificate.pem and ssl.key.pem go together")
+        if self.ssl_certificate_pem is not None and self.ssl_certificate_location is not None:
+            raise SecurityConfigError(
+                "set ssl.certificate.location or ssl.certificate.pem, not both"
+            )
         if self.uses_tls:
             self.ssl_context()
 
@@ -124,16 +138,30 @@ class ClientSecurity:
         """The TLS context: the CA from ssl.ca.location (else the system's), the client
         certificate if one is given, host name checks unless the algorithm is none."""
         try:
-            context = ssl.create_default_context(cafile=self.ssl_ca_location)
+            context = ssl.create_default_context(
+                cafile=self.ssl_ca_location, cadata=self.ssl_ca_pem
+            )
         except FileNotFoundError:
             raise SecurityConfigError(
                 f"ssl.ca.location {self.ssl_ca_location}: no such file"
             ) from None
         except (ssl.SSLError, OSError, ValueError) as exc:
-            raise SecurityConfigError(
-                f"ssl.ca.location {self.ssl_ca_location}: not a PEM file of CA certificates "
-                f"({_reason(exc)})"
-            ) from None
+            where = (
+                f"ssl.ca.location {self.ssl_ca_location}: not a PEM file"
+                if self.ssl_ca_location is not None
+                else "ssl.ca.pem: not PEM text"
+            )
+            raise SecurityConfigError(f"{where} of CA certificates ({_reason(exc)})") from None
+        if self.ssl_certificate_pem is not None and self.ssl_key_pem is not None:
+            try:
+                _load_pem_chain(
+                    context, self.ssl_certificate_pem, self.ssl_key_pem, self.ssl_key_password
+                )
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise SecurityConfigError(
+                    "ssl.certificate.pem/ssl.key.pem: cannot load the client certificate "
+                    f"and key (a wrong ssl.key.password?): {_reason(exc)}"
+                ) from None
         if self.ssl_certificate_location is not None:
             try:
                 context.load_cert_chain(
@@ -153,6 +181,18 @@ class ClientSecurity:
         if self.ssl_endpoint_identification == "none":
             context.check_hostname = False
         return context
+
+
+def _load_pem_chain(context: ssl.SSLContext, chain: str, key: str, password: str | None) -> None:
+    """Python's ssl loads a certificate chain and key from files only: write the PEM
+    text to a private temporary directory, load it, and remove it."""
+    with tempfile.TemporaryDirectory(prefix="spool-client-tls-") as tmp:
+        cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
+        for path, text in ((cert_path, chain), (key_path, key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+        context.load_cert_chain(cert_path, key_path, password=password)
 
 
 def _reason(exc: BaseException) -> str:

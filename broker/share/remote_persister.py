@@ -14,9 +14,11 @@ share one share-state log, led by one broker at a time (`ClusterView.coordinator
   share coordinator (`DurablePersister`), exactly as before, with no retry and no copy;
 - another broker leads it: the RPC goes to that broker's endpoint on the inter-broker
   listener (Kafka's `inter.broker.listener.name`) over a pooled, pipelined connection
-  (`BrokerConnections`); the answer comes only once the remote share coordinator has
-  made the change durable (on PostgreSQL: committed), so the share-partition leader, which
-  commits its in-memory change only after this returns, is never ahead of it;
+  (`BrokerConnections`, secured as that listener is: TLS and SASL with this broker's
+  own credentials, `broker.listeners.inter_broker_client`); the answer comes only once
+  the remote share coordinator has made the change durable (on PostgreSQL: committed),
+  so the share-partition leader, which commits its in-memory change only after this
+  returns, is never ahead of it;
 - nobody leads it as far as the view knows: FindCoordinator(SHARE) to another live broker,
   as Kafka does when its metadata cache names no coordinator.
 
@@ -64,7 +66,13 @@ from coordinator.share_persister import StateWrite, write_states
 from coordinator.share_state import PersistedBatch, Persister, ShareState, ShareStateKey
 from persister.clock import SYSTEM_CLOCK, Clock, sleep
 from persister.share_records import UNINITIALIZED_START_OFFSET, UNKNOWN_DELIVERY_COMPLETE_COUNT
-from protocol.client import ClientError, KafkaClient
+from protocol.client import (
+    AuthenticationError,
+    ClientError,
+    ClientSecurity,
+    KafkaClient,
+    TlsError,
+)
 from protocol.errors import ErrorCode, KafkaError
 
 log = structlog.get_logger("spool.share_persister")
@@ -134,20 +142,50 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
+def not_authorized_hint(principal: str) -> str:
+    """What to do when another broker refused CLUSTER_ACTION to this one (Kafka's rule
+    for the inter-broker RPCs): `principal` is who this broker is to the others."""
+    return (
+        f"this broker reaches the others as {principal} (the principal of the "
+        "inter-broker listener: User:ANONYMOUS on PLAINTEXT, the SASL username, or the "
+        "certificate's subject DN on SSL with ssl.client.auth); add it to super.users or "
+        f"allow it ClusterAction on the cluster (spool acls --add --allow-principal "
+        f"{principal} --operation ClusterAction --cluster)"
+    )
+
+
+# A connection the other broker refused at TLS or SASL: what to check.
+_REFUSED_HINT = (
+    "check the inter-broker listener's settings on both brokers: for TLS the trust store "
+    "(ssl.truststore.*) and ssl.endpoint.identification.algorithm (the certificate must "
+    "name the advertised host); for SASL sasl.mechanism.inter.broker.protocol and the "
+    "username/password of listener.name.<listener>.<mechanism>.sasl.jaas.config (a PLAIN "
+    "user_<name> entry, or a SCRAM credential made with spool users / spool format "
+    "--add-scram)"
+)
+
+
 class BrokerConnections:
     """`Transport` over spool's `KafkaClient`: one connection per broker, opened on first
     use, shared by every request to it (pipelined: responses matched by correlation id),
     dropped when it fails or a request on it times out (its next request reconnects, as
-    Kafka's NetworkClient disconnects a connection whose request timed out)."""
+    Kafka's NetworkClient disconnects a connection whose request timed out).
+
+    `security` secures each connection as the inter-broker listener asks (TLS, SASL with
+    this broker's credentials; `broker.listeners.inter_broker_client`); None is
+    PLAINTEXT. A connection refused at TLS or SASL fails like a lost one (retried by
+    the callers) and is logged with what to check."""
 
     def __init__(
         self,
         client_id: str,
         *,
+        security: ClientSecurity | None = None,
         request_timeout_ms: int = REQUEST_TIMEOUT_MS,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
     ) -> None:
         self.client_id = client_id
+        self.security = security
         self.request_timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
         self._clients: dict[Target, KafkaClient] = {}
@@ -196,7 +234,9 @@ class BrokerConnections:
     async def _connect(self, target: Target) -> KafkaClient:
         try:
             client = await asyncio.wait_for(
-                KafkaClient.connect(target.host, target.port, self.client_id),
+                KafkaClient.connect(
+                    target.host, target.port, self.client_id, security=self.security
+                ),
                 self.connect_timeout_ms / 1000,
             )
         except TimeoutError:
@@ -206,6 +246,15 @@ class BrokerConnections:
                 f"within {self.connect_timeout_ms} ms",
             ) from None
         except (ClientError, OSError) as exc:
+            if isinstance(exc, AuthenticationError | TlsError):
+                log.error(
+                    "inter_broker_connection_refused",
+                    broker=target.node_id,
+                    address=f"{target.host}:{target.port}",
+                    protocol=self.security.protocol if self.security else "PLAINTEXT",
+                    error=str(exc),
+                    hint=_REFUSED_HINT,
+                )
             raise TransportError(
                 ErrorCode.network_exception,
                 f"cannot connect to broker {target.node_id} at {target.host}:{target.port}: {exc}",
@@ -511,6 +560,7 @@ class RoutedPersister:
         transport: Transport,
         *,
         listener: str,
+        principal: str = "User:ANONYMOUS",
         clock: Clock = SYSTEM_CLOCK,
         backoff: Callable[[int], int] | None = None,
         max_attempts: int = MAX_ATTEMPTS,
@@ -520,6 +570,7 @@ class RoutedPersister:
         self._cluster = cluster
         self.transport = transport
         self.listener = listener
+        self.principal = principal
         self.clock = clock
         self.backoff = backoff or Backoff(rng=rng)
         self.max_attempts = max_attempts
@@ -819,8 +870,7 @@ class RoutedPersister:
                 broker=target.node_id,
                 listener=self.listener,
                 hint="the share coordinator's broker refused CLUSTER_ACTION to this broker: "
-                "on a PLAINTEXT inter-broker listener brokers are User:ANONYMOUS; add it "
-                "to super.users (or grant it CLUSTER_ACTION on the cluster)",
+                + not_authorized_hint(self.principal),
             )
         for result in response.results:
             for p in result.partitions:
