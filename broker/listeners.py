@@ -24,6 +24,14 @@ OAUTHBEARER are refused at startup. SCRAM users are in the cluster metadata (cre
 with `spool users` or `spool format --add-scram`), so the SCRAM JAAS entry
 (ScramLoginModule) is optional and has no options the broker reads.
 `connections.max.reauth.ms` (KIP-368) is per listener too.
+
+Brokers sharing a storage database reach each other on the inter-broker listener
+(`inter_broker_client`): `inter.broker.listener.name`, else the listener named after
+`security.inter.broker.protocol`, of any security protocol. This broker's client to the
+others takes that listener's own keys, as Kafka's inter-broker channel builder does: its
+trust store, its key store when `ssl.client.auth` asks for a certificate,
+`ssl.endpoint.identification.algorithm`, and on SASL `sasl.mechanism.inter.broker.protocol`
+with the username and password of the listener's JAAS entry for it.
 """
 
 from __future__ import annotations

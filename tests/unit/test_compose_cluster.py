@@ -275,8 +275,8 @@ def test_each_broker_is_published_on_loopback_on_its_own_port_and_advertises_it(
 
 
 def test_each_broker_advertises_its_service_name_to_the_other_brokers() -> None:
-    """The inter-broker listener (spool refuses one that is not PLAINTEXT) is told to
-    the others under the broker's service name, which resolves on the compose network."""
+    """The inter-broker listener (PLAINTEXT here, on the compose network only) is told
+    to the others under the broker's service name, which resolves on that network."""
     from broker.listeners import inter_broker_listener, listeners_from_config
 
     for name, service in brokers().items():
