@@ -524,10 +524,8 @@ class Broker:
             topics=lambda: self.metadata.state,
             log_partition=self.log_partition,
             cluster=lambda: self.cluster,
-            transport=BrokerConnections(f"spool-broker-{self.node_id}-dead-letters"),
-            listener=inter_broker_listener(
-                self.config, self.listeners, isinstance(self.storage, PgStorage)
-            ),
+            transport=self.broker_connections("-dead-letters"),
+            listener=self.inter_broker().listener,
             metrics=self.metrics.share,
             clock=self.clock,
             prefix=lambda: self.config.get("errors.deadletterqueue.topic.name.prefix"),
