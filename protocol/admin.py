@@ -894,8 +894,13 @@ class AdminClient:
     # --- configs ------------------------------------------------------------------------
 
     async def describe_configs(
-        self, resource_type: int, name: str, include_synonyms: bool = True
+        self,
+        resource_type: int,
+        name: str,
+        include_synonyms: bool = True,
+        keys: Iterable[str] | None = None,
     ) -> list[ConfigEntry]:
+        """DescribeConfigs of one resource: every config, or only `keys`."""
         address = self._any_address()
         if resource_type == RESOURCE_BROKER and name:
             node = self._nodes.get(int(name))
@@ -903,7 +908,11 @@ class AdminClient:
                 address = (node.host, node.port)
         body = {
             "resources": [
-                {"resource_type": resource_type, "resource_name": name, "configuration_keys": None}
+                {
+                    "resource_type": resource_type,
+                    "resource_name": name,
+                    "configuration_keys": None if keys is None else list(keys),
+                }
             ],
             "include_synonyms": include_synonyms,
         }

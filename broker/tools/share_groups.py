@@ -1,6 +1,10 @@
 """`spool share-groups`: list, describe, reset and delete share groups, as Kafka 4.2's
 kafka-share-groups.sh does (its flags, validation rules, columns and messages).
 
+`--describe` (offsets, the default, and `--state`) also names the group's dead-letter
+topic (KIP-1191's `errors.deadletterqueue.topic.name`) in a line under the table when it
+has one, and as `dead_letter_topic` in `--output json`.
+
 Beyond Kafka 4.2's share-group tool, `--reset-offsets` also takes `--to-offset` and
 `--by-duration` (as kafka-consumer-groups.sh does), and `--output json` prints the same
 data for scripts.
@@ -37,6 +41,8 @@ ACTIONS = (
 )
 SCENARIOS = ("to_datetime", "to_earliest", "to_latest", "to_offset", "by_duration")
 SHARE_GROUP_STATES = ("Dead", "Empty", "Stable")  # GroupState.groupStatesForType(SHARE)
+# KIP-1191's group config naming a share group's dead-letter topic, shown by --describe.
+DEAD_LETTER_TOPIC_KEY = "errors.deadletterqueue.topic.name"
 
 
 def flag(dest: str) -> str:
@@ -374,9 +380,11 @@ async def describe(admin: AdminClient, args: argparse.Namespace) -> int:
             if args.members:
                 out += describe_members(description, args)
             elif args.state is not None:
-                out += describe_state(description, args)
+                dead_letters = await dead_letter_topic(admin, group)
+                out += describe_state(description, args, dead_letters)
             else:
-                out += await describe_offsets(admin, description, args)
+                dead_letters = await dead_letter_topic(admin, group)
+                out += await describe_offsets(admin, description, args, dead_letters)
         except AdminError as exc:
             print(f"Error: {exc.error}: {exc.message}", file=sys.stderr)
             failed += 1
@@ -390,6 +398,28 @@ def note_empty(description: ShareGroupDescription) -> None:
         print(f"Error: Share group '{description.group_id}' does not exist.", file=sys.stderr)
     elif description.state == "Empty":
         print(f"Share group '{description.group_id}' has no active members.", file=sys.stderr)
+
+
+async def dead_letter_topic(admin: AdminClient, group: str) -> str | None:
+    """The group's dead-letter topic (KIP-1191's group config
+    errors.deadletterqueue.topic.name), None if it has none or its configs cannot be
+    described (no DESCRIBE_CONFIGS on the group, a broker without the key)."""
+    from protocol.admin import RESOURCE_GROUP, AdminError
+
+    try:
+        entries = await admin.describe_configs(
+            RESOURCE_GROUP, group, include_synonyms=False, keys=[DEAD_LETTER_TOPIC_KEY]
+        )
+    except AdminError:
+        return None
+    return next((e.value for e in entries if e.name == DEAD_LETTER_TOPIC_KEY and e.value), None)
+
+
+def print_dead_letter_topic(d: ShareGroupDescription, topic: str | None) -> None:
+    """The line under --describe's table naming the group's dead-letter topic, if any."""
+    if topic and d.state != "Dead":
+        print(f"Share group '{d.group_id}' dead-letter topic: {topic}")
+        print()
 
 
 def assignment_text(assignment: dict[str, tuple[int, ...]]) -> str:
@@ -434,7 +464,9 @@ def describe_members(d: ShareGroupDescription, args: argparse.Namespace) -> list
     return rows
 
 
-def describe_state(d: ShareGroupDescription, args: argparse.Namespace) -> list[dict[str, Any]]:
+def describe_state(
+    d: ShareGroupDescription, args: argparse.Namespace, dead_letters: str | None = None
+) -> list[dict[str, Any]]:
     c = d.coordinator
     row = {
         "group": d.group_id,
@@ -443,6 +475,7 @@ def describe_state(d: ShareGroupDescription, args: argparse.Namespace) -> list[d
         "group_epoch": d.group_epoch,
         "assignment_epoch": d.assignment_epoch,
         "members": len(d.members),
+        "dead_letter_topic": dead_letters,
     }
     if args.output == "json":
         return [row]
@@ -461,11 +494,15 @@ def describe_state(d: ShareGroupDescription, args: argparse.Namespace) -> list[d
         )
     print(table([*headers, "#MEMBERS"], [[*values, len(d.members)]], widths))
     print()
+    print_dead_letter_topic(d, dead_letters)
     return [row]
 
 
 async def describe_offsets(
-    admin: AdminClient, d: ShareGroupDescription, args: argparse.Namespace
+    admin: AdminClient,
+    d: ShareGroupDescription,
+    args: argparse.Namespace,
+    dead_letters: str | None = None,
 ) -> list[dict[str, Any]]:
     offsets = await admin.describe_share_group_offsets(d.group_id)
     rows = [
@@ -476,6 +513,7 @@ async def describe_offsets(
             "leader_epoch": o.leader_epoch,
             "start_offset": o.start_offset,
             "lag": o.lag,
+            "dead_letter_topic": dead_letters,
         }
         for o in offsets
     ]
@@ -483,6 +521,7 @@ async def describe_offsets(
         return rows
     if not rows:
         print(f"Share group '{d.group_id}' has no offset information.")
+        print_dead_letter_topic(d, dead_letters)
         return rows
     headers = ["GROUP", "TOPIC", "PARTITION"]
     if args.verbose:
@@ -497,6 +536,7 @@ async def describe_offsets(
     widths = [15, 15, 10, 13, 13] if args.verbose else [15, 15, 10, 13]
     print(table(headers, lines, widths))
     print()
+    print_dead_letter_topic(d, dead_letters)
     return rows
 
 
