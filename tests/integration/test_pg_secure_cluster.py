@@ -4,10 +4,12 @@ other over SASL_SSL (or SSL with client certificates), as Kafka's brokers do wit
 `sasl.mechanism.inter.broker.protocol` and the listener's JAAS entry and ssl.* keys
 (broker.listeners.inter_broker_client).
 
-Each broker has one listener (SASL_SSL with PLAIN, or SSL with ssl.client.auth=required)
-and an authorizer whose super.users holds the brokers' principal (User:broker from the
-JAAS entry's username, or the subject DN of the brokers' certificate) and the test's
-client. On a 2-partition topic led by two brokers:
+Each broker has one listener (SASL_SSL with PLAIN; SSL with ssl.client.auth=required;
+SASL_PLAINTEXT where the brokers log in with SCRAM-SHA-256, their credential made
+through the cluster's API first, and the client with PLAIN) and an authorizer whose
+super.users holds the brokers' principal (User:broker from the JAAS entry's username, or
+the subject DN of the brokers' certificate) and the test's client. On a 2-partition
+topic led by two brokers:
 
 - a transactional producer commits one transaction and aborts another over both
   partitions: the partition leader that is not the transaction coordinator verifies its
@@ -24,6 +26,7 @@ each other over PLAINTEXT only for now").
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,8 +41,12 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 
+from protocol.client import AuthenticationError, ClientSecurity, KafkaClient
 from tests.integration.conftest import ADMIN_TIMEOUT_S, consumer_config, producer_config
 from tests.integration.pg_helpers import (
     ClusterBroker,
@@ -67,6 +74,7 @@ TXN_TIMEOUT_S = 30.0
 WAIT_S = 30.0
 TOPIC, GROUP, TXN_ID = "secure-cluster", "secure-cluster-group", "secure-cluster-txn"
 PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
 BROKER_SECRET = "broker-secret"
 ADMIN_SECRET = "admin-secret"
 # The subject DNs of tls_helpers' certificates (the brokers share the server's).
@@ -87,6 +95,7 @@ class Variant:
 
     protocol: str
     brokers: int
+    mechanism: str = "PLAIN"  # the brokers' own (the client logs in with PLAIN)
 
     def broker_settings(self, certs: Certs) -> dict[str, str]:
         settings = {
@@ -96,6 +105,22 @@ class Variant:
             "ssl.truststore.location": str(certs.ca),
             "authorizer.class.name": AUTHORIZER,
         }
+        if self.mechanism != "PLAIN":
+            listener = self.protocol.lower()
+            return {
+                **settings,
+                "inter.broker.listener.name": self.protocol,
+                "sasl.enabled.mechanisms": f"PLAIN,{self.mechanism}",
+                "sasl.mechanism.inter.broker.protocol": self.mechanism,
+                f"listener.name.{listener}.plain.sasl.jaas.config": (
+                    f'{PLAIN_MODULE} required user_admin="{ADMIN_SECRET}";'
+                ),
+                # Kafka's ScramLoginModule: the broker's own SCRAM user.
+                f"listener.name.{listener}.{self.mechanism.lower()}.sasl.jaas.config": (
+                    f'{SCRAM_MODULE} required username="broker" password="{BROKER_SECRET}";'
+                ),
+                "super.users": "User:broker;User:admin",
+            }
         if self.protocol == "SASL_SSL":
             return {
                 **settings,
@@ -121,7 +146,7 @@ class Variant:
             "security.protocol": self.protocol,
             "ssl.ca.location": str(certs.ca),
         }
-        if self.protocol == "SASL_SSL":
+        if self.protocol.startswith("SASL"):
             return {
                 **settings,
                 "sasl.mechanism": "PLAIN",
@@ -135,7 +160,11 @@ class Variant:
         }
 
 
-VARIANTS = [Variant("SASL_SSL", 3), Variant("SSL", 2)]
+VARIANTS = [
+    Variant("SASL_SSL", 3),
+    Variant("SSL", 2),
+    Variant("SASL_PLAINTEXT", 2, "SCRAM-SHA-256"),
+]
 
 
 class SecureBroker(ClusterBroker):
@@ -147,7 +176,10 @@ class SecureBroker(ClusterBroker):
         self.settings["listeners"] = f"{protocol}://127.0.0.1:{self.port}"
 
 
-@pytest.fixture(params=VARIANTS, ids=lambda v: v.protocol)
+@pytest.fixture(
+    params=VARIANTS,
+    ids=lambda v: v.protocol if v.protocol == "SSL" else f"{v.protocol}-{v.mechanism}",
+)
 def secured(
     request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, certs: Certs
 ) -> Iterator[tuple[Variant, list[SecureBroker]]]:
@@ -181,6 +213,8 @@ def test_share_group_and_transaction_across_brokers_over_a_secured_listener(
         **variant.client_settings(certs),
     }
     admin = AdminClient({**client, "broker.address.family": "v4"})
+    if variant.mechanism != "PLAIN":
+        make_scram_user(admin, brokers, variant.mechanism)
     admin.create_topics(
         [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)],
         request_timeout=ADMIN_TIMEOUT_S,
@@ -255,6 +289,16 @@ def test_share_group_and_transaction_across_brokers_over_a_secured_listener(
     got = sorted((d.partition, d.value) for d in seen.deliveries)
     assert got == sorted(committed), f"errors: {seen.errors[:5]}"
 
+    if variant.protocol.startswith("SASL"):
+        # The brokers logged in to each other as User:broker with their mechanism (the
+        # test's own SCRAM check made one login per broker).
+        logins = [
+            line
+            for b in brokers
+            for line in log_lines(b, "sasl_authenticated", "principal=User:broker")
+            if f"mechanism={variant.mechanism} " in line
+        ]
+        assert len(logins) > (len(brokers) if variant.mechanism != "PLAIN" else 0), logins
     by_id = {b.node_id: b for b in brokers}
     # The share-partition leader away from the share coordinator wrote its
     # acknowledgements there, and the transaction coordinator sent markers to the
@@ -271,6 +315,29 @@ def test_share_group_and_transaction_across_brokers_over_a_secured_listener(
             if not line.startswith("===== start")
         ]
         assert not [line for line in logged if BROKER_SECRET in line or ADMIN_SECRET in line]
+
+
+def make_scram_user(admin: AdminClient, brokers: list[SecureBroker], mechanism: str) -> None:
+    """The brokers' SCRAM credential, as an operator makes it (AlterUserScramCredentials),
+    then each broker seen to take it (a login with it), before any inter-broker call."""
+    info = ScramCredentialInfo(ScramMechanism[mechanism.replace("-", "_")], 4096)
+    upsert = UserScramCredentialUpsertion("broker", info, BROKER_SECRET.encode())
+    for future in admin.alter_user_scram_credentials([upsert]).values():
+        future.result(timeout=ADMIN_TIMEOUT_S)
+    security = ClientSecurity(
+        protocol="SASL_PLAINTEXT", mechanism=mechanism, username="broker", password=BROKER_SECRET
+    )
+
+    async def logs_in(b: SecureBroker) -> bool:
+        try:
+            client = await KafkaClient.connect(b.host, b.port, "it-scram", security=security)
+        except AuthenticationError:
+            return False
+        await client.close()
+        return True
+
+    for b in brokers:
+        wait_for(lambda b=b: asyncio.run(logs_in(b)), f"broker {b.node_id} to know the user")
 
 
 def wait_for_value(check: Callable[[], Any], what: str) -> Any:
