@@ -391,3 +391,25 @@ def test_the_authorization_hint_names_the_principal_and_the_fix() -> None:
     hint = not_authorized_hint("User:broker")
     assert "User:broker" in hint and "super.users" in hint
     assert "--allow-principal User:broker --operation ClusterAction --cluster" in hint
+
+
+def test_spool_serve_refuses_a_sasl_inter_broker_listener_without_a_mechanism(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker import cli
+
+    settings = {
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": BROKER_JAAS,
+        "security.inter.broker.protocol": "SASL_PLAINTEXT",
+        "storage": "postgresql://spool@db.invalid/spool",
+    }
+    argv = ["serve", "--data-dir", str(tmp_path / "d")]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    assert cli.serve(cli.build_parser().parse_args(argv)) == 2
+    err = capsys.readouterr().err
+    assert "sasl.mechanism.inter.broker.protocol is 'GSSAPI' (the default)" in err
+    assert SECRET not in err
+    assert not (tmp_path / "d").exists()  # refused before anything started
