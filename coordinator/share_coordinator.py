@@ -83,7 +83,8 @@ DEFAULT_STATE_EPOCH = 0
 DEFAULT_LEADER_EPOCH = 0
 # The leader epoch Initialize writes (Kafka's ShareGroupOffset.UNINITIALIZED_EPOCH).
 INITIAL_LEADER_EPOCH = 0
-_DELIVERY_STATES = frozenset({0, 2, 4})  # Available, Acknowledged, Archived
+# Available, Acknowledged, Archiving (KIP-1191: waiting for its dead-letter copy), Archived
+_DELIVERY_STATES = frozenset({0, 2, 3, 4})
 _INT16_MAX = 2**15 - 1
 # A checkpoint entry: updates since snapshot, key length, value length.
 _CHECKPOINT_ENTRY = struct.Struct(">iii")
@@ -484,7 +485,7 @@ class ShareCoordinatorShard:
                 ErrorCode.invalid_request,
                 f"state batch {batch.first_offset}-{batch.last_offset} for {_describe(key)} "
                 f"has delivery state {batch.delivery_state}; expected 0 (Available), "
-                "2 (Acknowledged) or 4 (Archived)",
+                "2 (Acknowledged), 3 (Archiving) or 4 (Archived)",
             )
         if not 0 <= batch.delivery_count <= _INT16_MAX:
             raise KafkaError(

@@ -27,7 +27,7 @@ class ShareStateKey(NamedTuple):
     partition: int
 
 
-# A state batch: offsets, delivery state (0 Available, 2 Acknowledged, 4 Archived),
+# A state batch: offsets, delivery state (0 Available, 2 Acknowledged, 3 Archiving, 4 Archived),
 # delivery count; as in Read/WriteShareGroupState and in the share-state records. The one
 # batch type of share state: the share-partition leader builds its StateUpdates from it,
 # the coordinator stores it and the records carry it.

@@ -251,11 +251,11 @@ def _state_write(key: ShareStateKey, p: WriteStatePartition) -> StateWrite:
         for b in p.state_batches
     ]
     for b in batches:
-        if b.first_offset > b.last_offset or b.delivery_state not in (0, 2, 4):
+        if b.first_offset > b.last_offset or b.delivery_state not in (0, 2, 3, 4):
             raise KafkaError(
                 ErrorCode.invalid_request,
                 f"State batch {b.first_offset}-{b.last_offset} with delivery state "
-                f"{b.delivery_state} is not valid (states are 0, 2 and 4)",
+                f"{b.delivery_state} is not valid (states are 0, 2, 3 and 4)",
             )
     # v1 (KIP-1226) carries the leader's DeliveryCompleteCount; v0 has none (-1, unknown).
     count = getattr(p, "delivery_complete_count", UNKNOWN_DELIVERY_COMPLETE_COUNT)

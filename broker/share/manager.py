@@ -96,6 +96,9 @@ def partition_config(config: GroupConfig) -> SharePartitionConfig:
         delivery_count_limit=config.delivery_count_limit,
         max_in_flight_records=config.partition_max_record_locks,
         isolation_level=config.isolation_level,
+        # Follows the group config at every use (`_get`): runs already ARCHIVING drain
+        # either way.
+        dead_letter=config.dead_letter_enabled,
     )
 
 

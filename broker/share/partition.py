@@ -32,6 +32,16 @@ member) or reaches a final state. A crash redelivers what was in flight, never l
 and forgets only the in-flight delivery itself, as Kafka 4.2's SharePartition does. An
 offset of the window with no state batch means "AVAILABLE, never delivered" (delivery
 count 0), as Kafka reads gaps in persisted state.
+
+Dead letters (KIP-1191), with `SharePartitionConfig.dead_letter` on (the group names a
+dead-letter topic): a record given up on (rejected, or at share.delivery.count.limit) goes
+to ARCHIVING, persisted as delivery state 3, instead of ARCHIVED. ARCHIVING is not final:
+SPSO stops before it, it is never acquired, and it is not in delivery_complete_count. The
+dead-letter writer takes the runs (`take_dead_letters`), has their copies written, then
+archives each (`archive_dead_letter`, a change like any other). A partition loaded with
+ARCHIVING runs hands them out again, so a crash between the copy and the archive copies
+again rather than loses the record. GAP acknowledgements, aborted and control records go
+straight to ARCHIVED: there is nothing to dead-letter.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal, NamedTuple, ParamSpec, TypeVar
 
+from broker.share.dead_letters import DeadLetter, DeadLetterReason
 from coordinator.share_state import PersistedBatch
 from persister.share_records import UNINITIALIZED_START_OFFSET
 from protocol.errors import ErrorCode
@@ -82,6 +93,9 @@ class RecordState(enum.IntEnum):
     AVAILABLE = 0
     ACQUIRED = 1
     ACKNOWLEDGED = 2
+    # KIP-1191: given up on (rejected, or at share.delivery.count.limit) in a group with a
+    # dead-letter topic; ARCHIVED once its dead-letter copy is durable. Persisted, not final.
+    ARCHIVING = 3
     ARCHIVED = 4
 
 
@@ -97,6 +111,7 @@ class Event(enum.Enum):
     LOCK_TIMEOUT = "lock_timeout"  # share.record.lock.duration.ms elapsed
     MEMBER_RELEASE = "member_release"  # member left, timed out or closed its share session
     SKIP = "skip"  # a fetch passes over it: delivery limit reached, aborted or control record
+    ARCHIVE = "archive"  # its dead-letter copy is durable (or refused for good): KIP-1191
 
 
 class ShareAcquireMode(enum.IntEnum):
@@ -113,12 +128,18 @@ class ShareAcquireMode(enum.IntEnum):
 _AVAILABLE: Final = RecordState.AVAILABLE
 _ACQUIRED: Final = RecordState.ACQUIRED
 _ACKNOWLEDGED: Final = RecordState.ACKNOWLEDGED
+_ARCHIVING: Final = RecordState.ARCHIVING
 _ARCHIVED: Final = RecordState.ARCHIVED
 
-# The whole machine. A pair missing from the table is an illegal move. One rule is applied on
+# The whole machine. A pair missing from the table is an illegal move. Two rules are applied on
 # top (see `_transition`): a record that would become AVAILABLE although its delivery count has
-# reached share.delivery.count.limit becomes ARCHIVED instead (Kafka's InFlightState).
+# reached share.delivery.count.limit becomes ARCHIVED instead (Kafka's InFlightState); and in a
+# group with a dead-letter topic (`SharePartitionConfig.dead_letter`, KIP-1191) a record given
+# up on (REJECT, the delivery-limit rule, a fetch skipping it at the limit) becomes ARCHIVING
+# instead of ARCHIVED, until the dead-letter writer has its copy durable (ARCHIVE). A GAP, an
+# aborted or control record still goes straight to ARCHIVED: there is nothing to dead-letter.
 # ACKNOWLEDGED and ARCHIVED are terminal: SPSO moves over them and their state is forgotten.
+# ARCHIVING is not: SPSO stops before it, and it is never acquired again.
 TRANSITIONS: Final[Mapping[tuple[RecordState, Event], RecordState]] = {
     (_AVAILABLE, Event.ACQUIRE): _ACQUIRED,
     (_AVAILABLE, Event.SKIP): _ARCHIVED,
@@ -129,6 +150,7 @@ TRANSITIONS: Final[Mapping[tuple[RecordState, Event], RecordState]] = {
     (_ACQUIRED, Event.RENEW): _ACQUIRED,
     (_ACQUIRED, Event.LOCK_TIMEOUT): _AVAILABLE,
     (_ACQUIRED, Event.MEMBER_RELEASE): _AVAILABLE,
+    (_ARCHIVING, Event.ARCHIVE): _ARCHIVED,
 }
 
 
@@ -153,7 +175,7 @@ _ACKNOWLEDGE_EVENTS: Final[Mapping[int, Event]] = {
 _DONE: Final = frozenset({_ACKNOWLEDGED, _ARCHIVED})
 # How an offset past SPEO (no state batch) reads: AVAILABLE, delivery count 0.
 _NEVER_DELIVERED: Final = (_AVAILABLE, 0)
-_PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED})
+_PERSISTED_STATES: Final = frozenset({_AVAILABLE, _ACKNOWLEDGED, _ARCHIVING, _ARCHIVED})
 
 
 class IllegalStateTransition(RuntimeError):
@@ -170,6 +192,9 @@ class SharePartitionConfig:
     # share.isolation.level: the caller acts on it (reads up to the LSO, passes aborted and
     # control batches as `gaps` to `acquire`); carried here so one object holds the config.
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+    # KIP-1191: the group has a dead-letter topic (errors.deadletterqueue.topic.name), so a
+    # record given up on goes through ARCHIVING. False is the plain KIP-932 machine.
+    dead_letter: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +204,8 @@ class StateUpdate:
     ``state_batches`` are the changed ranges, newer-wins over what is stored; ``start_offset``
     is the current SPSO, and stored batches below it are dropped. ``delivery_complete_count``
     is the number of in-flight records (at or above SPSO) that are ACKNOWLEDGED or ARCHIVED,
-    as Kafka 4.2's leader sends in WriteShareGroupState v1 (KIP-1226, for lag).
+    as Kafka 4.2's leader sends in WriteShareGroupState v1 (KIP-1226, for lag); ARCHIVING
+    records count once ARCHIVED.
     """
 
     start_offset: int
@@ -202,7 +228,8 @@ class OffsetRange(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class InFlightRange:
-    """Records [first_offset, last_offset] in one state; member and deadline only when ACQUIRED."""
+    """Records [first_offset, last_offset] in one state; member and deadline only when
+    ACQUIRED, the dead-letter reason only when ARCHIVING."""
 
     first_offset: int
     last_offset: int
@@ -210,6 +237,7 @@ class InFlightRange:
     delivery_count: int
     member_id: str | None = None
     lock_deadline_ms: int | None = None
+    reason: DeadLetterReason | None = None
 
     @property
     def record_count(self) -> int:
@@ -222,6 +250,7 @@ class InFlightRange:
             and self.delivery_count == other.delivery_count
             and self.member_id == other.member_id
             and self.lock_deadline_ms == other.lock_deadline_ms
+            and self.reason is other.reason
         )
 
 
@@ -234,7 +263,8 @@ class _RangeTable:
     """first_offset -> InFlightRange, sorted, as parallel packed arrays.
 
     About 37 bytes a range (first and last offsets, state, delivery count, lock deadline,
-    and a reference to the member id, which all the ranges of one member share), where a
+    and a reference to the member id, which all the ranges of one member share; an
+    ARCHIVING range, which has no member, holds its DeadLetterReason there), where a
     sorted map of range objects with its lock and availability indexes costs ~240. A range
     is built as an `InFlightRange` when it is read. Inserting or deleting moves the tail of
     each array, a memmove over at most share.partition.max.record.locks entries.
@@ -248,19 +278,30 @@ class _RangeTable:
         self.states = bytearray()  # RecordState ids: bytearray.find finds AVAILABLE ranges
         self.counts = array("i")
         self.deadlines = array("q")
-        self.members: list[str | None] = []
+        self.members: list[str | DeadLetterReason | None] = []
 
     def __len__(self) -> int:
         return len(self.firsts)
 
     def record(self, index: int) -> InFlightRange:
         deadline = self.deadlines[index]
+        member = self.members[index]
+        if isinstance(member, DeadLetterReason):
+            return InFlightRange(
+                self.firsts[index],
+                self.lasts[index],
+                _ARCHIVING,
+                self.counts[index],
+                None,
+                None,
+                member,
+            )
         return InFlightRange(
             self.firsts[index],
             self.lasts[index],
             _STATE_OF_ID[self.states[index]],
             self.counts[index],
-            self.members[index],
+            member,
             None if deadline == _NO_DEADLINE else deadline,
         )
 
@@ -292,20 +333,21 @@ class _RangeTable:
         """Insert `record`, or replace the range starting at its first offset."""
         first = record.first_offset
         deadline = _NO_DEADLINE if record.lock_deadline_ms is None else record.lock_deadline_ms
+        member = record.member_id if record.reason is None else record.reason
         index = bisect_left(self.firsts, first)
         if index < len(self.firsts) and self.firsts[index] == first:
             self.lasts[index] = record.last_offset
             self.states[index] = record.state
             self.counts[index] = record.delivery_count
             self.deadlines[index] = deadline
-            self.members[index] = record.member_id
+            self.members[index] = member
             return
         self.firsts.insert(index, first)
         self.lasts.insert(index, record.last_offset)
         self.states.insert(index, record.state)
         self.counts.insert(index, record.delivery_count)
         self.deadlines.insert(index, deadline)
-        self.members.insert(index, record.member_id)
+        self.members.insert(index, member)
 
     def delete(self, lo: int, hi: int) -> None:
         """Remove the ranges at indexes [lo, hi)."""
@@ -431,7 +473,8 @@ class ReleaseResult:
     """Acquired records given back by a lock timeout or a departing member."""
 
     available: tuple[OffsetRange, ...]
-    archived: tuple[OffsetRange, ...]  # delivery count had reached the limit
+    # Delivery count had reached the limit: ARCHIVED, or ARCHIVING with a dead-letter topic.
+    archived: tuple[OffsetRange, ...]
     change: PendingChange
 
     @property
@@ -468,10 +511,12 @@ def _transition(
     event: Event,
     *,
     delivery_count_limit: int,
+    dead_letter: bool = False,
     member_id: str | None = None,
     lock_deadline_ms: int | None = None,
 ) -> InFlightRange:
-    """The one place a range changes state: the table, plus the delivery-limit rule."""
+    """The one place a range changes state: the table, plus the delivery-limit rule and,
+    with a dead-letter topic, the ARCHIVING rule (KIP-1191)."""
     state = TRANSITIONS.get((record.state, event))
     if state is None:
         raise IllegalStateTransition(
@@ -480,7 +525,34 @@ def _transition(
         )
     delivery_count = record.delivery_count + (1 if event is Event.ACQUIRE else 0)
     if state is _AVAILABLE and delivery_count >= delivery_count_limit:
+        if dead_letter:
+            return InFlightRange(
+                record.first_offset,
+                record.last_offset,
+                _ARCHIVING,
+                delivery_count,
+                None,
+                None,
+                DeadLetterReason.DELIVERY_LIMIT,
+            )
         state = _ARCHIVED
+    elif dead_letter and state is _ARCHIVED:
+        reason = None
+        if event is Event.REJECT:
+            reason = DeadLetterReason.REJECTED
+        elif event is Event.SKIP and delivery_count >= delivery_count_limit:
+            # A fetch passing over a record at the limit; not a gap (aborted, control).
+            reason = DeadLetterReason.DELIVERY_LIMIT
+        if reason is not None:
+            return InFlightRange(
+                record.first_offset,
+                record.last_offset,
+                _ARCHIVING,
+                delivery_count,
+                None,
+                None,
+                reason,
+            )
     # Built directly: dataclasses.replace costs several times more, once per range changed.
     if state is _ACQUIRED:
         return InFlightRange(
@@ -660,6 +732,8 @@ class SharePartition:
         self._stacked: PendingChange | None = None
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
+        # ARCHIVING spans `take_dead_letters` handed out (ascending, disjoint).
+        self._handed: list[tuple[int, int]] = []
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
@@ -1074,6 +1148,86 @@ class SharePartition:
         self._speo = max(self._speo, log_start_offset)
         return self._finish()
 
+    # -- dead letters (KIP-1191) ---------------------------------------------------------
+
+    @property
+    def has_dead_letters(self) -> bool:
+        """Whether any record is ARCHIVING (its dead-letter copy not yet durable)."""
+        return self._ranges.find_state(_ARCHIVING) >= 0
+
+    def take_dead_letters(self) -> list[DeadLetter]:
+        """The ARCHIVING runs not handed out by an earlier call, ascending, now handed out.
+
+        A run is one range: one delivery count and one reason (exact for a record given up
+        on here; for one loaded from the share state, which does not keep it, DELIVERY_LIMIT
+        if its count has reached share.delivery.count.limit, else REJECTED, as Kafka infers
+        it). Refused (`ChangePending`) while a change waits for commit or rollback: its
+        ARCHIVING records may yet be undone, so take them only once it is committed.
+        Nothing changes in the state: `archive_dead_letter` does, once the copy is durable;
+        `return_dead_letters` makes everything ARCHIVING be handed out again.
+        """
+        if self._pending is not None or self._in_change:
+            raise ChangePending(
+                f"share partition {self.group_id}:{self.topic_id}:{self.partition} has a change "
+                "waiting for commit or rollback; its dead letters are not durable yet"
+            )
+        table = self._ranges
+        handed = self._handed
+        position = 0
+        letters: list[DeadLetter] = []
+        now_handed: list[tuple[int, int]] = []
+        index = table.find_state(_ARCHIVING)
+        while index >= 0:
+            record = table.record(index)
+            first, last = record.first_offset, record.last_offset
+            _extend_spans_tuple(now_handed, first, last)
+            cursor = first
+            while position < len(handed) and handed[position][1] < first:
+                position += 1
+            scan = position
+            while cursor <= last:
+                if scan < len(handed) and handed[scan][0] <= last:
+                    taken_first, taken_last = handed[scan]
+                    if taken_first > cursor:
+                        letters.append(self._letter(record, cursor, taken_first - 1))
+                    cursor = max(cursor, taken_last + 1)
+                    scan += 1
+                else:
+                    letters.append(self._letter(record, cursor, last))
+                    break
+            index = table.find_state(_ARCHIVING, index + 1)
+        self._handed = now_handed
+        return letters
+
+    def return_dead_letters(self) -> None:
+        """Forget what `take_dead_letters` handed out (its writer gave up on it): the next
+        call hands out every ARCHIVING run again."""
+        self._handed = []
+
+    @_atomic
+    def archive_dead_letter(self, first_offset: int, last_offset: int) -> PendingChange:
+        """ARCHIVING -> ARCHIVED for the records of [first_offset, last_offset] still
+        ARCHIVING (the dead-letter copy is durable, or refused for good): persist the
+        change, then commit it, or roll it back and they stay ARCHIVING (handed out)."""
+        self._require_initialized()
+        self._start(stackable=False)
+        first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
+        for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
+            self._apply(span_first, span_last, Event.ARCHIVE)
+        return self._finish()
+
+    def _letter(self, record: InFlightRange, first: int, last: int) -> DeadLetter:
+        assert record.reason is not None
+        return DeadLetter(
+            self.group_id,
+            self.topic_id,
+            self.partition,
+            first,
+            last,
+            record.delivery_count,
+            record.reason,
+        )
+
     # -- internals ----------------------------------------------------------------------
 
     def _require_initialized(self) -> None:
@@ -1099,12 +1253,18 @@ class SharePartition:
             if first > cursor:
                 # Offsets with no persisted state were never delivered.
                 self._put(InFlightRange(cursor, first - 1, _AVAILABLE, 0))
+            state = RecordState(batch.delivery_state)
+            reason = None
+            if state is _ARCHIVING:
+                # The reason is not persisted: inferred as Kafka does when it resumes.
+                reason = (
+                    DeadLetterReason.DELIVERY_LIMIT
+                    if batch.delivery_count >= self.config.delivery_count_limit
+                    else DeadLetterReason.REJECTED
+                )
             self._put(
                 InFlightRange(
-                    first,
-                    batch.last_offset,
-                    RecordState(batch.delivery_state),
-                    batch.delivery_count,
+                    first, batch.last_offset, state, batch.delivery_count, None, None, reason
                 )
             )
             cursor = batch.last_offset + 1
@@ -1122,15 +1282,19 @@ class SharePartition:
 
     def _available_spans(self, first: int, last: int) -> list[tuple[int, int]]:
         """AVAILABLE ranges within [first, last], clipped; taken before anything changes."""
+        return self._state_spans(_AVAILABLE, first, last)
+
+    def _state_spans(self, state: RecordState, first: int, last: int) -> list[tuple[int, int]]:
+        """The ranges in `state` within [first, last], clipped."""
         if first > last:
             return []
         table = self._ranges
         stop = table.index_after(last)
         spans = []
-        index = table.find_state(_AVAILABLE, table.index_at(first), stop)
+        index = table.find_state(state, table.index_at(first), stop)
         while index >= 0:
             spans.append((max(table.firsts[index], first), min(table.lasts[index], last)))
-            index = table.find_state(_AVAILABLE, index + 1, stop)
+            index = table.find_state(state, index + 1, stop)
         return spans
 
     def _counted_in(self, record: InFlightRange) -> None:
@@ -1142,7 +1306,7 @@ class SharePartition:
             self._deadlines[deadline] = self._deadlines.get(deadline, 0) + 1
             if self._earliest_deadline is not None and deadline < self._earliest_deadline:
                 self._earliest_deadline = deadline
-        elif record.state is not _AVAILABLE:
+        elif record.state is _ACKNOWLEDGED or record.state is _ARCHIVED:
             self._done_count += record.record_count
 
     def _counted_out(self, record: InFlightRange) -> None:
@@ -1158,7 +1322,7 @@ class SharePartition:
                 del self._deadlines[deadline]
                 if deadline == self._earliest_deadline:
                     self._earliest_deadline = None  # found again when next asked
-        elif record.state is not _AVAILABLE:
+        elif record.state is _ACKNOWLEDGED or record.state is _ARCHIVED:
             self._done_count -= record.record_count
 
     def _put(self, record: InFlightRange) -> None:
@@ -1220,6 +1384,7 @@ class SharePartition:
                 old,
                 event,
                 delivery_count_limit=self.config.delivery_count_limit,
+                dead_letter=self.config.dead_letter,
                 member_id=member_id,
                 lock_deadline_ms=lock_deadline_ms,
             )
@@ -1252,6 +1417,7 @@ class SharePartition:
         table = self._ranges
         olds = self._pop_indexes(table.index_at(first), table.index_after(last))
         limit = self.config.delivery_count_limit
+        dead_letter = self.config.dead_letter
         news: list[InFlightRange] = []
         index = 0
         for run_first, run_last, event in runs:
@@ -1274,6 +1440,7 @@ class SharePartition:
                     piece,
                     event,
                     delivery_count_limit=limit,
+                    dead_letter=dead_letter,
                     member_id=member_id,
                     lock_deadline_ms=lock_deadline_ms,
                 )
@@ -1479,6 +1646,7 @@ class SharePartition:
         """
         ranges = self._ranges
         limit = self.config.delivery_count_limit
+        dead_letter = self.config.dead_letter
         removed: list[InFlightRange] = []
         added: list[InFlightRange] = []
         available: list[OffsetRange] = []
@@ -1486,12 +1654,12 @@ class SharePartition:
         before_keys = self._keys_before(firsts)
         for index, first in enumerate(firsts):
             old = ranges[first]
-            new = _transition(old, event, delivery_count_limit=limit)
+            new = _transition(old, event, delivery_count_limit=limit, dead_letter=dead_letter)
             removed.append(old)
             # Durably the range was AVAILABLE with the count before its acquisition: made
             # AVAILABLE again it carries the delivery that was made, or it is ARCHIVED.
             self._mark_changed(first, new.last_offset)
-            if new.state is _ARCHIVED:
+            if new.state is not _AVAILABLE:
                 _extend_spans(archived, first, new.last_offset)
             else:
                 _extend_spans(available, first, new.last_offset)
@@ -1567,6 +1735,7 @@ def _joined(first: InFlightRange, second: InFlightRange) -> InFlightRange:
         first.delivery_count,
         first.member_id,
         first.lock_deadline_ms,
+        first.reason,
     )
 
 
@@ -1576,6 +1745,13 @@ def _extend_spans(spans: list[OffsetRange], first: int, last: int) -> None:
         spans[-1] = OffsetRange(spans[-1].first_offset, last)
     else:
         spans.append(OffsetRange(first, last))
+
+
+def _extend_spans_tuple(spans: list[tuple[int, int]], first: int, last: int) -> None:
+    if spans and spans[-1][1] + 1 == first:
+        spans[-1] = (spans[-1][0], last)
+    else:
+        spans.append((first, last))
 
 
 def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:

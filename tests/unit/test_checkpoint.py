@@ -93,7 +93,7 @@ async def traffic(persister: DurablePersister, rng: random.Random, writes: int) 
             await persister.read_state(key, state.leader_epoch + 1)
         else:
             first = max(state.start_offset, 0) + rng.randrange(5)
-            batches = [PersistedBatch(first, first + rng.randrange(4), rng.choice((0, 2, 4)), 1)]
+            batches = [PersistedBatch(first, first + rng.randrange(4), rng.choice((0, 2, 3, 4)), 1)]
             await persister.write_state(key, -1, -1, first - rng.randrange(2), batches)
 
 

@@ -108,7 +108,7 @@ class Workload:
                 start = max(state.start_offset, 0)
                 first = start + rng.randint(0, 30)
                 batches = [
-                    PersistedBatch(first, first + rng.randint(0, 5), rng.choice([0, 2, 4]), 1)
+                    PersistedBatch(first, first + rng.randint(0, 5), rng.choice([0, 2, 3, 4]), 1)
                 ]
                 move = start + rng.randint(0, 3) if rng.random() < 0.3 else -1
                 self._apply(

@@ -434,7 +434,7 @@ batch_st = st.builds(
     lambda first, length, state, count: PersistedBatch(first, first + length, state, count),
     st.integers(0, 60),
     st.integers(0, 10),
-    st.sampled_from([0, 2, 4]),
+    st.sampled_from([0, 2, 3, 4]),
     st.integers(0, 5),
 )
 op_st = st.one_of(
@@ -495,3 +495,11 @@ def test_replaying_all_emitted_records_gives_the_live_state(
         assert all(a[1] < c[0] for a, c in itertools.pairwise(offsets))
         if state.start_offset >= 0:
             assert all(first >= state.start_offset for first, _ in offsets)
+
+
+def test_write_keeps_archiving_batches() -> None:
+    # KIP-1191: delivery state 3 (Archiving) is stored and read back like the others.
+    h = initialized()
+    h.apply(h.shard.write_state(KEY, 0, 0, -1, [b(2, 4, 3, 5)], NOW))
+    assert h.shard.state(KEY) == ShareState(0, 0, 0, [b(2, 4, 3, 5)])
+    assert states(h.replayed()) == states(h.shard)

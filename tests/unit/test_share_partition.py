@@ -204,7 +204,7 @@ def test_persisted_batches_below_start_offset_are_dropped() -> None:
 
 @pytest.mark.parametrize(
     "batches",
-    [((0, 9, 1, 1),), ((0, 9, 3, 1),), ((0, 9, 0, 1), (5, 12, 0, 1)), ((9, 0, 0, 1),)],
+    [((0, 9, 1, 1),), ((0, 9, 5, 1),), ((0, 9, 0, 1), (5, 12, 0, 1)), ((9, 0, 0, 1),)],
     ids=["acquired", "unknown_state", "overlap", "first_after_last"],
 )
 def test_invalid_persisted_state_is_rejected(

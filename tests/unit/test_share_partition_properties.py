@@ -9,12 +9,19 @@ spso only moving forward and only over done records, delivery counts within the 
 refused acknowledgements changing nothing, and the committed StateUpdates replaying (from
 the first snapshot) to exactly `snapshot_state()` and to KIP-932's durable view of the
 model (ACQUIRED is transient: stored as the AVAILABLE record it was before the acquisition).
+
+With a dead-letter topic (KIP-1191, switched on and off at random) a rejected record, or one
+given up on at the delivery limit, is ARCHIVING instead of ARCHIVED until the dead-letter
+writer archives it: never acquired, SPSO never passes it, not in delivery_complete_count,
+handed out once (`take_dead_letters`) with its exact reason, archived two-phase (a rollback
+keeps it ARCHIVING), and handed out again by a reload of the durable state.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +34,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from broker.share.dead_letters import DeadLetterReason
 from broker.share.partition import (
     AcknowledgeType,
     AcquiredRange,
@@ -44,6 +52,7 @@ A = RecordState.AVAILABLE
 Q = RecordState.ACQUIRED
 K = RecordState.ACKNOWLEDGED
 X = RecordState.ARCHIVED
+G = RecordState.ARCHIVING
 DONE = (K, X)
 MEMBERS = ("m1", "m2", "m3")
 LOCK_MS = 100
@@ -93,6 +102,7 @@ per_offset_persisted = st.one_of(
     st.tuples(st.just(0), st.integers(1, 4)),
     st.tuples(st.just(2), st.integers(1, 4)),
     st.tuples(st.just(4), st.integers(0, 4)),
+    st.tuples(st.just(3), st.integers(1, 4)),
 )
 
 
@@ -109,6 +119,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
         gap_batches=st.sets(st.integers(0, 39), max_size=6),
         start_offset=st.integers(0, 10),
         persisted=st.lists(per_offset_persisted, max_size=15),
+        dead_letter=st.booleans(),
     )
     def setup(
         self,
@@ -118,8 +129,10 @@ class SharePartitionMachine(RuleBasedStateMachine):
         gap_batches: set[int],
         start_offset: int,
         persisted: list[tuple[int, int]],
+        dead_letter: bool,
     ) -> None:
         self.limit = limit
+        self.dead_letter = dead_letter
         self.log: list[tuple[int, int]] = []
         offset = 0
         for size in batch_sizes:
@@ -142,12 +155,16 @@ class SharePartitionMachine(RuleBasedStateMachine):
                 record_lock_duration_ms=LOCK_MS,
                 delivery_count_limit=limit,
                 max_in_flight_records=max_in_flight,
+                dead_letter=dead_letter,
             ),
             state_epoch=0,
             start_offset=start_offset,
             state_batches=batches,
         )
         self.model = expand(self.sp)
+        self.reasons: dict[int, DeadLetterReason] = {}
+        self.handed: set[int] = set()
+        self.infer_reasons()
         self.spso, self.speo = self.sp.spso, self.sp.speo
         start, snapshot = self.sp.snapshot_state()
         self.durable = durable_of(start, snapshot)
@@ -182,6 +199,25 @@ class SharePartitionMachine(RuleBasedStateMachine):
         assert self.whole() == before, "a rolled back change left something behind"
         return False
 
+    def infer_reasons(self) -> None:
+        """The reasons of loaded ARCHIVING records, as Kafka infers them."""
+        self.reasons = {
+            offset: DeadLetterReason.DELIVERY_LIMIT
+            if count >= self.limit
+            else DeadLetterReason.REJECTED
+            for offset, (state, count, _m, _d) in self.model.items()
+            if state is G
+        }
+
+    def give_up(self, offset: int, reason: DeadLetterReason) -> None:
+        """The model of a record given up on: ARCHIVING with a dead-letter topic."""
+        count = self.model[offset][1]
+        if self.dead_letter:
+            self.model[offset] = (G, count, None, None)
+            self.reasons[offset] = reason
+        else:
+            self.model[offset] = (X, count, None, None)
+
     def advance_model(self) -> None:
         while self.spso < self.speo and self.model[self.spso][0] in DONE:
             del self.model[self.spso]
@@ -201,9 +237,10 @@ class SharePartitionMachine(RuleBasedStateMachine):
 
     def release_model(self, offset: int) -> None:
         _state, count, _member, _deadline = self.model[offset]
-        self.model[offset] = (
-            (A, count, None, None) if count < self.limit else (X, count, None, None)
-        )
+        if count < self.limit:
+            self.model[offset] = (A, count, None, None)
+        else:
+            self.give_up(offset, DeadLetterReason.DELIVERY_LIMIT)
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -266,6 +303,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
             for o in range(r.first_offset, r.last_offset + 1)
         }
         in_gap = {o for first, last in self.gaps for o in range(first, last + 1)}
+        new_reasons: dict[int, DeadLetterReason] = {}
         for offset, count in acquired.items():
             assert after[offset] == (Q, count, member, self.now + LOCK_MS)
             assert offset not in in_gap
@@ -281,13 +319,21 @@ class SharePartitionMachine(RuleBasedStateMachine):
             new = after.get(offset)
             if old == new or (new is None and old is not None and old[0] in DONE):
                 continue
-            # Anything else a fetch changes is archived without being delivered.
+            # Anything else a fetch changes is archived without being delivered: a record at
+            # the delivery limit dead-lettered (ARCHIVING) with a dead-letter topic.
             if old is None:
                 assert offset in in_gap
             else:
                 assert old[0] is A and (old[1] >= self.limit or offset in in_gap)
-            assert new is None or new[0] is X
+            at_limit = old is not None and old[1] >= self.limit
+            if new is not None and self.dead_letter and at_limit:
+                assert new[0] is G
+                new_reasons[offset] = DeadLetterReason.DELIVERY_LIMIT
+            else:
+                assert new is None or new[0] is X
         total = len(acquired)
+        for offset in acquired:
+            assert before.get(offset, (A,))[0] is not G, "an ARCHIVING record was acquired"
         longest_batch = max(last - first + 1 for first, last in self.log)
         assert total < max_records + longest_batch
         if mode is ShareAcquireMode.RECORD_LIMIT:
@@ -301,6 +347,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
         if not self.complete(result.change, commit, whole_before):
             return
         self.model = after
+        self.reasons.update(new_reasons)
         self.spso, self.speo = sp.spso, sp.speo
         self.record(result.state_update, spso_before)
 
@@ -361,7 +408,9 @@ class SharePartitionMachine(RuleBasedStateMachine):
                 _state, count, owner, _deadline = self.model[offset]
                 if ack == AcknowledgeType.ACCEPT:
                     self.model[offset] = (K, count, None, None)
-                elif ack in (AcknowledgeType.REJECT, AcknowledgeType.GAP):
+                elif ack == AcknowledgeType.REJECT:
+                    self.give_up(offset, DeadLetterReason.REJECTED)
+                elif ack == AcknowledgeType.GAP:
                     self.model[offset] = (X, count, None, None)
                 elif ack == AcknowledgeType.RELEASE:
                     self.release_model(offset)
@@ -459,7 +508,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
             if ack_type == 1:
                 self.model[offset] = (K, count, None, None)
             elif ack_type == 3:
-                self.model[offset] = (X, count, None, None)
+                self.give_up(offset, DeadLetterReason.REJECTED)
             else:
                 self.release_model(offset)
         self.advance_model()
@@ -513,6 +562,80 @@ class SharePartitionMachine(RuleBasedStateMachine):
             self.advance_model()
         self.record(update, spso_before)
 
+    @rule(on=st.booleans())
+    def switch_dead_letter_topic(self, on: bool) -> None:
+        """The group's dead-letter topic set or removed: runs already ARCHIVING drain."""
+        self.dead_letter = on
+        self.sp.config = replace(self.sp.config, dead_letter=on)
+
+    @rule(data=st.data(), commit=st.booleans())
+    def take_and_archive_dead_letters(self, data: st.DataObject, commit: bool) -> None:
+        """The dead-letter writer: takes the runs not handed out yet, then archives one
+        handed-out span (its copy durable), the write succeeding or failing."""
+        sp = self.sp
+        letters = sp.take_dead_letters()
+        archiving = {o for o, v in self.model.items() if v[0] is G}
+        taken: set[int] = set()
+        for letter in letters:
+            assert (letter.group_id, letter.topic_id, letter.partition) == (
+                "g",
+                sp.topic_id,
+                0,
+            )
+            for offset in range(letter.first_offset, letter.last_offset + 1):
+                assert offset not in taken
+                taken.add(offset)
+                assert self.model[offset][1] == letter.delivery_count
+                assert self.reasons[offset] is letter.reason
+        assert taken == archiving - self.handed, "not every ARCHIVING record handed out once"
+        self.handed = set(archiving)
+        assert sp.take_dead_letters() == []
+        if not archiving:
+            return
+        first = data.draw(st.sampled_from(sorted(archiving)))
+        last = data.draw(st.integers(first, max(archiving) + 2))
+        spso_before = sp.spso
+        before = self.whole()
+        change = sp.archive_dead_letter(first, last)
+        if not self.complete(change, commit, before):
+            return
+        for offset in range(first, last + 1):
+            if offset in archiving:
+                self.model[offset] = (X, self.model[offset][1], None, None)
+                self.handed.discard(offset)
+        self.advance_model()
+        self.record(change.state_update, spso_before)
+
+    @rule()
+    def reload(self) -> None:
+        """A crash and a new leader: the durable state read back. ACQUIRED records come back
+        AVAILABLE with the count before their delivery, ARCHIVING runs are handed out again
+        with their reasons inferred."""
+        start, batches = self.sp.snapshot_state()
+        self.sp = SharePartition(
+            "g",
+            self.sp.topic_id,
+            0,
+            config=self.sp.config,
+            state_epoch=0,
+            start_offset=start,
+            state_batches=batches,
+        )
+        expected = {
+            offset: (RecordState(state), count, None, None)
+            for offset, (state, count) in kip_durable(self.model).items()
+        }
+        end = max(expected, default=start - 1) + 1
+        for offset in range(start, end):
+            expected.setdefault(offset, (A, 0, None, None))
+        assert expand(self.sp) == expected
+        self.model = expected
+        self.spso, self.speo = self.sp.spso, self.sp.speo
+        self.last_speo = self.speo
+        self.durable = durable_of(start, batches)
+        self.handed = set()
+        self.infer_reasons()
+
     # -- invariants -----------------------------------------------------------------------
 
     @invariant()
@@ -557,6 +680,20 @@ class SharePartitionMachine(RuleBasedStateMachine):
         assert self.sp.next_lock_deadline() == (
             min(d for d in deadlines if d is not None) if deadlines else None
         )
+
+    @invariant()
+    def dead_letter_reasons_and_complete_count(self) -> None:
+        done = 0
+        for r in self.sp.in_flight_ranges():
+            if r.state is G:
+                for offset in range(r.first_offset, r.last_offset + 1):
+                    assert r.reason is self.reasons[offset]
+            else:
+                assert r.reason is None
+            if r.state in DONE:
+                done += r.record_count
+        assert self.sp.delivery_complete_count == done
+        assert self.sp.has_dead_letters == any(v[0] is G for v in self.model.values())
 
     @invariant()
     def next_fetch_offset_is_first_available(self) -> None:
