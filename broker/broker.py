@@ -544,6 +544,7 @@ class Broker:
             metrics=self.metrics.share,
             not_leader=self._not_leader,
             leader_epoch=self._leader_epoch,
+            dead_letter_sink=self.dead_letter_sink,
         )
         self.share.start()  # its idle-unload sweep runs on the manager's clock
         self.sessions = ShareSessionCache(self.config.get("group.share.max.share.sessions"))

@@ -15,6 +15,9 @@ become available again. Its parts, each in its own module:
 - `broker.share.reader`: log batches read and acquired for a fetch, handed out once
   durable in their log.
 - `broker.share.expiry`: acquisition-lock timeouts on the clock.
+- `broker.share.dead_letter`: KIP-1191's second phase, in the background: the ARCHIVING
+  runs a committed change (or a load) leaves are copied to the group's dead-letter topic
+  through the `DeadLetterSink`, then archived.
 
 An acquisition alone changes nothing durable (KIP-932: the Acquired state is transient)
 and commits at once: a ShareFetch writes only the acknowledgements it carries.
@@ -33,6 +36,8 @@ import structlog
 from broker import trace
 from broker.metrics import ShareMetrics
 from broker.partitions import Listener, Listeners
+from broker.share.dead_letter import DeadLetterWriter, RefusingSink
+from broker.share.dead_letters import DeadLetterSink
 from broker.share.expiry import LockExpiry
 from broker.share.locks import FetchLocks
 from broker.share.partition import (
@@ -118,6 +123,7 @@ class SharePartitionManager:
         metrics: ShareMetrics | None = None,
         not_leader: Callable[[uuid.UUID, int], KafkaError | None] | None = None,
         leader_epoch: Callable[[uuid.UUID, int], int] | None = None,
+        dead_letter_sink: DeadLetterSink | None = None,
     ) -> None:
         self.persister = persister
         # The topic partition's leader epoch (broker.cluster), read and written with the
@@ -145,7 +151,22 @@ class SharePartitionManager:
         self._last_used: dict[ShareStateKey, int] = {}
         self._stopped = False
         self.reader = AcquisitionReader(log_partition, clock, self.metrics, self.not_leader)
-        self.writer = StateWriter(persister, self._topic_name, self._unload)
+        self.writer = StateWriter(
+            persister, self._topic_name, self._unload, on_committed=self._committed
+        )
+        # Without a sink, ARCHIVING runs (left by an earlier broker) are archived uncopied.
+        self.dead_letters = DeadLetterWriter(
+            clock=clock,
+            sink=dead_letter_sink if dead_letter_sink is not None else RefusingSink(),
+            partitions=self.partitions,
+            locks=self._locks,
+            writer=self.writer,
+            metrics=self.metrics,
+            notify=self._notify,
+            spawn=self._spawn,
+            topic_name=self._topic_name,
+            lock_wait_ms=lock_wait_ms,
+        )
         self.expiry = LockExpiry(
             clock=clock,
             partitions=self.partitions,
@@ -163,11 +184,13 @@ class SharePartitionManager:
         """Start the idle-unload sweep (lock-expiry timers start as records are acquired)."""
         self._stopped = False
         self.expiry.start()
+        self.dead_letters.start()
         self._schedule_sweep()
 
     def stop(self) -> None:
         self._stopped = True
         self.expiry.stop()
+        self.dead_letters.stop()
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
         self._sweep_timer = None
@@ -201,6 +224,10 @@ class SharePartitionManager:
             )
             self._notify(key)
 
+    def _committed(self, key: ShareStateKey, sp: SharePartition) -> None:
+        """A change of `sp` is durable: have its new ARCHIVING runs dead-lettered."""
+        self.dead_letters.poke(key, sp)
+
     def _topic_name(self, key: ShareStateKey) -> str | None:
         log_part = self.log_partition(key.topic_id, key.partition)
         return None if log_part is None else log_part.topic
@@ -223,6 +250,8 @@ class SharePartitionManager:
                 )
                 reraise_as(failed, exc)
             self.partitions[key] = sp
+            # ARCHIVING runs an earlier owner left: copied again, then archived.
+            self.dead_letters.poke(key, sp)
         self._last_used[key] = self.clock.now_ms()
         return sp
 
@@ -635,6 +664,7 @@ class SharePartitionManager:
             if sp.acquired_count == 0
             and not self._listeners.get(key)
             and key not in self._locks
+            and not sp.has_dead_letters
             and at_ms - self._last_used.get(key, 0) >= idle_for
         ]
         for key in idle:

@@ -126,10 +126,14 @@ class StateWriter:
         persister: Persister,
         topic_name: Callable[[ShareStateKey], str | None],
         on_dropped: Callable[[ShareStateKey, SharePartition | None], None],
+        on_committed: Callable[[ShareStateKey, SharePartition], None] | None = None,
     ) -> None:
         self.persister = persister
         self.topic_name = topic_name
         self.on_dropped = on_dropped
+        # Called after each change a write made durable (the dead-letter writer looks for
+        # new ARCHIVING runs there).
+        self.on_committed = on_committed
 
     async def write(
         self,
@@ -164,6 +168,8 @@ class StateWriter:
                 raise
             reraise_as(self.failed(key, sp, operation, exc, context), exc)
         change.commit()
+        if self.on_committed is not None:
+            self.on_committed(key, sp)
 
     async def write_many(self, writes: list[PendingWrite]) -> list[KafkaError | None]:
         """Persist several partitions' changes as one share-state write (one append, one
@@ -210,6 +216,8 @@ class StateWriter:
         for w, outcome in zip(todo, outcomes, strict=True):
             if outcome is None:
                 w.change.commit()
+                if self.on_committed is not None:
+                    self.on_committed(w.key, w.sp)
                 continue
             w.change.rollback()
             errors[id(w)] = self.failed(w.key, w.sp, w.operation, outcome, w.context)

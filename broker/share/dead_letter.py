@@ -1,0 +1,283 @@
+"""The dead-letter writer: phase two of KIP-1191's flow, ARCHIVING -> copy -> ARCHIVED.
+
+A share partition of a group with a dead-letter topic puts a record it gives up on in
+ARCHIVING, durably, before the client is answered (phase one, `broker.share.partition`).
+`DeadLetterWriter` does the rest, in the background, one task per share partition (so the
+runs of one partition, however many acknowledgements produce them at once, are copied and
+archived one after the other): it takes the partition's ARCHIVING runs not handed out yet
+(`SharePartition.take_dead_letters`), hands each to the `DeadLetterSink`, which writes the
+copies to the dead-letter topic and returns once they are durable, then archives the run
+(`archive_dead_letter`) with one share-state write under the partition's lock, and counts
+it (`ShareMetrics.dead_lettered`).
+
+- A crash (or `kill -9`) between the two writes leaves the run ARCHIVING in the share state:
+  whoever loads the partition next hands it out again and writes the copy again. Crash
+  points `dead-letter.before-copy` (ARCHIVING durable, no copy yet) and
+  `dead-letter.after-copy` (copy durable, not yet ARCHIVED) let tests kill the broker there.
+- `DeadLetterRetriable` (storage error, leader moved, database down), a copy that takes
+  longer than `copy_timeout_ms`, or a sink that fails unexpectedly: the run stays ARCHIVING
+  and the copy is tried again after a backoff on the injected clock, doubling up to
+  `max_backoff_ms`, for as long as the partition stays loaded here.
+- `DeadLetterRefused` (no dead-letter topic any more, the topic unfit, a copy too large):
+  the run is archived without a copy, with a warning naming the reason, as Kafka proceeds
+  to ARCHIVED when its dead-letter write fails.
+- A failed ARCHIVED write leaves the run ARCHIVING in memory (the change is rolled back:
+  memory is never ahead of what is durable) and is tried again after the backoff.
+- The partition unloaded, fenced or dropped (another broker leads it now): the task stops
+  at its next step; the next owner resumes from the persisted ARCHIVING.
+
+Nothing here holds a partition's lock while the sink writes, and every wait is bounded
+(the lock by `lock_wait_ms`, the copy by `copy_timeout_ms`), so fetches of this and every
+other partition go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from broker.faults import crash_point
+from broker.metrics import ShareMetrics
+from broker.share.dead_letters import (
+    DeadLetter,
+    DeadLetterRefused,
+    DeadLetterRetriable,
+    DeadLetterSink,
+)
+from broker.share.locks import FetchLocks
+from broker.share.partition import SharePartition
+from broker.share.state_writer import StateWriter
+from coordinator.share_state import ShareStateKey
+from persister.clock import Clock, sleep, wait_all
+from protocol.errors import KafkaError
+
+__all__ = [
+    "COPY_TIMEOUT_MS",
+    "RETRY_BACKOFF_MS",
+    "RETRY_MAX_BACKOFF_MS",
+    "DeadLetterWriter",
+    "RefusingSink",
+]
+
+log = structlog.get_logger("spool.share")
+
+# The first wait before a copy (or the ARCHIVED write) is tried again; doubled each time.
+RETRY_BACKOFF_MS = 100
+RETRY_MAX_BACKOFF_MS = 30_000
+# The longest one copy may take before it counts as failed (retriable): as a Produce with
+# acks=all waits at most request.timeout.ms (30000 by default).
+COPY_TIMEOUT_MS = 30_000
+
+
+class RefusingSink:
+    """A sink for a broker with no dead-letter writer: every run is archived uncopied."""
+
+    def __init__(self, reason: str = "no dead-letter writer in this broker") -> None:
+        self.reason = reason
+
+    async def write(self, letter: DeadLetter) -> int:
+        raise DeadLetterRefused(self.reason)
+
+
+class DeadLetterWriter:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        sink: DeadLetterSink,
+        partitions: dict[ShareStateKey, SharePartition],
+        locks: FetchLocks[ShareStateKey],
+        writer: StateWriter,
+        metrics: ShareMetrics,
+        notify: Callable[[ShareStateKey], None],
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
+        topic_name: Callable[[ShareStateKey], str | None],
+        lock_wait_ms: int,
+        retry_backoff_ms: int = RETRY_BACKOFF_MS,
+        max_backoff_ms: int = RETRY_MAX_BACKOFF_MS,
+        copy_timeout_ms: int = COPY_TIMEOUT_MS,
+    ) -> None:
+        self.clock = clock
+        self.sink = sink
+        self.partitions = partitions
+        self.locks = locks
+        self.writer = writer
+        self.metrics = metrics
+        self.notify = notify
+        self.spawn = spawn
+        self.topic_name = topic_name
+        self.lock_wait_ms = lock_wait_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.max_backoff_ms = max_backoff_ms
+        self.copy_timeout_ms = copy_timeout_ms
+        # The share partition each running task works for (one task per key).
+        self._running: dict[ShareStateKey, SharePartition] = {}
+        self._stopped = False
+
+    def start(self) -> None:
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Stop starting tasks (the manager cancels the running ones with its others)."""
+        self._stopped = True
+
+    def busy(self, key: ShareStateKey) -> bool:
+        """Whether a task works on `key`'s dead letters."""
+        return key in self._running
+
+    def poke(self, key: ShareStateKey, sp: SharePartition) -> None:
+        """A change of `sp` is durable, or `sp` was loaded: dead-letter what it has
+        ARCHIVING, unless a task for it runs already (it takes new runs before it ends)."""
+        if self._stopped or not sp.has_dead_letters or self._running.get(key) is sp:
+            return
+        # A task for an earlier load of the key stops at its next step on its own.
+        self._running[key] = sp
+        self.spawn(self._run(key, sp), "share_dead_letters")
+
+    def _loaded(self, key: ShareStateKey, sp: SharePartition) -> bool:
+        return not self._stopped and self.partitions.get(key) is sp
+
+    async def _run(self, key: ShareStateKey, sp: SharePartition) -> None:
+        try:
+            backoff = self.retry_backoff_ms
+            while self._loaded(key, sp):
+                letters = await self._take(key, sp)
+                if letters is None:  # the partition stayed busy: look again shortly
+                    await sleep(self.clock, backoff)
+                    backoff = min(backoff * 2, self.max_backoff_ms)
+                    continue
+                if not letters:
+                    return  # no await since the take: a later poke starts a new task
+                backoff = self.retry_backoff_ms
+                for letter in letters:
+                    if not await self._dead_letter(key, sp, letter):
+                        return
+        finally:
+            if self._running.get(key) is sp:
+                del self._running[key]
+
+    async def _take(self, key: ShareStateKey, sp: SharePartition) -> list[DeadLetter] | None:
+        """The runs not handed out yet, taken under the lock (no change pending); None if
+        the lock could not be had in time."""
+        if not await self.locks.acquire(key, self.lock_wait_ms):
+            return None
+        try:
+            if not self._loaded(key, sp):
+                return []
+            return sp.take_dead_letters()
+        finally:
+            self.locks.release(key)
+
+    async def _dead_letter(
+        self, key: ShareStateKey, sp: SharePartition, letter: DeadLetter
+    ) -> bool:
+        """Copy one run, then archive it; False once the partition is no longer loaded."""
+        backoff = self.retry_backoff_ms
+        while True:
+            if not self._loaded(key, sp):
+                return False
+            crash_point("dead-letter.before-copy")
+            refused: str | None = None
+            try:
+                await self._copy(letter)
+            except DeadLetterRetriable as exc:
+                self._retrying(key, letter, "copy", str(exc) or type(exc).__name__, backoff)
+                await sleep(self.clock, backoff)
+                backoff = min(backoff * 2, self.max_backoff_ms)
+                continue
+            except DeadLetterRefused as exc:
+                refused = str(exc) or "refused"
+                log.warning(
+                    "dead_letter_archived_uncopied",
+                    group=key.group_id,
+                    topic=self.topic_name(key),
+                    partition=key.partition,
+                    first_offset=letter.first_offset,
+                    last_offset=letter.last_offset,
+                    reason=refused,
+                    hint="the records are archived without a dead-letter copy",
+                )
+            except Exception as exc:
+                # A bug in the sink: logged with its trace, and tried again as retriable.
+                log.exception(
+                    "dead_letter_copy_failed",
+                    group=key.group_id,
+                    topic=self.topic_name(key),
+                    partition=key.partition,
+                    first_offset=letter.first_offset,
+                    last_offset=letter.last_offset,
+                )
+                self._retrying(key, letter, "copy", repr(exc), backoff)
+                await sleep(self.clock, backoff)
+                backoff = min(backoff * 2, self.max_backoff_ms)
+                continue
+            break
+        if refused is None:
+            crash_point("dead-letter.after-copy")
+        while True:
+            if not self._loaded(key, sp):
+                return False
+            archived = await self._archive(key, sp, letter)
+            if archived is None:
+                return False
+            if archived:
+                break
+            await sleep(self.clock, backoff)
+            backoff = min(backoff * 2, self.max_backoff_ms)
+        self.metrics.dead_lettered(key, letter.reason.label, letter.record_count, refused is None)
+        return True
+
+    async def _copy(self, letter: DeadLetter) -> int:
+        """The sink's write, bounded by `copy_timeout_ms` on the clock."""
+        task = asyncio.ensure_future(self.sink.write(letter))
+        if await wait_all(self.clock, [task], self.copy_timeout_ms):
+            task.cancel()
+            raise DeadLetterRetriable(f"the copy took longer than {self.copy_timeout_ms} ms")
+        return task.result()
+
+    async def _archive(
+        self, key: ShareStateKey, sp: SharePartition, letter: DeadLetter
+    ) -> bool | None:
+        """ARCHIVING -> ARCHIVED, durably, under the partition's lock; False to try again,
+        None if the partition is no longer loaded here."""
+        if not await self.locks.acquire(key, self.lock_wait_ms):
+            self._retrying(key, letter, "archive", "share partition busy", 0)
+            return False
+        try:
+            if not self._loaded(key, sp):
+                return None
+            change = sp.archive_dead_letter(letter.first_offset, letter.last_offset)
+            try:
+                await self.writer.write(
+                    key,
+                    sp,
+                    change,
+                    "dead_letter_archive",
+                    first_offset=letter.first_offset,
+                    last_offset=letter.last_offset,
+                )
+            except KafkaError:
+                return False  # logged by the writer; rolled back: still ARCHIVING
+        finally:
+            self.locks.release(key)
+        # SPSO may have moved: room under share.partition.max.record.locks for a fetch.
+        self.notify(key)
+        return True
+
+    def _retrying(
+        self, key: ShareStateKey, letter: DeadLetter, step: str, reason: str, backoff_ms: int
+    ) -> None:
+        log.warning(
+            "dead_letter_retrying",
+            group=key.group_id,
+            topic=self.topic_name(key),
+            partition=key.partition,
+            first_offset=letter.first_offset,
+            last_offset=letter.last_offset,
+            step=step,
+            reason=reason,
+            retry_in_ms=backoff_ms,
+        )
