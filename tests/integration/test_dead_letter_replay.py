@@ -18,7 +18,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import (
+    AcknowledgeType,
+    ConsumerGroupTopicPartitions,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from broker.share.dead_letters import (
@@ -42,6 +48,14 @@ from tests.integration.conftest import (
     produce,
     producer_config,
     watermarks,
+)
+from tests.integration.share_helpers import (
+    accept_all,
+    close_quietly,
+    consume,
+    produce_values,
+    set_group_configs,
+    share_consumer,
 )
 
 TIMEOUT_MS = "20000"
@@ -152,6 +166,48 @@ def test_replay_moves_each_dead_letter_back_once(broker: Broker) -> None:
     assert "Replayed 2 record(s)" in other and "passed over 9" in other, other
     fixed = consume_assigned(broker, "orders.fixed", [0], 2, timeout=30)
     assert sorted((r.key, r.value) for r in fixed) == [(b"k8", b"v8"), (b"k9", b"v9")]
+
+
+def test_records_a_share_group_rejected_come_back_to_it(broker: Broker) -> None:
+    """The user's story end to end: a share group with a dead-letter topic rejects some
+    records (the broker copies them there, headers only, Kafka's default); once the bug
+    is fixed, the replay puts them back and the same group gets them again."""
+    create_topic(broker, "jobs")
+    create_topic(broker, "dlq.jobs", config={"errors.deadletterqueue.group.enable": "true"})
+    set_group_configs(
+        broker,
+        "workers",
+        {"share.auto.offset.reset": "earliest", "errors.deadletterqueue.topic.name": "dlq.jobs"},
+    )
+    sent = produce_values(broker, "jobs", [b"job-%d" % i for i in range(20)])
+    rejected = {s.offset for s in sent if s.offset % 4 == 0}
+
+    def reject_some(msg: Message) -> AcknowledgeType:
+        return AcknowledgeType.REJECT if msg.offset() in rejected else AcknowledgeType.ACCEPT
+
+    consumer = share_consumer(broker, "workers", ["jobs"])
+    try:
+        consume(
+            consumer, until=lambda log: len(log.deliveries) >= 20, timeout=60, decide=reject_some
+        )
+        deadline = time.monotonic() + 30
+        while watermarks(broker, "dlq.jobs", 0)[1] < len(rejected):
+            assert time.monotonic() < deadline, "the dead-letter copies never appeared"
+            time.sleep(0.1)
+
+        out = replay_ok(broker, "--group", "workers", "--topic", "dlq.jobs")
+        assert f"Replayed {len(rejected)} record(s)" in out, out
+        assert f"(0 from their copy, {len(rejected)} read from the source topic)" in out, out
+        again = consume(
+            consumer,
+            until=lambda log: len(log.deliveries) >= len(rejected),
+            timeout=60,
+            decide=accept_all,
+        )
+    finally:
+        close_quietly(consumer)
+    assert sorted(again.values()) == sorted(b"job-%d" % o for o in rejected)
+    assert all(d.offset >= 20 for d in again.deliveries)
 
 
 def test_replay_errors_name_the_kafka_error(broker: Broker) -> None:
