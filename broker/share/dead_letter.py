@@ -6,9 +6,9 @@ ARCHIVING, durably, before the client is answered (phase one, `broker.share.part
 runs of one partition, however many acknowledgements produce them at once, are copied and
 archived one after the other): it takes the partition's ARCHIVING runs not handed out yet
 (`SharePartition.take_dead_letters`), hands each to the `DeadLetterSink`, which writes the
-copies to the dead-letter topic and returns once they are durable, then archives the run
-(`archive_dead_letter`) with one share-state write under the partition's lock, and counts
-it (`ShareMetrics.dead_lettered`).
+copies to the dead-letter topic and returns once they are durable, then archives the runs
+(`archive_dead_letters`: the runs of one take together, with one share-state write under
+the partition's lock), and counts them (`ShareMetrics.dead_lettered`).
 
 - A crash (or `kill -9`) between the two writes leaves the run ARCHIVING in the share state:
   whoever loads the partition next hands it out again and writes the copy again. Crash
@@ -152,9 +152,8 @@ class DeadLetterWriter:
                 if not letters:
                     return  # no await since the take: a later poke starts a new task
                 backoff = self.retry_backoff_ms
-                for letter in letters:
-                    if not await self._dead_letter(key, sp, letter):
-                        return
+                if not await self._dead_letter(key, sp, letters):
+                    return
         finally:
             if self._running.get(key) is sp:
                 del self._running[key]
@@ -172,65 +171,69 @@ class DeadLetterWriter:
             self.locks.release(key)
 
     async def _dead_letter(
-        self, key: ShareStateKey, sp: SharePartition, letter: DeadLetter
+        self, key: ShareStateKey, sp: SharePartition, letters: list[DeadLetter]
     ) -> bool:
-        """Copy one run, then archive it; False once the partition is no longer loaded."""
+        """Copy the runs one by one, then archive them with one share-state write (before
+        a backoff too, so what is copied does not wait on a failing copy); False once the
+        partition is no longer loaded here."""
+        done: list[tuple[DeadLetter, bool]] = []  # (run, copied)
         backoff = self.retry_backoff_ms
-        while True:
+        index = 0
+        while index < len(letters):
             if not self._loaded(key, sp):
                 return False
+            letter = letters[index]
             crash_point("dead-letter.before-copy")
-            refused: str | None = None
-            try:
-                await self._copy(letter)
-            except DeadLetterRetriable as exc:
-                self._retrying(key, letter, "copy", str(exc) or type(exc).__name__, backoff)
+            copied = await self._copy(key, letter, backoff)
+            if copied is None:
+                if done:
+                    if not await self._archive(key, sp, done):
+                        return False
+                    done = []
                 await sleep(self.clock, backoff)
                 backoff = min(backoff * 2, self.max_backoff_ms)
                 continue
-            except DeadLetterRefused as exc:
-                refused = str(exc) or "refused"
-                log.warning(
-                    "dead_letter_archived_uncopied",
-                    group=key.group_id,
-                    topic=self.topic_name(key),
-                    partition=key.partition,
-                    first_offset=letter.first_offset,
-                    last_offset=letter.last_offset,
-                    reason=refused,
-                    hint="the records are archived without a dead-letter copy",
-                )
-            except Exception as exc:
-                # A bug in the sink: logged with its trace, and tried again as retriable.
-                log.exception(
-                    "dead_letter_copy_failed",
-                    group=key.group_id,
-                    topic=self.topic_name(key),
-                    partition=key.partition,
-                    first_offset=letter.first_offset,
-                    last_offset=letter.last_offset,
-                )
-                self._retrying(key, letter, "copy", repr(exc), backoff)
-                await sleep(self.clock, backoff)
-                backoff = min(backoff * 2, self.max_backoff_ms)
-                continue
-            break
-        if refused is None:
-            crash_point("dead-letter.after-copy")
-        while True:
-            if not self._loaded(key, sp):
-                return False
-            archived = await self._archive(key, sp, letter)
-            if archived is None:
-                return False
-            if archived:
-                break
-            await sleep(self.clock, backoff)
-            backoff = min(backoff * 2, self.max_backoff_ms)
-        self.metrics.dead_lettered(key, letter.reason.label, letter.record_count, refused is None)
+            if copied:
+                crash_point("dead-letter.after-copy")
+            done.append((letter, copied))
+            backoff = self.retry_backoff_ms
+            index += 1
+        return await self._archive(key, sp, done)
+
+    async def _copy(self, key: ShareStateKey, letter: DeadLetter, backoff_ms: int) -> bool | None:
+        """Have the sink write the run's copies: True once durable, False when refused for
+        good (archived uncopied), None to try again after `backoff_ms`."""
+        try:
+            await self._write_bounded(letter)
+        except DeadLetterRetriable as exc:
+            self._retrying(key, letter, "copy", str(exc) or type(exc).__name__, backoff_ms)
+            return None
+        except DeadLetterRefused as exc:
+            log.warning(
+                "dead_letter_archived_uncopied",
+                group=key.group_id,
+                topic=self.topic_name(key),
+                partition=key.partition,
+                first_offset=letter.first_offset,
+                last_offset=letter.last_offset,
+                reason=str(exc) or "refused",
+            )
+            return False
+        except Exception as exc:
+            # A bug in the sink: logged with its trace, and tried again as retriable.
+            log.exception(
+                "dead_letter_copy_failed",
+                group=key.group_id,
+                topic=self.topic_name(key),
+                partition=key.partition,
+                first_offset=letter.first_offset,
+                last_offset=letter.last_offset,
+            )
+            self._retrying(key, letter, "copy", repr(exc), backoff_ms)
+            return None
         return True
 
-    async def _copy(self, letter: DeadLetter) -> int:
+    async def _write_bounded(self, letter: DeadLetter) -> int:
         """The sink's write, bounded by `copy_timeout_ms` on the clock."""
         task = asyncio.ensure_future(self.sink.write(letter))
         if await wait_all(self.clock, [task], self.copy_timeout_ms):
@@ -239,25 +242,50 @@ class DeadLetterWriter:
         return task.result()
 
     async def _archive(
-        self, key: ShareStateKey, sp: SharePartition, letter: DeadLetter
+        self, key: ShareStateKey, sp: SharePartition, done: list[tuple[DeadLetter, bool]]
+    ) -> bool:
+        """ARCHIVING -> ARCHIVED for the runs `done`, with one share-state write under the
+        partition's lock, tried again after a backoff until it is durable; then counted.
+        False if the partition is no longer loaded here (they stay ARCHIVING, durably)."""
+        backoff = self.retry_backoff_ms
+        while True:
+            if not self._loaded(key, sp):
+                return False
+            written = await self._archive_once(key, sp, done)
+            if written is None:
+                return False
+            if written:
+                break
+            await sleep(self.clock, backoff)
+            backoff = min(backoff * 2, self.max_backoff_ms)
+        for letter, copied in done:
+            self.metrics.dead_lettered(key, letter.reason.label, letter.record_count, copied)
+        return True
+
+    async def _archive_once(
+        self, key: ShareStateKey, sp: SharePartition, done: list[tuple[DeadLetter, bool]]
     ) -> bool | None:
-        """ARCHIVING -> ARCHIVED, durably, under the partition's lock; False to try again,
-        None if the partition is no longer loaded here."""
+        """One attempt: True if durable, False to try again, None if the partition is no
+        longer loaded here."""
+        first = done[0][0]
         if not await self.locks.acquire(key, self.lock_wait_ms):
-            self._retrying(key, letter, "archive", "share partition busy", 0)
+            self._retrying(key, first, "archive", "share partition busy", 0)
             return False
         try:
             if not self._loaded(key, sp):
                 return None
-            change = sp.archive_dead_letter(letter.first_offset, letter.last_offset)
+            change = sp.archive_dead_letters(
+                [(letter.first_offset, letter.last_offset) for letter, _ in done]
+            )
             try:
                 await self.writer.write(
                     key,
                     sp,
                     change,
                     "dead_letter_archive",
-                    first_offset=letter.first_offset,
-                    last_offset=letter.last_offset,
+                    runs=len(done),
+                    first_offset=first.first_offset,
+                    last_offset=done[-1][0].last_offset,
                 )
             except KafkaError:
                 return False  # logged by the writer; rolled back: still ARCHIVING

@@ -38,7 +38,7 @@ dead-letter topic): a record given up on (rejected, or at share.delivery.count.l
 to ARCHIVING, persisted as delivery state 3, instead of ARCHIVED. ARCHIVING is not final:
 SPSO stops before it, it is never acquired, and it is not in delivery_complete_count. The
 dead-letter writer takes the runs (`take_dead_letters`), has their copies written, then
-archives each (`archive_dead_letter`, a change like any other). A partition loaded with
+archives them (`archive_dead_letters`, a change like any other). A partition loaded with
 ARCHIVING runs hands them out again, so a crash between the copy and the archive copies
 again rather than loses the record. GAP acknowledgements, aborted and control records go
 straight to ARCHIVED: there is nothing to dead-letter.
@@ -1204,16 +1204,21 @@ class SharePartition:
         call hands out every ARCHIVING run again."""
         self._handed = []
 
-    @_atomic
     def archive_dead_letter(self, first_offset: int, last_offset: int) -> PendingChange:
         """ARCHIVING -> ARCHIVED for the records of [first_offset, last_offset] still
         ARCHIVING (the dead-letter copy is durable, or refused for good): persist the
         change, then commit it, or roll it back and they stay ARCHIVING (handed out)."""
+        return self.archive_dead_letters([(first_offset, last_offset)])
+
+    @_atomic
+    def archive_dead_letters(self, spans: Iterable[tuple[int, int]]) -> PendingChange:
+        """`archive_dead_letter` of several (first, last) spans as one change (one write)."""
         self._require_initialized()
         self._start(stackable=False)
-        first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
-        for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
-            self._apply(span_first, span_last, Event.ARCHIVE)
+        for first_offset, last_offset in sorted(spans):
+            first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
+            for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
+                self._apply(span_first, span_last, Event.ARCHIVE)
         return self._finish()
 
     def _letter(self, record: InFlightRange, first: int, last: int) -> DeadLetter:

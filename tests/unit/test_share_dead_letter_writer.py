@@ -287,3 +287,38 @@ async def test_the_delivery_limit_at_a_lock_timeout_is_dead_lettered() -> None:
     assert sink.letters == [letter(0, 9, 2, DeadLetterReason.DELIVERY_LIMIT)]
     await until(lambda: dead_lettered(mgr) == {("delivery_limit", "copied"): 10})
     mgr.stop()
+
+
+async def test_the_runs_of_one_take_are_archived_with_one_write() -> None:
+    mgr, persister, _clock, sink = setup()
+    await fetch(mgr)
+    types = tuple(REJECT if o % 2 == 0 else 1 for o in range(6))  # reject 0, 2, 4
+    assert await mgr.acknowledge(KEY, "m", [(0, 5, types)]) == (0, None)
+    writes = persister.writes
+    await until(lambda: durable(persister)[0] == 6)
+    assert [x.first_offset for x in sink.letters] == [0, 2, 4]
+    assert persister.writes == writes + 1
+    await until(lambda: dead_lettered(mgr) == {("rejected", "copied"): 3})
+    mgr.stop()
+
+
+async def test_what_is_copied_is_archived_before_backing_off_on_a_failing_copy() -> None:
+    mgr, persister, clock, sink = setup()
+    await fetch(mgr)
+    sink.failures = [DeadLetterRetriable("database down")]
+
+    async def first_ok(letter: DeadLetter) -> int:
+        if letter.first_offset == 0:
+            sink.letters.append(letter)
+            return 1
+        return await FakeSink.write(sink, letter)
+
+    sink.write = first_ok  # type: ignore[method-assign]
+    await mgr.acknowledge(KEY, "m", [(0, 2, (REJECT, 1, REJECT))])
+    await until(lambda: durable(persister)[0] == 2)  # 0 archived, 2 still ARCHIVING
+    assert durable(persister)[1] == [PersistedBatch(2, 2, 3, 1)]
+    await settle()
+    clock.advance(RETRY_BACKOFF_MS)
+    await until(lambda: durable(persister)[0] == 3)
+    assert [x.first_offset for x in sink.letters] == [0, 2]
+    mgr.stop()
