@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,18 @@ from persister.spark import audit
 from persister.spark.audit import run_audit
 from persister.spark.findings import AuditResult, LogRecord
 from protocol.records import CRC_START, NewRecord, build_batch
-from tests.integration.conftest import REPO_ROOT, Broker, create_topic
+from tests.integration.conftest import REPO_ROOT, Broker, create_topic, watermarks
 from tests.integration.share_helpers import (
     close_quietly,
     consume,
     earliest,
     produce_values,
+    set_group_configs,
     share_consumer,
 )
 
 NOW = 1_700_000_000_000
+DLQ = "dlq.audited"
 TOPIC_ID = uuid.UUID(int=42)
 TOPIC = "orders"
 TOPIC_RECORDS = 50
@@ -318,12 +321,16 @@ def test_a_dir_that_is_not_a_data_dir_is_a_usage_error(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ a real broker's log
 
 
-def _run_share_traffic(broker: Broker) -> dict[str, Any]:
+def _run_share_traffic(broker: Broker, dead_letters: bool = False) -> dict[str, Any]:
     """Produce to 2 partitions; one share group accepts most records, releases some once
-    (redelivered with count 2) and rejects some (archived)."""
+    (redelivered with count 2) and rejects some (archived; with `dead_letters`, through
+    Archiving and a copy in the group's dead-letter topic, KIP-1191)."""
     topic, group = "audited", "audit-group"
     create_topic(broker, topic, partitions=2)
     earliest(broker, group)
+    if dead_letters:
+        create_topic(broker, DLQ, config={"errors.deadletterqueue.group.enable": "true"})
+        set_group_configs(broker, group, {"errors.deadletterqueue.topic.name": DLQ})
     sent = [s for p in range(2) for s in produce_values(broker, topic, [b"x"] * 20, partition=p)]
     rejected = {(s.partition, s.offset) for s in sent if s.offset % 7 == 3}
     released = {(s.partition, s.offset) for s in sent if s.offset % 5 == 1}
@@ -345,6 +352,10 @@ def _run_share_traffic(broker: Broker) -> dict[str, Any]:
     finally:
         close_quietly(consumer)
     assert len(done) == len(sent)
+    deadline = time.monotonic() + 30
+    while dead_letters and watermarks(broker, DLQ, 0)[1] < len(rejected):
+        assert time.monotonic() < deadline, "the dead-letter copies never appeared"
+        time.sleep(0.1)
     return {"topic": topic, "group": group, "rejected": rejected, "released": released}
 
 
@@ -364,9 +375,19 @@ def test_a_log_written_by_a_broker_under_share_traffic_passes_every_check(
     )
     broker.start()
     try:
-        traffic = _run_share_traffic(broker)
+        traffic = _run_share_traffic(broker, dead_letters=True)
     finally:
         broker.stop()
+    # The rejected records went through Archiving (state 3), which the log holds.
+    share_dir = broker.data_dir / "share-state"
+    states = {
+        b.delivery_state
+        for path in sorted(share_dir.glob("*.log"))
+        for r in audit.scan_segment(path.read_bytes(), path.name)
+        if isinstance(r, LogRecord)
+        for b in r.batches
+    }
+    assert audit.ARCHIVING in states, states
     out = tmp_path / "out"
     # The command as an operator runs it: its own Spark, its exit code.
     proc = subprocess.run(
@@ -400,3 +421,5 @@ def test_a_log_written_by_a_broker_under_share_traffic_passes_every_check(
         # Offsets below the start offset are done and no longer itemised; what the state
         # still holds never has more archived offsets than were rejected.
         assert p["archived"] <= rejected
+        assert p["dead_lettered"] <= p["archived"]
+    assert report["summary"]["dead_lettered"] <= report["summary"]["archived"]
