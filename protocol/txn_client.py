@@ -203,15 +203,18 @@ class TxnClient(AdminClient):
 
     # --- reading --------------------------------------------------------------------------
 
-    async def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+    async def committed_offsets(
+        self, group: str, topic: str, partitions: Sequence[int]
+    ) -> dict[int, int]:
         """OffsetFetch with require_stable: the group's committed offset per partition of
         `topic` (none: left out). A pending transactional commit is waited out
         (UNSTABLE_OFFSET_COMMIT is retried), as a read_committed consumer does."""
+        wanted = [{"name": topic, "partition_indexes": list(partitions)}]
 
         async def call(deadline: float) -> dict[int, int]:
             body = {
                 "groups": [
-                    {"group_id": group, "member_id": None, "member_epoch": -1, "topics": None}
+                    {"group_id": group, "member_id": None, "member_epoch": -1, "topics": wanted}
                 ],
                 "require_stable": True,
             }

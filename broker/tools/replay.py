@@ -32,7 +32,9 @@ dead-letter offsets it consumed for `spool-replay-<G>` (AddOffsetsToTxn,
 TxnOffsetCommit), as Kafka's consume-transform-produce does (KIP-98, KIP-447): the
 replayed records and the offsets after them become visible together or not at all.
 Consumers of the source topic should read with isolation.level=read_committed (share
-groups read committed records by default).
+groups read committed records by default). Two runs for one group and dead-letter topic
+at once cannot both replay: the second's InitProducerId fences the first, which stops
+with Kafka's error (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH).
 
 `--dry-run` lists what would be replayed and changes nothing (no producer id, no
 offsets). The pure parts (reading the headers, choosing records and partitions) are
@@ -296,7 +298,7 @@ class Replay:
 
         (dlq,) = await self.client.describe_topics([self.dlq])
         partitions = [p.partition for p in dlq.partitions]
-        committed = await self.client.committed_offsets(self.offsets_group, self.dlq)
+        committed = await self.client.committed_offsets(self.offsets_group, self.dlq, partitions)
         earliest = await self.client.list_offsets(
             {(self.dlq, p): EARLIEST_TIMESTAMP for p in partitions}
         )
