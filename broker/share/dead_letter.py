@@ -3,12 +3,13 @@
 A share partition of a group with a dead-letter topic puts a record it gives up on in
 ARCHIVING, durably, before the client is answered (phase one, `broker.share.partition`).
 `DeadLetterWriter` does the rest, in the background, one task per share partition (so the
-runs of one partition, however many acknowledgements produce them at once, are copied and
-archived one after the other): it takes the partition's ARCHIVING runs not handed out yet
-(`SharePartition.take_dead_letters`), hands each to the `DeadLetterSink`, which writes the
-copies to the dead-letter topic and returns once they are durable, then archives the runs
-(`archive_dead_letters`: the runs of one take together, with one share-state write under
-the partition's lock), and counts them (`ShareMetrics.dead_lettered`).
+runs of one partition, however many acknowledgements produce them at once, are handed out
+once and archived one take after the other): it takes the partition's ARCHIVING runs not
+handed out yet (`SharePartition.take_dead_letters`), hands each to the `DeadLetterSink`
+(up to `copies_in_flight` runs at a time, whose durable appends share fsyncs), which writes
+the copies to the dead-letter topic and returns once they are durable, then archives the
+runs (`archive_dead_letters`: the runs of one take together, with one share-state write
+under the partition's lock), and counts them (`ShareMetrics.dead_lettered`).
 
 - A crash (or `kill -9`) between the two writes leaves the run ARCHIVING in the share state:
   whoever loads the partition next hands it out again and writes the copy again. Crash
@@ -55,6 +56,7 @@ from persister.clock import Clock, sleep, wait_all
 from protocol.errors import KafkaError
 
 __all__ = [
+    "COPIES_IN_FLIGHT",
     "COPY_TIMEOUT_MS",
     "RETRY_BACKOFF_MS",
     "RETRY_MAX_BACKOFF_MS",
@@ -70,6 +72,9 @@ RETRY_MAX_BACKOFF_MS = 30_000
 # The longest one copy may take before it counts as failed (retriable): as a Produce with
 # acks=all waits at most request.timeout.ms (30000 by default).
 COPY_TIMEOUT_MS = 30_000
+# The most runs of one share partition whose copies are written at once: their durable
+# appends to the dead-letter topic share fsyncs (one record rejected in ten is one run each).
+COPIES_IN_FLIGHT = 32
 
 
 class RefusingSink:
@@ -99,6 +104,7 @@ class DeadLetterWriter:
         retry_backoff_ms: int = RETRY_BACKOFF_MS,
         max_backoff_ms: int = RETRY_MAX_BACKOFF_MS,
         copy_timeout_ms: int = COPY_TIMEOUT_MS,
+        copies_in_flight: int = COPIES_IN_FLIGHT,
     ) -> None:
         self.clock = clock
         self.sink = sink
@@ -113,6 +119,7 @@ class DeadLetterWriter:
         self.retry_backoff_ms = retry_backoff_ms
         self.max_backoff_ms = max_backoff_ms
         self.copy_timeout_ms = copy_timeout_ms
+        self.copies_in_flight = max(copies_in_flight, 1)
         # The share partition each running task works for (one task per key).
         self._running: dict[ShareStateKey, SharePartition] = {}
         self._stopped = False
@@ -173,36 +180,35 @@ class DeadLetterWriter:
     async def _dead_letter(
         self, key: ShareStateKey, sp: SharePartition, letters: list[DeadLetter]
     ) -> bool:
-        """Copy the runs one by one, then archive them with one share-state write (before
-        a backoff too, so what is copied does not wait on a failing copy); False once the
+        """Copy the runs, up to `copies_in_flight` at a time (their durable appends share
+        fsyncs), then archive them with one share-state write; what is copied is archived
+        before a backoff too, so it does not wait on a failing copy. False once the
         partition is no longer loaded here."""
         done: list[tuple[DeadLetter, bool]] = []  # (run, copied)
+        todo = letters
         backoff = self.retry_backoff_ms
-        index = 0
-        while index < len(letters):
+        while todo:
             if not self._loaded(key, sp):
                 return False
-            letter = letters[index]
-            crash_point("dead-letter.before-copy")
-            copied = await self._copy(key, letter, backoff)
-            if copied is None:
-                if done:
-                    if not await self._archive(key, sp, done):
-                        return False
-                    done = []
+            wave, rest = todo[: self.copies_in_flight], todo[self.copies_in_flight :]
+            outcomes = await asyncio.gather(*(self._copy(key, x, backoff) for x in wave))
+            retry = [x for x, copied in zip(wave, outcomes, strict=True) if copied is None]
+            done += [(x, c) for x, c in zip(wave, outcomes, strict=True) if c is not None]
+            todo = retry + rest
+            if retry:
+                if done and not await self._archive(key, sp, done):
+                    return False
+                done = []
                 await sleep(self.clock, backoff)
                 backoff = min(backoff * 2, self.max_backoff_ms)
-                continue
-            if copied:
-                crash_point("dead-letter.after-copy")
-            done.append((letter, copied))
-            backoff = self.retry_backoff_ms
-            index += 1
+            else:
+                backoff = self.retry_backoff_ms
         return await self._archive(key, sp, done)
 
     async def _copy(self, key: ShareStateKey, letter: DeadLetter, backoff_ms: int) -> bool | None:
         """Have the sink write the run's copies: True once durable, False when refused for
         good (archived uncopied), None to try again after `backoff_ms`."""
+        crash_point("dead-letter.before-copy")
         try:
             await self._write_bounded(letter)
         except DeadLetterRetriable as exc:
@@ -231,6 +237,7 @@ class DeadLetterWriter:
             )
             self._retrying(key, letter, "copy", repr(exc), backoff_ms)
             return None
+        crash_point("dead-letter.after-copy")
         return True
 
     async def _write_bounded(self, letter: DeadLetter) -> int:
