@@ -84,9 +84,8 @@ PRODUCE_VERSION = 13  # the newest spool serves: topics by id (KIP-516)
 # How long a write waits for its copies to be durable (locally) or answered (remotely):
 # Kafka's share-group DLQ sender uses the inter-broker request timeout of 30 s.
 WRITE_TIMEOUT_MS = 30_000
-# Bytes read from the source log per read (Kafka's DLQ_MAX_FETCH_BYTES): a run is
-# mostly one offset, and a longer one is read in steps.
-SOURCE_READ_BYTES = 1024 * 1024
+# Source partitions whose last decoded batch is kept at once (then all are dropped).
+MAX_DECODED_BATCHES = 256
 # Kafka's default max.message.bytes, for a topic whose setting is not given.
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 + 12
 
@@ -160,22 +159,61 @@ def destination_partition(source_partition: int, dlq_partitions: int) -> int:
     return source_partition % dlq_partitions
 
 
-def read_source_records(part: SourceLog, first: int, last: int) -> list[Record]:
+# A source batch decoded for one run, kept for the next runs of the same partition:
+# (base offset, next offset, its records). Rejections come one or a few offsets at a
+# time, so consecutive runs mostly fall in one batch, decoded once instead of per run.
+DecodedBatch = tuple[int, int, list[Record]]
+# Bytes asked of the log per read: at least one whole batch comes back, however large.
+SOURCE_READ_STEP = 64 * 1024
+
+
+def read_source_records(
+    part: SourceLog,
+    first: int,
+    last: int,
+    *,
+    offsets_only: bool = False,
+    last_batch: list[DecodedBatch] | None = None,
+) -> list[Record]:
     """The records of offsets [first, last] in the log, in offset order: control batches
-    and offsets holding no record (below the log start, compacted away) left out."""
+    and offsets holding no record (below the log start, compacted away) left out.
+
+    `offsets_only` (a headers-only copy needs no key, value or timestamp): a batch with
+    no offset gap is not decoded; its records come back with only their offsets.
+    `last_batch` (a one-element list, or empty) keeps the last batch decoded and is
+    consulted first. Only the batches that overlap [first, last] are decoded."""
     out: list[Record] = []
     offset = max(first, part.log_start_offset)
-    while offset <= last and offset < part.high_watermark:
-        data = part.read(offset, SOURCE_READ_BYTES)
-        headers = list(iter_batches(data, validate=False))
-        if not headers:
-            break
-        for pos, header in headers:
+    high_watermark = part.high_watermark
+    while offset <= last and offset < high_watermark:
+        if last_batch and last_batch[0][0] <= offset < last_batch[0][1]:
+            _, next_offset, records = last_batch[0]
+            out.extend(r for r in records if offset <= r.offset <= last)
+            offset = next_offset
+            continue
+        data = part.read(offset, SOURCE_READ_STEP)
+        moved = False
+        for pos, header in iter_batches(data, validate=False):
+            if header.base_offset > last:
+                return out
+            if header.next_offset <= offset:
+                continue
+            moved = True
             if not header.is_control:
-                for record in decode_records(data, pos, header):
-                    if offset <= record.offset <= last:
-                        out.append(record)
-        offset = max(offset, headers[-1][1].next_offset)
+                if offsets_only and header.records_count == header.last_offset_delta + 1:
+                    upto = min(last, header.last_offset)
+                    start = max(offset, header.base_offset)
+                    out.extend(Record(o, 0, None, None) for o in range(start, upto + 1))
+                else:
+                    records = list(decode_records(data, pos, header))
+                    if last_batch is not None:
+                        last_batch[:] = [(header.base_offset, header.next_offset, records)]
+                    out.extend(r for r in records if offset <= r.offset <= last)
+            offset = header.next_offset
+            if offset > last:
+                return out
+        if not moved:
+            break
     return out
 
 
@@ -325,6 +363,8 @@ class DeadLetterTopicSink:
         self.create_topic = create_topic
         self.max_message_bytes = max_message_bytes
         self.timeout_ms = timeout_ms
+        # Per source partition, the batch decoded last (read_source_records).
+        self._last_batches: dict[tuple[uuid.UUID, int], list[DecodedBatch]] = {}
 
     async def write(self, letter: DeadLetter) -> int:
         try:
@@ -365,7 +405,13 @@ class DeadLetterTopicSink:
                 "new share-partition leader writes the dead letters"
             )
         try:
-            records = read_source_records(part, letter.first_offset, letter.last_offset)
+            records = read_source_records(
+                part,
+                letter.first_offset,
+                letter.last_offset,
+                offsets_only=not config.dead_letter_copy_record,
+                last_batch=self._decoded_batch(letter),
+            )
         except KafkaError as exc:
             raise self._mapped(letter, exc, f"reading {source.name}-{letter.partition}") from exc
         except CorruptRecordError as exc:
@@ -397,6 +443,15 @@ class DeadLetterTopicSink:
             batches = self._batches(letter, topic.name, copies, settings)
             await self._produce_remote(letter, view, leader.node_id, topic, index, batches)
         return len(copies)
+
+    def _decoded_batch(self, letter: DeadLetter) -> list[DecodedBatch]:
+        key = (letter.topic_id, letter.partition)
+        kept = self._last_batches.get(key)
+        if kept is None:
+            if len(self._last_batches) >= MAX_DECODED_BATCHES:
+                self._last_batches.clear()
+            kept = self._last_batches[key] = []
+        return kept
 
     async def _dlq_topic(self, letter: DeadLetter, config: GroupConfig, source: str) -> Any:
         """The group's dead-letter topic, checked as when the group config was set

@@ -555,3 +555,90 @@ async def test_an_unknown_server_error_is_a_refusal(world: World) -> None:
     await world.produce(SOURCE, 1, source_records(1))
     with pytest.raises(DeadLetterRefused, match="UNKNOWN_SERVER_ERROR"):
         await world.sink.write(world.letter(0, 0))
+
+
+# --- reading the source: only what a run needs -------------------------------------------
+
+
+class BlobLog:
+    """A SourceLog over batches laid end to end; counts reads and decoded batches."""
+
+    def __init__(self, *batches: bytes) -> None:
+        self.data = b"".join(batches)
+        self.reads = 0
+        self.log_start_offset = 0
+        self.high_watermark = max(h.next_offset for _, h in iter_batches(self.data))
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        self.reads += 1
+        for pos, header in iter_batches(self.data):
+            if header.next_offset > offset:
+                return self.data[pos:]
+        return b""
+
+
+def gapped_batch(base_offset: int, offsets: list[int]) -> bytes:
+    """A compacted batch: records only at `offsets` (absolute)."""
+    return build_batch(
+        [Record(o, 5, b"k", f"v{o}".encode()) for o in offsets],
+        base_offset=base_offset,
+    )
+
+
+def test_runs_in_one_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.share.dead_letter_sink as sink_module
+
+    log = BlobLog(
+        build_batch([NewRecord(None, f"a{i}".encode()) for i in range(100)]),
+        build_batch([NewRecord(None, f"b{i}".encode()) for i in range(100)], base_offset=100),
+    )
+    decoded: list[int] = []
+    real = sink_module.decode_records
+
+    def counting(data: Any, pos: int, header: Any) -> Any:
+        decoded.append(header.base_offset)
+        return real(data, pos, header)
+
+    monkeypatch.setattr(sink_module, "decode_records", counting)
+    kept: list[Any] = []
+    got = [
+        [r.value for r in sink_module.read_source_records(log, o, o, last_batch=kept)]
+        for o in (3, 17, 42, 99, 100, 150)
+    ]
+    assert got == [[b"a3"], [b"a17"], [b"a42"], [b"a99"], [b"b0"], [b"b50"]]
+    # Each batch decoded once; the second batch alone for the runs past the first.
+    assert decoded == [0, 100]
+    assert log.reads == 2
+
+
+def test_a_run_stops_at_its_last_offset() -> None:
+    from broker.share.dead_letter_sink import read_source_records
+
+    log = BlobLog(
+        build_batch([NewRecord(None, b"x")] * 10),
+        build_batch([NewRecord(None, b"y")] * 10, base_offset=10),
+    )
+    assert [r.offset for r in read_source_records(log, 8, 11)] == [8, 9, 10, 11]
+    assert [r.offset for r in read_source_records(log, 2, 4)] == [2, 3, 4]
+
+
+def test_headers_only_runs_read_offsets_without_decoding_unless_a_batch_has_gaps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import broker.share.dead_letter_sink as sink_module
+
+    log = BlobLog(
+        build_batch([NewRecord(None, b"x")] * 10),
+        gapped_batch(10, [10, 12, 15]),  # 11, 13, 14 compacted away
+    )
+    decoded: list[int] = []
+    real = sink_module.decode_records
+
+    def counting(data: Any, pos: int, header: Any) -> Any:
+        decoded.append(header.base_offset)
+        return real(data, pos, header)
+
+    monkeypatch.setattr(sink_module, "decode_records", counting)
+    got = sink_module.read_source_records(log, 7, 15, offsets_only=True)
+    assert [r.offset for r in got] == [7, 8, 9, 10, 12, 15]
+    assert decoded == [10]  # the gapless batch was not decoded
