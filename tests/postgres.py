@@ -15,12 +15,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.ports import free_port
 
 # Debian installs each major version under /usr/lib/postgresql/<major>/bin.
 _DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
@@ -52,13 +53,6 @@ def find_bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class PostgresServer:
     """One PostgreSQL cluster in a temporary directory; `dsn` reaches its database."""
 
@@ -69,7 +63,7 @@ class PostgresServer:
         self.data = self.root / "data"
         self.socket_dir = self.root
         self.log_path = self.root / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.host = "127.0.0.1"
         self._as_postgres = os.geteuid() == 0
         self.running = False

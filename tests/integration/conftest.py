@@ -44,6 +44,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests import ports
 from tests.postgres import PostgresServer, postgres_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,10 +66,9 @@ _LOGS_KEY = pytest.StashKey[list[Path]]()
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, reserved for this test
+    process (tests/ports.py: pytest-xdist workers run brokers side by side)."""
+    return ports.free_port("127.0.0.1")
 
 
 class BrokerError(AssertionError):
