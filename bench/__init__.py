@@ -259,6 +259,13 @@ TARGETS: tuple[Target, ...] = (
     # broker.session.timeout.ms plus 5 s, as issue 25 asks traffic to resume.
     Target("failover, kill -9, session 9000 ms", "cluster.failover_s_9000", 14.0, "s"),
     Target("failover, kill -9, session 3000 ms", "cluster.failover_s_3000", 8.0, "s"),
+    Target(
+        "share rate, 10% to a DLQ / archived",
+        "dead_letters.ratio",
+        0.8,
+        "x",
+        at_most=False,
+    ),
 )
 
 

@@ -14,6 +14,8 @@ PLAINTEXT next to SASL_SSL (`--only security`): SPOOL_BENCH_SECURITY_RECORDS (50
 Files next to PostgreSQL (`--only storage`): SPOOL_BENCH_STORAGE_RECORDS (200000).
 Consumer groups next to share groups, rebalance of 10 members (`--only consumer_groups`):
 SPOOL_BENCH_GROUPS_RECORDS (200000).
+10% of the records rejected into a dead-letter topic next to archived (`--only dead_letters`):
+SPOOL_BENCH_DLQ_RECORDS (100000), SPOOL_BENCH_DLQ_RUNS (3).
 1, 2 and 3 brokers on one PostgreSQL, failover (`--only cluster`): SPOOL_BENCH_CLUSTER_RECORDS
 (500000), SPOOL_BENCH_CLUSTER_CONSUMERS (3).
 
@@ -60,6 +62,7 @@ from bench import (
 )
 from bench.cluster import bench_cluster
 from bench.consumer_groups import bench_consumer_groups
+from bench.dead_letters import bench_dead_letters
 from bench.memory import bench_memory
 from bench.reference import bench_reference
 from bench.security import bench_security
@@ -209,6 +212,7 @@ BENCHMARKS: dict[str, Callable[[BenchContext], list[Result]]] = {
     "storage": bench_storage,
     "cluster": bench_cluster,
     "consumer_groups": bench_consumer_groups,
+    "dead_letters": bench_dead_letters,
 }
 
 
