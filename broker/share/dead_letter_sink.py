@@ -39,6 +39,7 @@ and, failed, DeadLetterQueueFailedProduceRequestsPerSec).
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -167,6 +168,14 @@ DecodedBatch = tuple[int, int, list[Record]]
 SOURCE_READ_STEP = 64 * 1024
 
 
+def _within(records: list[Record], first: int, last: int) -> list[Record]:
+    """The records of a decoded batch (ascending offsets) in [first, last], found by
+    bisection: each run in a batch of n records costs O(log n), not a scan of all n."""
+    lo = bisect.bisect_left(records, first, key=lambda r: r.offset)
+    hi = bisect.bisect_right(records, last, lo, key=lambda r: r.offset)
+    return records[lo:hi]
+
+
 def read_source_records(
     part: SourceLog,
     first: int,
@@ -188,7 +197,7 @@ def read_source_records(
     while offset <= last and offset < high_watermark:
         if last_batch and last_batch[0][0] <= offset < last_batch[0][1]:
             _, next_offset, records = last_batch[0]
-            out.extend(r for r in records if offset <= r.offset <= last)
+            out.extend(_within(records, offset, last))
             offset = next_offset
             continue
         data = part.read(offset, SOURCE_READ_STEP)
@@ -208,7 +217,7 @@ def read_source_records(
                     records = list(decode_records(data, pos, header))
                     if last_batch is not None:
                         last_batch[:] = [(header.base_offset, header.next_offset, records)]
-                    out.extend(r for r in records if offset <= r.offset <= last)
+                    out.extend(_within(records, offset, last))
             offset = header.next_offset
             if offset > last:
                 return out
