@@ -87,8 +87,13 @@ jdbc:
 run: install
 	$(BIN)/spool serve --listen 127.0.0.1:9092 --data-dir ./data $(ARGS)
 
+# The suite runs on TEST_WORKERS pytest-xdist processes (a test file per worker at a
+# time, the Spark tests all on one: tests/conftest.py). Three on a 2-core machine: the
+# integration tests mostly wait on brokers and clients. `TEST_WORKERS=0` runs it in this
+# process (as for --pdb); `make test ARGS=tests/unit/test_x.py` runs one file.
+TEST_WORKERS ?= 3
 test: install java postgres jdbc
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(ARGS)
 
 unit: install java
 	$(BIN)/python -m pytest -q tests/unit $(ARGS)
