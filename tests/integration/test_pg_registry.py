@@ -156,7 +156,13 @@ def test_a_duplicate_node_id_is_refused_while_the_holder_lives(
 def test_a_broker_restarted_after_kill9_takes_its_node_id_over(
     cluster: Callable[..., ClusterBroker], pg_dsn: str
 ) -> None:
+    # A lease long enough to outlast a broker's start-up on a busy machine, so the one on
+    # another data dir below starts while it is live (with the cluster's 3 s lease, a
+    # start slowed by other tests let the lease expire first: no wait to check). Both
+    # brokers have it: the second waits for the first's lease at most its own.
+    lease = {"broker.session.timeout.ms": "15000"}
     first = cluster(1)
+    first.settings.update(lease)
     first.start()
     old = registrations(pg_dsn)[1]["incarnation_id"]
     # On its own data dir: its lock proves the old incarnation gone, no wait.
@@ -171,6 +177,7 @@ def test_a_broker_restarted_after_kill9_takes_its_node_id_over(
     old = held["incarnation_id"]
     first.kill9()
     again = cluster(1, "again")
+    again.settings.update(lease)
     again.start()
     held = registrations(pg_dsn)[1]
     assert held["incarnation_id"] != old and held["live"]
