@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,17 @@ def _seconds_per_test(nodeid: str) -> float:
         if nodeid.startswith(prefix):
             return seconds
     return SECONDS_PER_UNIT_TEST
+
+
+def _same_hash_seed_in_every_worker() -> None:
+    """Every xdist worker must collect the same test ids, and some ids show sets, whose
+    order follows the string hash seed Python picks at random per process. This process
+    picks one for the processes it starts (workers, and brokers, which do not mind):
+    random per run, as before, but one for all of a run."""
+    os.environ.setdefault("PYTHONHASHSEED", str(random.randint(1, 2**32 - 1)))
+
+
+_same_hash_seed_in_every_worker()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
