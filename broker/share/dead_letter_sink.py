@@ -26,7 +26,8 @@ all ARCHIVING) and:
    is written);
 4. appends them to DLQ partition `source partition % DLQ partitions` (Kafka's rule):
    through the Produce path's durable append when this broker leads it (returns once
-   fsynced / committed to PostgreSQL, as acks=all), else with Produce acks=-1 to its
+   fsynced / committed to PostgreSQL, as acks=all; the runs written in one turn of the
+   event loop share one append and one durable wait), else with Produce acks=-1 to its
    leader over the inter-broker listener.
 
 Errors that may pass (leader moved, storage or database down, timeouts, lost
@@ -39,6 +40,7 @@ and, failed, DeadLetterQueueFailedProduceRequestsPerSec).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -329,6 +331,18 @@ def _max_message_bytes(topic: TopicInfo) -> int:
         return DEFAULT_MAX_MESSAGE_BYTES
 
 
+class _SharedAppend:
+    """The copies several runs append to one local DLQ partition together."""
+
+    __slots__ = ("copies", "done", "limit", "part")
+
+    def __init__(self, part: DeadLetterLog, limit: int, done: asyncio.Future[None]) -> None:
+        self.part = part
+        self.limit = limit
+        self.copies: list[NewRecord] = []
+        self.done = done
+
+
 class DeadLetterTopicSink:
     """`DeadLetterSink` writing to each group's dead-letter topic (module docstring).
 
@@ -374,6 +388,9 @@ class DeadLetterTopicSink:
         self.timeout_ms = timeout_ms
         # Per source partition, the batch decoded last (read_source_records).
         self._last_batches: dict[tuple[uuid.UUID, int], list[DecodedBatch]] = {}
+        # Per local DLQ partition, the append the runs of this turn join (_append_local).
+        self._appends: dict[tuple[str, int], _SharedAppend] = {}
+        self._append_tasks: set[asyncio.Future[None]] = set()
 
     async def write(self, letter: DeadLetter) -> int:
         try:
@@ -397,7 +414,10 @@ class DeadLetterTopicSink:
         return written
 
     async def close(self) -> None:
-        """The broker stops: the connections to other brokers close."""
+        """The broker stops: shared appends still waiting are dropped (their runs stay
+        ARCHIVING, durably) and the connections to other brokers close."""
+        for task in list(self._append_tasks):
+            task.cancel()
         await self.transport.close()
 
     async def _write(self, letter: DeadLetter) -> int:
@@ -445,8 +465,9 @@ class DeadLetterTopicSink:
             dlq_part = self.log_partition(topic.topic_id, index)
             if dlq_part is None:
                 raise DeadLetterRetriable(f"{topic.name}-{index} is not open on this broker yet")
-            batches = self._batches(letter, topic.name, copies, dlq_part.settings)
-            await self._append_local(letter, topic.name, index, dlq_part, batches)
+            limit = int(dlq_part.settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+            self._check_sizes(letter, topic.name, copies, limit)
+            await self._append_local(letter, topic.name, index, dlq_part, copies, limit)
         else:
             settings = {"max.message.bytes": self.max_message_bytes(topic)}
             batches = self._batches(letter, topic.name, copies, settings)
@@ -521,26 +542,75 @@ class DeadLetterTopicSink:
         except ValueError as exc:
             raise _refused(letter, f"{exc} of the dead-letter topic {topic!r}") from exc
 
+    def _check_sizes(
+        self, letter: DeadLetter, topic: str, copies: Sequence[NewRecord], limit: int
+    ) -> None:
+        """Refuse the run if one of its copies alone exceeds `limit` (split_batches'
+        check, made before the copies join others' in a shared append)."""
+        for record in copies:
+            size = HEADER_SIZE + record_size(record, 0, 0)
+            if size > limit:
+                raise _refused(
+                    letter,
+                    f"a dead-letter record of {size} bytes (in its batch) exceeds "
+                    f"max.message.bytes ({limit}) of the dead-letter topic {topic!r}",
+                )
+
     async def _append_local(
         self,
         letter: DeadLetter,
         topic: str,
         index: int,
         part: DeadLetterLog,
-        batches: Sequence[bytes],
+        copies: Sequence[NewRecord],
+        limit: int,
     ) -> None:
-        """The Produce handler's append and acks=all wait (fsync / PostgreSQL commit)."""
+        """The Produce handler's append and acks=all wait (fsync / PostgreSQL commit),
+        shared: the copies of every run written to this DLQ partition in the same turn
+        of the event loop (the writer hands up to COPIES_IN_FLIGHT runs at once) go in
+        one append of as few batches as max.message.bytes allows, with one durable wait.
+        One rejected record in ten is one run each: an append per run cost more than the
+        rest of the flow. If the shared append fails, every run in it is tried again."""
         where = f"appending to {topic}-{index}"
-        last = -1
+        key = (topic, index)
+        pending = self._appends.get(key)
+        if pending is None or pending.part is not part or pending.limit != limit:
+            pending = _SharedAppend(part, limit, asyncio.get_running_loop().create_future())
+            self._appends[key] = pending
+            asyncio.get_running_loop().call_soon(self._start_append, key, pending)
+        pending.copies.extend(copies)
         try:
-            for batch in batches:
-                data, headers = validate_produce_data(batch)
-                last = part.append(data, headers).last_offset
-            await part.wait_durable(last, self.timeout_ms / 1000)
+            # Shielded: a run whose wait is cancelled (its copy timed out) leaves the
+            # append to the others.
+            await asyncio.shield(pending.done)
         except KafkaError as exc:
             raise self._mapped(letter, exc, where) from exc
         except OSError as exc:
             raise DeadLetterRetriable(f"{where} failed: {exc}") from exc
+
+    def _start_append(self, key: tuple[str, int], pending: _SharedAppend) -> None:
+        if self._appends.get(key) is pending:
+            del self._appends[key]
+        task = asyncio.ensure_future(self._append_shared(pending))
+        self._append_tasks.add(task)
+        task.add_done_callback(self._append_tasks.discard)
+
+    async def _append_shared(self, pending: _SharedAppend) -> None:
+        done = pending.done
+        # Marked retrieved: when every waiter was cancelled, nobody reads an error.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            last = -1
+            for batch in split_batches(pending.copies, pending.limit):
+                data, headers = validate_produce_data(batch)
+                last = pending.part.append(data, headers).last_offset
+            await pending.part.wait_durable(last, self.timeout_ms / 1000)
+        except Exception as exc:
+            if not done.done():
+                done.set_exception(exc)
+        else:
+            if not done.done():
+                done.set_result(None)
 
     async def _produce_remote(
         self,

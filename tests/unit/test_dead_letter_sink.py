@@ -8,6 +8,7 @@ cluster view and a fake transport for a DLQ partition another broker leads. No s
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -271,6 +272,44 @@ async def test_copy_record_keeps_key_value_headers_and_timestamp(world: World) -
     for _, header in iter_batches(data, validate=True):
         assert header.producer_id == -1
         assert not header.is_transactional and header.compression == 0
+
+
+async def test_runs_written_at_once_share_one_append_and_one_batch(world: World) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=True)
+    await world.produce(SOURCE, 1, source_records(40))
+    runs = [world.letter(o, o) for o in range(0, 40, 10)] + [world.letter(21, 23)]
+    written = await asyncio.gather(*(world.sink.write(run) for run in runs))
+    assert written == [1, 1, 1, 1, 3]
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+    # One batch for the five runs (one append, one durable wait), in the order written.
+    assert len(list(iter_batches(part.read(0, 1 << 20), validate=True))) == 1
+    offsets = [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 1)]
+    assert offsets == [b"0", b"10", b"20", b"30", b"21", b"22", b"23"]
+    assert world.metrics.dead_letter_writes == {GROUP: [5, 0]}
+    # The next turn's runs make an append of their own.
+    assert await world.sink.write(world.letter(5, 5)) == 1
+    assert len(list(iter_batches(part.read(0, 1 << 20), validate=True))) == 2
+
+
+async def test_a_failed_shared_append_fails_every_run_in_it_as_retriable(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await world.produce(SOURCE, 1, source_records(5))
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+
+    def broken(*_args: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(part, "append", broken)
+    outcomes = await asyncio.gather(
+        *(world.sink.write(world.letter(o, o)) for o in (1, 3)), return_exceptions=True
+    )
+    assert all(isinstance(o, DeadLetterRetriable) for o in outcomes), outcomes
+    assert "No space left on device" in str(outcomes[0])
+    monkeypatch.undo()
+    assert await world.sink.write(world.letter(1, 1)) == 1
 
 
 async def test_control_batches_and_missing_offsets_get_no_copy(world: World) -> None:
