@@ -37,10 +37,10 @@ The group coordinator's own broker keys (Kafka's `GroupCoordinatorConfig`, 4.2):
 (Kafka cannot change them dynamically either) and checked against each other as
 Kafka's constructor does; `GroupCoordinatorConfig` carries them, with the share keys,
 as one frozen object. The consumer group configs `consumer.session.timeout.ms` and
-`consumer.heartbeat.interval.ms` are defined (`CONSUMER_GROUP_CONFIG_DEFS`, bounded by
-the `group.consumer.min/max.*` keys as Kafka's `GroupConfig` validates them) but not
-yet part of `GROUP_CONFIG_DEFS`: IncrementalAlterConfigs and DescribeConfigs of a group
-serve the `share.*` keys only until consumer groups are served (issue 26).
+`consumer.heartbeat.interval.ms` (`CONSUMER_GROUP_CONFIG_DEFS`, bounded by the
+`group.consumer.min/max.*` keys as Kafka's `GroupConfig` validates them) are altered and
+described through the same `GroupConfigStore` as the share keys, in one namespace: as in
+Kafka, a group's DescribeConfigs lists them all whatever the group's type.
 """
 
 from __future__ import annotations
@@ -497,7 +497,10 @@ def _parse(definition: ConfigDef, value: object) -> ConfigValue:
 
 
 def _definition(name: str) -> ConfigDef:
-    definition = GROUP_CONFIG_DEFS.get(name)
+    """A group config's definition: a share group's (`GROUP_CONFIG_DEFS`) or a consumer
+    group's (`CONSUMER_GROUP_CONFIG_DEFS`); both live in one namespace, as Kafka's
+    GroupConfig holds them all."""
+    definition = GROUP_CONFIG_DEFS.get(name) or CONSUMER_GROUP_CONFIG_DEFS.get(name)
     if definition is None:
         raise KafkaError(ErrorCode.invalid_config, f"Unknown group config name: {name}")
     return definition
@@ -897,9 +900,24 @@ class GroupConfigStore:
     is the only mutator, so the store recovers by replaying its records.
     """
 
-    def __init__(self, broker: ShareGroupBrokerConfig | None = None) -> None:
+    def __init__(
+        self,
+        broker: ShareGroupBrokerConfig | None = None,
+        coordinator: GroupCoordinatorConfig | None = None,
+    ) -> None:
         self.broker = broker or ShareGroupBrokerConfig()
+        # The group.consumer.* defaults and bounds the consumer.* keys are checked with.
+        self.coordinator = coordinator or GroupCoordinatorConfig()
         self._overrides: dict[str, dict[str, ConfigValue]] = {}
+
+    def _validate(self, configs: Mapping[str, object]) -> dict[str, ConfigValue]:
+        """A group's whole set of overrides checked: the share keys (`validate_all`) and
+        the consumer keys (`validate_consumer_configs`), each with its broker bounds."""
+        consumer = {n: v for n, v in configs.items() if n in CONSUMER_GROUP_CONFIG_DEFS}
+        share = {n: v for n, v in configs.items() if n not in CONSUMER_GROUP_CONFIG_DEFS}
+        parsed: dict[str, ConfigValue] = dict(validate_all(share, self.broker))
+        parsed.update(validate_consumer_configs(consumer, self.coordinator))
+        return parsed
 
     def group_ids(self) -> list[str]:
         """Groups that have at least one override."""
@@ -939,7 +957,7 @@ class GroupConfigStore:
                 )
             else:
                 raise KafkaError(ErrorCode.invalid_request, f"Unknown config operation {op.op}")
-        parsed = validate_all(current, self.broker)
+        parsed = self._validate(current)
         return [
             GroupConfigRecord(group_id, name, None if value is None else _to_text(parsed[name]))
             for name, value in changed.items()
@@ -950,7 +968,7 @@ class GroupConfigStore:
         wanted = {name: value for name, value in configs.items() if value is not None}
         for name in configs:
             _definition(name)
-        parsed = validate_all(wanted, self.broker)
+        parsed = self._validate(wanted)
         records = [
             GroupConfigRecord(group_id, name, None)
             for name in self._overrides.get(group_id, {})
@@ -979,17 +997,25 @@ class GroupConfigStore:
         self._overrides.setdefault(record.group_id, {})[record.name] = value
 
     def describe(self, group_id: str, names: Iterable[str] | None = None) -> list[GroupConfigEntry]:
-        """DescribeConfigs rows for a group: every share config, or just `names`."""
+        """DescribeConfigs rows for a group: every group config (consumer.* and share.*,
+        as Kafka lists all of GroupConfig's keys whatever the group's type), or `names`."""
         overrides = self._overrides.get(group_id, {})
         effective = self.config(group_id)
+        consumer = ConsumerGroupConfig.effective(overrides, self.coordinator)
         entries = []
-        for name in GROUP_CONFIG_DEFS if names is None else names:
+        every = [*CONSUMER_GROUP_CONFIG_DEFS, *GROUP_CONFIG_DEFS]
+        for name in every if names is None else names:
             definition = _definition(name)
             is_override = name in overrides
+            value = (
+                consumer.value(name)
+                if name in CONSUMER_GROUP_CONFIG_DEFS
+                else effective.value(name)
+            )
             entries.append(
                 GroupConfigEntry(
                     name=name,
-                    value=_to_text(effective.value(name)),
+                    value=_to_text(value),
                     source=GROUP_CONFIG_SOURCE if is_override else DEFAULT_CONFIG_SOURCE,
                     is_default=not is_override,
                     type=definition.type,
@@ -1338,7 +1364,7 @@ assert set(_COORDINATOR_FIELDS) | {"share"} == {f.name for f in fields(GroupCoor
 
 
 # ---------------------------------------------------------------------------
-# Consumer group configs (Kafka's GroupConfig consumer.*), not yet served
+# Consumer group configs (Kafka's GroupConfig consumer.*)
 
 
 CONSUMER_GROUP_CONFIG_DEFS: dict[str, ConfigDef] = {
@@ -1442,3 +1468,11 @@ class ConsumerGroupConfig:
         )
         assert isinstance(session, int) and isinstance(heartbeat, int)
         return cls(session_timeout_ms=session, heartbeat_interval_ms=heartbeat)
+
+    def value(self, name: str) -> int:
+        """The effective value of a `consumer.*` group config by its Kafka name."""
+        if name == "consumer.session.timeout.ms":
+            return self.session_timeout_ms
+        if name == "consumer.heartbeat.interval.ms":
+            return self.heartbeat_interval_ms
+        raise KeyError(name)

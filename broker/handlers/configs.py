@@ -441,3 +441,5 @@ def apply_dynamic_broker_config(broker: ConfigsBroker) -> None:
         broker.logs.reconfigure_topic(topic.name, topic.configs)
     # The group.share.* defaults and bounds the group configs are read and checked with.
     state.group_configs.broker = broker.config.share_groups()
+    # And the group.consumer.* ones for the consumer.* group configs.
+    state.group_configs.coordinator = broker.config.group_coordinator()

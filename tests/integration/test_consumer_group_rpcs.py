@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Producer
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from protocol.client import KafkaClient
@@ -424,3 +425,50 @@ def test_a_regex_subscription_follows_new_topics(broker_factory: Callable[..., B
     run_until([c], lambda: (f"{prefix}-two", 0) in topics(), "the new topic assigned")
     assert all(t.startswith(f"{prefix}-") for t, _ in topics())
     c.close()
+
+
+async def test_a_groups_consumer_configs_reach_its_members(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    """consumer.heartbeat.interval.ms and consumer.session.timeout.ms set on a group with
+    IncrementalAlterConfigs (Kafka's GroupConfig) are described and given to its members
+    in ConsumerGroupHeartbeat; a value outside the broker's group.consumer.* bounds is
+    INVALID_CONFIG naming the bound, and changes nothing."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    broker = broker_factory(SETTINGS)
+    topic, group = f"w-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, 1)
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{broker.port}"})
+
+    def alter(**configs: str) -> None:
+        resource = ConfigResource(
+            ConfigResource.Type.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ],
+        )
+        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+    alter(consumer_heartbeat_interval_ms="700", consumer_session_timeout_ms="7000")
+    resource = ConfigResource(ConfigResource.Type.GROUP, group)
+    described = admin.describe_configs([resource])[resource].result(timeout=30)
+    assert described["consumer.heartbeat.interval.ms"].value == "700"
+    assert described["consumer.session.timeout.ms"].value == "7000"
+    assert described["share.heartbeat.interval.ms"].is_default  # apart from these
+
+    with pytest.raises(KafkaException) as refused:
+        alter(consumer_heartbeat_interval_ms="20000")
+    error = refused.value.args[0]
+    assert error.code() == KafkaError.INVALID_CONFIG
+    assert "group.consumer.max.heartbeat.interval.ms (15000)" in error.str()
+
+    client = await KafkaClient.connect("127.0.0.1", broker.port, "spool-it-cg")
+    try:
+        r = await client.request(HEARTBEAT, 1, _join(group, "m-1", subscribed_topic_names=[topic]))
+        assert r.error_code == ErrorCode.none
+        assert r.heartbeat_interval.total_seconds() == 0.7
+    finally:
+        await client.close()

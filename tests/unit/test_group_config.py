@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from coordinator.group_config import (
     APPEND,
     BROKER_CONFIG_DEFS,
+    CONSUMER_GROUP_CONFIG_DEFS,
     DELETE,
     GROUP_CONFIG_DEFS,
     SET,
@@ -17,6 +18,7 @@ from coordinator.group_config import (
     GroupConfig,
     GroupConfigRecord,
     GroupConfigStore,
+    GroupCoordinatorConfig,
     ShareGroupBrokerConfig,
     parse_auto_offset_reset,
     parse_iso8601_duration_ms,
@@ -360,7 +362,8 @@ def test_describe_marks_overrides_and_defaults() -> None:
         store, store.incremental_alter("g", [AlterConfigOp("share.delivery.count.limit", SET, "4")])
     )
     entries = {e.name: e for e in store.describe("g")}
-    assert set(entries) == set(GROUP_CONFIG_DEFS)
+    # Every group config, consumer.* too, whatever the group's type (Kafka's GroupConfig).
+    assert set(entries) == set(GROUP_CONFIG_DEFS) | set(CONSUMER_GROUP_CONFIG_DEFS)
     assert (
         entries["share.delivery.count.limit"].value,
         entries["share.delivery.count.limit"].is_default,
@@ -397,3 +400,71 @@ def test_replaying_records_rebuilds_the_store() -> None:
     apply(fresh, log)
     assert fresh.overrides("g") == store.overrides("g")
     assert fresh.config("g").auto_offset_reset.duration_ms == 300_000
+
+
+# --- consumer.* group configs (KIP-848 consumer groups) ---------------------------------
+
+
+def test_consumer_group_configs_are_altered_and_described() -> None:
+    store = GroupConfigStore()
+    apply(
+        store,
+        store.incremental_alter(
+            "g",
+            [
+                AlterConfigOp("consumer.session.timeout.ms", SET, "50000"),
+                AlterConfigOp("consumer.heartbeat.interval.ms", SET, "6000"),
+            ],
+        ),
+    )
+    assert store.overrides("g") == {
+        "consumer.session.timeout.ms": 50000,
+        "consumer.heartbeat.interval.ms": 6000,
+    }
+    entries = {e.name: e for e in store.describe("g")}
+    assert (
+        entries["consumer.session.timeout.ms"].value,
+        entries["consumer.session.timeout.ms"].is_default,
+    ) == ("50000", False)
+    assert entries["consumer.heartbeat.interval.ms"].value == "6000"
+    # The share keys are untouched by them.
+    assert entries["share.session.timeout.ms"].value == "45000"
+    assert store.config("g") == GroupConfig()
+    # The defaults are the broker's group.consumer.* values.
+    wide = GroupCoordinatorConfig.from_mapping(
+        {
+            "group.consumer.min.session.timeout.ms": 6000,
+            "group.consumer.session.timeout.ms": 30000,
+        }
+    )
+    other = GroupConfigStore(coordinator=wide)
+    assert {e.name: e.value for e in other.describe("h")}["consumer.session.timeout.ms"] == (
+        "30000"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        (
+            [("consumer.session.timeout.ms", "1000")],
+            "consumer.session.timeout.ms must be greater than or equal to "
+            "group.consumer.min.session.timeout.ms (45000)",
+        ),
+        (
+            [("consumer.heartbeat.interval.ms", "90000")],
+            "consumer.heartbeat.interval.ms must be less than or equal to "
+            "group.consumer.max.heartbeat.interval.ms (15000)",
+        ),
+        ([("consumer.session.timeout.ms", "abc")], "consumer.session.timeout.ms"),
+    ],
+)
+def test_consumer_group_configs_are_checked_against_the_broker_bounds(
+    ops: list[tuple[str, str]], message: str
+) -> None:
+    store = GroupConfigStore()
+    with pytest.raises(KafkaError) as e:
+        store.incremental_alter("g", [AlterConfigOp(n, SET, v) for n, v in ops])
+    assert e.value.code is ErrorCode.invalid_config
+    assert message in str(e.value)
+    assert store.overrides("g") == {}

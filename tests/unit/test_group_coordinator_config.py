@@ -187,7 +187,7 @@ def test_a_broker_with_share_keys_that_disagree_still_says_so_first() -> None:
 # -- consumer group configs (consumer.*) ---------------------------------------
 
 
-def test_consumer_group_configs_are_kafkas_and_not_served_yet() -> None:
+def test_consumer_group_configs_are_kafkas_and_served_by_the_store() -> None:
     assert set(CONSUMER_GROUP_CONFIG_DEFS) == {
         "consumer.session.timeout.ms",
         "consumer.heartbeat.interval.ms",
@@ -198,12 +198,12 @@ def test_consumer_group_configs_are_kafkas_and_not_served_yet() -> None:
         assert GROUP_COORDINATOR_CONFIG_DEFS[definition.broker_synonym].default == (
             definition.default
         )
-    # Share groups' group configs are as they were: a consumer.* key is not (yet) one.
+    # Apart from the share keys, but altered and described through the same store.
     assert not set(CONSUMER_GROUP_CONFIG_DEFS) & set(GROUP_CONFIG_DEFS)
-    with pytest.raises(KafkaError, match="Unknown group config name"):
-        GroupConfigStore().incremental_alter(
-            "g", [AlterConfigOp("consumer.session.timeout.ms", SET, "50000")]
-        )
+    [record] = GroupConfigStore().incremental_alter(
+        "g", [AlterConfigOp("consumer.session.timeout.ms", SET, "50000")]
+    )
+    assert (record.name, record.value) == ("consumer.session.timeout.ms", "50000")
 
 
 def test_consumer_configs_within_the_broker_bounds_are_accepted() -> None:
