@@ -1,4 +1,4 @@
-"""Classic groups (JoinGroup/SyncGroup): the records (issue 26's seam).
+"""Classic groups (JoinGroup/SyncGroup): the records.
 
 As in Kafka, a classic group's rebalance in progress (pending joins, members awaiting
 their assignment) lives in memory only; what is stored is Kafka 4.2's GroupMetadata

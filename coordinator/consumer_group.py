@@ -1,4 +1,4 @@
-"""KIP-848 consumer groups (ConsumerGroupHeartbeat): the records (issue 26's seam).
+"""KIP-848 consumer groups (ConsumerGroupHeartbeat): the records.
 
 Kafka 4.2's consumer-group records, with its record type numbers, keyed as Kafka keys
 them so compaction keeps the newest per key:

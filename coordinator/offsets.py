@@ -1,4 +1,4 @@
-"""Committed offsets of consumer and classic groups: the records (issue 26's seam).
+"""Committed offsets of consumer and classic groups: the records.
 
 Kafka keeps a group's committed offsets in `__consumer_offsets` beside the group's own
 records; spool keeps them in the same place, the groups log (`data/groups/`), so a

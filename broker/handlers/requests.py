@@ -475,8 +475,7 @@ DeleteShareGroupOffsetsRequest: TypeAlias = (
 )
 
 # Consumer groups (classic and KIP-848), committed offsets and WriteTxnMarkers: the
-# versions Kafka 4.2 serves, for the handlers issue 26 registers (none is in the
-# table yet; tests/unit/test_request_unions.py checks their versions meanwhile).
+# versions Kafka 4.2 serves (tests/unit/test_request_unions.py checks them).
 JoinGroupRequest: TypeAlias = (
     join_group_v0.JoinGroupRequest
     | join_group_v1.JoinGroupRequest

@@ -12,8 +12,7 @@ answers one group before v8 and a list from v8 (KIP-709), whose topics are named
 before v10 and by id from v10 (KIP-848): its handler builds v7, v9 or v10. JoinGroup's
 protocol name may be null only from v7: an older request is answered "" for none, as
 Kafka answers it. Metadata's cluster authorized operations (KIP-430) exist only in
-v8-10: asked for there, the answer is converted to v10 to carry them. (The consumer
-group, offset and WriteTxnMarkers modules are here before their handlers: issue 26.)
+v8-10: asked for there, the answer is converted to v10 to carry them.
 
 The handlers read these names as `responses.metadata_v13.MetadataResponse`. A module
 is imported when a request first reads it (`protocol.api.lazy_module`): importing

@@ -200,14 +200,6 @@ def test_list_shows_the_simple_group(broker: Broker) -> None:
     setup_topic(broker, topic)
     consume_and_commit(broker, group, topic, {0: 1})
     listed = ok(broker, "--list").split()
-    if group not in listed:
-        state = consumer_groups(broker, "--describe", "--group", group, "--state")
-        if "UNSUPPORTED_VERSION" in state.stderr and "DescribeGroups (15)" in state.stderr:
-            pytest.skip(
-                "the broker serves no classic groups yet (no DescribeGroups; issue 26, piece "
-                "C), and its ListGroups lists share and consumer groups only: the simple "
-                "group is not listed yet"
-            )
     assert group in listed
     typed = ok(broker, "--list", "--type", "--state")
     row = next(line.split() for line in typed.splitlines() if line.startswith(group))

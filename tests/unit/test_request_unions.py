@@ -1,5 +1,5 @@
-"""The request unions and response modules laid down before their handlers (issue 26:
-consumer groups, offsets, WriteTxnMarkers): each union holds exactly the versions
+"""The request unions and response modules of consumer groups, offsets and
+WriteTxnMarkers: each union holds exactly the versions
 Kafka 4.2 serves, and each response module answers the versions its handler will
 build it for. Once an API is in the handler table, test_handler_table checks its
 union against the registered versions too."""
