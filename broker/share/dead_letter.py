@@ -5,20 +5,23 @@ ARCHIVING, durably, before the client is answered (phase one, `broker.share.part
 `DeadLetterWriter` does the rest, in the background, one task per share partition (so the
 runs of one partition, however many acknowledgements produce them at once, are handed out
 once and archived one take after the other): it takes the partition's ARCHIVING runs not
-handed out yet (`SharePartition.take_dead_letters`), hands each to the `DeadLetterSink`
-(up to `copies_in_flight` runs at a time, whose durable appends share fsyncs), which writes
-the copies to the dead-letter topic and returns once they are durable, then archives the
-runs (`archive_dead_letters`: the runs of one take together, with one share-state write
-under the partition's lock), and counts them (`ShareMetrics.dead_lettered`).
+handed out yet (`SharePartition.take_dead_letters`), hands them to the `DeadLetterSink`
+together (`write_all`, up to `letters_per_write` runs a call: one record rejected in ten
+is one run each, so a call, a timer and the sink's resolving are paid per take, not per
+run), which writes the copies to the dead-letter topic and returns once they are durable
+with an outcome per run, then archives the runs (`archive_dead_letters`: the runs of one
+take together, with one share-state write under the partition's lock), and counts them
+(`ShareMetrics.dead_lettered`).
 
 - A crash (or `kill -9`) between the two writes leaves the run ARCHIVING in the share state:
   whoever loads the partition next hands it out again and writes the copy again. Crash
   points `dead-letter.before-copy` (ARCHIVING durable, no copy yet) and
   `dead-letter.after-copy` (copy durable, not yet ARCHIVED) let tests kill the broker there.
-- `DeadLetterRetriable` (storage error, leader moved, database down), a copy that takes
-  longer than `copy_timeout_ms`, or a sink that fails unexpectedly: the run stays ARCHIVING
-  and the copy is tried again after a backoff on the injected clock, doubling up to
-  `max_backoff_ms`, for as long as the partition stays loaded here.
+- `DeadLetterRetriable` (storage error, leader moved, database down), a write that takes
+  longer than `copy_timeout_ms`, or a sink that fails unexpectedly: the runs concerned stay
+  ARCHIVING (the others are archived meanwhile) and their copies are tried again after a
+  backoff on the injected clock, doubling up to `max_backoff_ms`, for as long as the
+  partition stays loaded here.
 - `DeadLetterRefused` (no dead-letter topic any more, the topic unfit, a copy too large):
   the run is archived without a copy, with a warning naming the reason, as Kafka proceeds
   to ARCHIVED when its dead-letter write fails.
@@ -28,14 +31,14 @@ under the partition's lock), and counts them (`ShareMetrics.dead_lettered`).
   at its next step; the next owner resumes from the persisted ARCHIVING.
 
 Nothing here holds a partition's lock while the sink writes, and every wait is bounded
-(the lock by `lock_wait_ms`, the copy by `copy_timeout_ms`), so fetches of this and every
+(the lock by `lock_wait_ms`, each sink write by `copy_timeout_ms`), so fetches of this and every
 other partition go on meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
@@ -44,6 +47,7 @@ from broker.faults import crash_point
 from broker.metrics import ShareMetrics
 from broker.share.dead_letters import (
     DeadLetter,
+    DeadLetterOutcome,
     DeadLetterRefused,
     DeadLetterRetriable,
     DeadLetterSink,
@@ -56,8 +60,8 @@ from persister.clock import Clock, sleep, wait_all
 from protocol.errors import KafkaError
 
 __all__ = [
-    "COPIES_IN_FLIGHT",
     "COPY_TIMEOUT_MS",
+    "LETTERS_PER_WRITE",
     "RETRY_BACKOFF_MS",
     "RETRY_MAX_BACKOFF_MS",
     "DeadLetterWriter",
@@ -69,12 +73,12 @@ log = structlog.get_logger("spool.share")
 # The first wait before a copy (or the ARCHIVED write) is tried again; doubled each time.
 RETRY_BACKOFF_MS = 100
 RETRY_MAX_BACKOFF_MS = 30_000
-# The longest one copy may take before it counts as failed (retriable): as a Produce with
-# acks=all waits at most request.timeout.ms (30000 by default).
+# The longest one sink write may take before its runs count as failed (retriable): as a
+# Produce with acks=all waits at most request.timeout.ms (30000 by default).
 COPY_TIMEOUT_MS = 30_000
-# The most runs of one share partition whose copies are written at once: their durable
-# appends to the dead-letter topic share fsyncs (one record rejected in ten is one run each).
-COPIES_IN_FLIGHT = 32
+# The most runs of one share partition handed to the sink in one write (their copies go in
+# one append with one durable wait); a larger take is written in several, one by one.
+LETTERS_PER_WRITE = 2048
 
 
 class RefusingSink:
@@ -83,8 +87,8 @@ class RefusingSink:
     def __init__(self, reason: str = "no dead-letter writer in this broker") -> None:
         self.reason = reason
 
-    async def write(self, letter: DeadLetter) -> int:
-        raise DeadLetterRefused(self.reason)
+    async def write_all(self, letters: Sequence[DeadLetter]) -> list[DeadLetterOutcome]:
+        return [DeadLetterRefused(self.reason)] * len(letters)
 
 
 class DeadLetterWriter:
@@ -104,7 +108,7 @@ class DeadLetterWriter:
         retry_backoff_ms: int = RETRY_BACKOFF_MS,
         max_backoff_ms: int = RETRY_MAX_BACKOFF_MS,
         copy_timeout_ms: int = COPY_TIMEOUT_MS,
-        copies_in_flight: int = COPIES_IN_FLIGHT,
+        letters_per_write: int = LETTERS_PER_WRITE,
     ) -> None:
         self.clock = clock
         self.sink = sink
@@ -119,7 +123,7 @@ class DeadLetterWriter:
         self.retry_backoff_ms = retry_backoff_ms
         self.max_backoff_ms = max_backoff_ms
         self.copy_timeout_ms = copy_timeout_ms
-        self.copies_in_flight = max(copies_in_flight, 1)
+        self.letters_per_write = max(letters_per_write, 1)
         # The share partition each running task works for (one task per key).
         self._running: dict[ShareStateKey, SharePartition] = {}
         self._stopped = False
@@ -180,20 +184,20 @@ class DeadLetterWriter:
     async def _dead_letter(
         self, key: ShareStateKey, sp: SharePartition, letters: list[DeadLetter]
     ) -> bool:
-        """Copy the runs, up to `copies_in_flight` at a time (their durable appends share
-        fsyncs), then archive them with one share-state write; what is copied is archived
-        before a backoff too, so it does not wait on a failing copy. False once the
-        partition is no longer loaded here."""
+        """Copy the runs, `letters_per_write` at a time with one sink write each, then
+        archive them with one share-state write; what is copied is archived before a
+        backoff too, so it does not wait on a failing copy. False once the partition is
+        no longer loaded here."""
         done: list[tuple[DeadLetter, bool]] = []  # (run, copied)
         todo = letters
         backoff = self.retry_backoff_ms
         while todo:
             if not self._loaded(key, sp):
                 return False
-            wave, rest = todo[: self.copies_in_flight], todo[self.copies_in_flight :]
-            outcomes = await asyncio.gather(*(self._copy(key, x, backoff) for x in wave))
-            retry = [x for x, copied in zip(wave, outcomes, strict=True) if copied is None]
-            done += [(x, c) for x, c in zip(wave, outcomes, strict=True) if c is not None]
+            part, rest = todo[: self.letters_per_write], todo[self.letters_per_write :]
+            outcomes = await self._copy(key, part, backoff)
+            retry = [x for x, copied in zip(part, outcomes, strict=True) if copied is None]
+            done += [(x, c) for x, c in zip(part, outcomes, strict=True) if c is not None]
             todo = retry + rest
             if retry:
                 if done and not await self._archive(key, sp, done):
@@ -205,26 +209,18 @@ class DeadLetterWriter:
                 backoff = self.retry_backoff_ms
         return await self._archive(key, sp, done)
 
-    async def _copy(self, key: ShareStateKey, letter: DeadLetter, backoff_ms: int) -> bool | None:
-        """Have the sink write the run's copies: True once durable, False when refused for
-        good (archived uncopied), None to try again after `backoff_ms`."""
+    async def _copy(
+        self, key: ShareStateKey, letters: list[DeadLetter], backoff_ms: int
+    ) -> list[bool | None]:
+        """Have the sink write the runs' copies, in one write: per run True once durable,
+        False when refused for good (archived uncopied), None to try again after
+        `backoff_ms`."""
         crash_point("dead-letter.before-copy")
         try:
-            await self._write_bounded(letter)
+            outcomes = await self._write_bounded(letters)
         except DeadLetterRetriable as exc:
-            self._retrying(key, letter, "copy", str(exc) or type(exc).__name__, backoff_ms)
-            return None
-        except DeadLetterRefused as exc:
-            log.warning(
-                "dead_letter_archived_uncopied",
-                group=key.group_id,
-                topic=self.topic_name(key),
-                partition=key.partition,
-                first_offset=letter.first_offset,
-                last_offset=letter.last_offset,
-                reason=str(exc) or "refused",
-            )
-            return False
+            self._retrying(key, letters, "copy", str(exc) or type(exc).__name__, backoff_ms)
+            return [None] * len(letters)
         except Exception as exc:
             # A bug in the sink: logged with its trace, and tried again as retriable.
             log.exception(
@@ -232,21 +228,49 @@ class DeadLetterWriter:
                 group=key.group_id,
                 topic=self.topic_name(key),
                 partition=key.partition,
-                first_offset=letter.first_offset,
-                last_offset=letter.last_offset,
+                first_offset=letters[0].first_offset,
+                last_offset=letters[-1].last_offset,
+                runs=len(letters),
             )
-            self._retrying(key, letter, "copy", repr(exc), backoff_ms)
-            return None
-        crash_point("dead-letter.after-copy")
-        return True
+            self._retrying(key, letters, "copy", repr(exc), backoff_ms)
+            return [None] * len(letters)
+        result: list[bool | None] = []
+        retriable: list[DeadLetter] = []
+        reason = ""
+        for letter, outcome in zip(letters, outcomes, strict=True):
+            if isinstance(outcome, DeadLetterRefused):
+                log.warning(
+                    "dead_letter_archived_uncopied",
+                    group=key.group_id,
+                    topic=self.topic_name(key),
+                    partition=key.partition,
+                    first_offset=letter.first_offset,
+                    last_offset=letter.last_offset,
+                    reason=str(outcome) or "refused",
+                )
+                result.append(False)
+            elif isinstance(outcome, DeadLetterRetriable):
+                reason = reason or str(outcome) or type(outcome).__name__
+                retriable.append(letter)
+                result.append(None)
+            else:
+                result.append(True)
+        if retriable:
+            self._retrying(key, retriable, "copy", reason, backoff_ms)
+        if any(result):
+            crash_point("dead-letter.after-copy")
+        return result
 
-    async def _write_bounded(self, letter: DeadLetter) -> int:
+    async def _write_bounded(self, letters: list[DeadLetter]) -> list[DeadLetterOutcome]:
         """The sink's write, bounded by `copy_timeout_ms` on the clock."""
-        task = asyncio.ensure_future(self.sink.write(letter))
+        task = asyncio.ensure_future(self.sink.write_all(letters))
         if await wait_all(self.clock, [task], self.copy_timeout_ms):
             task.cancel()
             raise DeadLetterRetriable(f"the copy took longer than {self.copy_timeout_ms} ms")
-        return task.result()
+        outcomes = task.result()
+        if len(outcomes) != len(letters):
+            raise RuntimeError(f"the sink answered {len(outcomes)} outcomes for {len(letters)}")
+        return outcomes
 
     async def _archive(
         self, key: ShareStateKey, sp: SharePartition, done: list[tuple[DeadLetter, bool]]
@@ -276,7 +300,7 @@ class DeadLetterWriter:
         longer loaded here."""
         first = done[0][0]
         if not await self.locks.acquire(key, self.lock_wait_ms):
-            self._retrying(key, first, "archive", "share partition busy", 0)
+            self._retrying(key, [x for x, _ in done], "archive", "share partition busy", 0)
             return False
         try:
             if not self._loaded(key, sp):
@@ -303,15 +327,22 @@ class DeadLetterWriter:
         return True
 
     def _retrying(
-        self, key: ShareStateKey, letter: DeadLetter, step: str, reason: str, backoff_ms: int
+        self,
+        key: ShareStateKey,
+        letters: Sequence[DeadLetter],
+        step: str,
+        reason: str,
+        backoff_ms: int,
     ) -> None:
+        """One warning for the runs of one write (or archive) to be tried again."""
         log.warning(
             "dead_letter_retrying",
             group=key.group_id,
             topic=self.topic_name(key),
             partition=key.partition,
-            first_offset=letter.first_offset,
-            last_offset=letter.last_offset,
+            first_offset=letters[0].first_offset,
+            last_offset=letters[-1].last_offset,
+            runs=len(letters),
             step=step,
             reason=reason,
             retry_in_ms=backoff_ms,

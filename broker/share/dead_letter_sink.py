@@ -1,8 +1,9 @@
 """The dead-letter copies of a share group's records, written to its dead-letter topic
 (KIP-1191).
 
-`DeadLetterTopicSink.write` takes one `DeadLetter` run (offsets of one share partition,
-all ARCHIVING) and:
+`DeadLetterTopicSink.write_all` takes the `DeadLetter` runs of one take (offsets of one
+share partition, all ARCHIVING; one record rejected in ten is one run each, so what is
+not per record is done once per call, not per run) and:
 
 1. resolves the group's `errors.deadletterqueue.topic.name` and
    `errors.deadletterqueue.copy.record.enable`, and checks the topic as Kafka's share-group
@@ -13,7 +14,7 @@ all ARCHIVING) and:
    `errors.deadletterqueue.group.enable=true`, or it is the source topic itself. With
    auto-creation on, a missing topic is created (num.partitions, the opt-in set, and
    CreateTime timestamps, as Kafka's CreateTopics for it);
-2. reads the run's records from the source partition's local log (this broker leads it:
+2. reads each run's records from the source partition's local log (this broker leads it:
    it is the share-partition leader); control batches and offsets holding no record get
    no copy;
 3. builds one record per source offset with the `__dlq.errors.*` headers (source topic,
@@ -25,15 +26,16 @@ all ARCHIVING) and:
    `max.message.bytes` (a copy larger than that on its own is refused before anything
    is written);
 4. appends them to DLQ partition `source partition % DLQ partitions` (Kafka's rule):
-   through the Produce path's durable append when this broker leads it (returns once
-   fsynced / committed to PostgreSQL, as acks=all; the runs written in one turn of the
-   event loop share one append and one durable wait), else with Produce acks=-1 to its
-   leader over the inter-broker listener.
+   all the runs' copies together, through the Produce path's durable append when this
+   broker leads it (returns once fsynced / committed to PostgreSQL, as acks=all; the
+   writes made in one turn of the event loop share one append and one durable wait),
+   else with Produce acks=-1 to its leader over the inter-broker listener.
 
 Errors that may pass (leader moved, storage or database down, timeouts, lost
-connections) raise `DeadLetterRetriable`; the run stays ARCHIVING and the writer tries
-again. Those that will not (too large, unknown topic, authorization) raise
-`DeadLetterRefused`. Each write that got as far as a produce, or was refused, is counted
+connections) are a `DeadLetterRetriable` outcome for the runs they concern; those stay
+ARCHIVING and the writer tries again. Those that will not (too large, unknown topic,
+authorization) are a `DeadLetterRefused` one (a copy too large refuses its run only).
+Each run that got as far as a produce, or was refused, is counted
 (`ShareMetrics.dead_letter_produce`: Kafka's DeadLetterQueueTotalProduceRequestsPerSec
 and, failed, DeadLetterQueueFailedProduceRequestsPerSec).
 """
@@ -59,6 +61,7 @@ from broker.share.dead_letters import (
     HEADER_PARTITION,
     HEADER_TOPIC,
     DeadLetter,
+    DeadLetterOutcome,
     DeadLetterRefused,
     DeadLetterRetriable,
 )
@@ -281,38 +284,47 @@ def _bytes_size(data: bytes | None) -> int:
     return 1 if data is None else _varint_size(len(data)) + len(data)
 
 
+def record_body_size(record: NewRecord) -> int:
+    """Bytes of `record`'s body in a v2 batch apart from its timestamp and offset deltas
+    (which depend on where it lands): computed once per record."""
+    size = 1 + _bytes_size(record.key) + _bytes_size(record.value)
+    size += _varint_size(len(record.headers))
+    for name, value in record.headers:
+        encoded = len(name) if name.isascii() else len(name.encode())
+        size += _varint_size(encoded) + encoded + _bytes_size(value)
+    return size
+
+
 def record_size(record: NewRecord, offset_delta: int, timestamp_delta: int) -> int:
     """Bytes `record` takes in a v2 batch (protocol.records.build_batch's encoding)."""
-    body = (
-        1
-        + _varint_size(timestamp_delta)
-        + _varint_size(offset_delta)
-        + _bytes_size(record.key)
-        + _bytes_size(record.value)
-        + _varint_size(len(record.headers))
-        + sum(_bytes_size(name.encode()) + _bytes_size(value) for name, value in record.headers)
-    )
+    body = record_body_size(record) + _varint_size(timestamp_delta) + _varint_size(offset_delta)
     return _varint_size(body) + body
 
 
-def split_batches(records: Sequence[NewRecord], max_bytes: int) -> list[bytes]:
+def split_batches(
+    records: Sequence[NewRecord], max_bytes: int, bodies: Sequence[int] | None = None
+) -> list[bytes]:
     """Uncompressed batches of `records`, in order, each at most `max_bytes` (the DLQ
-    topic's max.message.bytes). ValueError when one record alone does not fit."""
+    topic's max.message.bytes); `bodies` their `record_body_size`s if known already.
+    ValueError when one record alone does not fit."""
+    if bodies is None:
+        bodies = [record_body_size(r) for r in records]
     batches: list[bytes] = []
     chunk: list[NewRecord] = []
     size = HEADER_SIZE
     base_ts = 0
-    for record in records:
+    for record, base in zip(records, bodies, strict=True):
         ts = record.timestamp if record.timestamp is not None else 0
         if chunk:
-            grown = size + record_size(record, len(chunk), ts - base_ts)
+            body = base + _varint_size(ts - base_ts) + _varint_size(len(chunk))
+            grown = size + _varint_size(body) + body
             if grown <= max_bytes:
                 chunk.append(record)
                 size = grown
                 continue
             batches.append(build_batch(chunk))
         base_ts = ts
-        size = HEADER_SIZE + record_size(record, 0, 0)
+        size = HEADER_SIZE + _varint_size(base + 2) + base + 2
         if size > max_bytes:
             raise ValueError(
                 f"a dead-letter record of {size} bytes (in its batch) exceeds "
@@ -334,12 +346,13 @@ def _max_message_bytes(topic: TopicInfo) -> int:
 class _SharedAppend:
     """The copies several runs append to one local DLQ partition together."""
 
-    __slots__ = ("copies", "done", "limit", "part")
+    __slots__ = ("bodies", "copies", "done", "limit", "part")
 
     def __init__(self, part: DeadLetterLog, limit: int, done: asyncio.Future[None]) -> None:
         self.part = part
         self.limit = limit
         self.copies: list[NewRecord] = []
+        self.bodies: list[int] = []  # their record_body_size
         self.done = done
 
 
@@ -392,26 +405,43 @@ class DeadLetterTopicSink:
         self._appends: dict[tuple[str, int], _SharedAppend] = {}
         self._append_tasks: set[asyncio.Future[None]] = set()
 
+    async def write_all(self, letters: Sequence[DeadLetter]) -> list[DeadLetterOutcome]:
+        """The copies of `letters` (one take of a share partition's runs): what is
+        resolved, checked and appended once per write is done once for all of them
+        (module docstring); one outcome per letter, in order. Each letter is counted as
+        a produce (failed when refused or retriable; not at all when nothing was left to
+        copy), as when each run was written on its own."""
+        outcomes: list[DeadLetterOutcome] = [0] * len(letters)
+        groups: dict[tuple[str, uuid.UUID, int], list[int]] = {}
+        for i, letter in enumerate(letters):
+            groups.setdefault((letter.group_id, letter.topic_id, letter.partition), []).append(i)
+        for indexes in groups.values():
+            written = await self._write_partition([letters[i] for i in indexes])
+            for i, outcome in zip(indexes, written, strict=True):
+                outcomes[i] = outcome
+        for letter, outcome in zip(letters, outcomes, strict=True):
+            if isinstance(outcome, DeadLetterRefused):
+                log.warning(
+                    "dead_letter_refused",
+                    group=letter.group_id,
+                    partition=letter.partition,
+                    first_offset=letter.first_offset,
+                    last_offset=letter.last_offset,
+                    reason=str(outcome),
+                )
+                self.metrics.dead_letter_produce(letter.group_id, failed=True)
+            elif isinstance(outcome, DeadLetterRetriable):
+                self.metrics.dead_letter_produce(letter.group_id, failed=True)
+            elif outcome:  # nothing to copy (no record left at those offsets): no produce
+                self.metrics.dead_letter_produce(letter.group_id, failed=False)
+        return outcomes
+
     async def write(self, letter: DeadLetter) -> int:
-        try:
-            written = await self._write(letter)
-        except DeadLetterRefused as exc:
-            log.warning(
-                "dead_letter_refused",
-                group=letter.group_id,
-                partition=letter.partition,
-                first_offset=letter.first_offset,
-                last_offset=letter.last_offset,
-                reason=str(exc),
-            )
-            self.metrics.dead_letter_produce(letter.group_id, failed=True)
-            raise
-        except DeadLetterRetriable:
-            self.metrics.dead_letter_produce(letter.group_id, failed=True)
-            raise
-        if written:  # nothing to copy (no record left at those offsets): no produce
-            self.metrics.dead_letter_produce(letter.group_id, failed=False)
-        return written
+        """`write_all` of one letter: the number of copies, or its failure raised."""
+        outcome = (await self.write_all([letter]))[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def close(self) -> None:
         """The broker stops: shared appends still waiting are dropped (their runs stay
@@ -420,10 +450,92 @@ class DeadLetterTopicSink:
             task.cancel()
         await self.transport.close()
 
-    async def _write(self, letter: DeadLetter) -> int:
+    async def _write_partition(self, letters: list[DeadLetter]) -> list[DeadLetterOutcome]:
+        """`write_all` for letters of one group and source partition: the group config,
+        the DLQ topic and its checks resolved once; each letter's records read and its
+        copies built (a letter that cannot be read, or has a copy too large, fails on
+        its own); all copies in one append (or one Produce per batch remotely), whose
+        failure is that of every letter with copies in it."""
+        first = letters[0]
+        outcomes: list[DeadLetterOutcome] = [0] * len(letters)
+        try:
+            config, source_name, part, topic = await self._source_and_topic(first)
+        except (DeadLetterRefused, DeadLetterRetriable) as exc:
+            return [exc] * len(letters)
+        copy_record = config.dead_letter_copy_record
+        now_ms = self.clock.now_ms()
+        last_batch = self._decoded_batch(first)
+        made: list[tuple[int, list[NewRecord], list[int]]] = []  # (letter, copies, bodies)
+        for i, letter in enumerate(letters):
+            try:
+                records = read_source_records(
+                    part,
+                    letter.first_offset,
+                    letter.last_offset,
+                    offsets_only=not copy_record,
+                    last_batch=last_batch,
+                )
+            except KafkaError as exc:
+                where = f"reading {source_name}-{letter.partition}"
+                outcomes[i] = self._mapped(letter, exc, where)
+                continue
+            except CorruptRecordError as exc:
+                outcomes[i] = _refused(
+                    letter, f"records of {source_name}-{letter.partition} cannot be read: {exc}"
+                )
+                continue
+            if records:
+                copies = dead_letter_records(
+                    letter, source_name, records, copy_record=copy_record, now_ms=now_ms
+                )
+                made.append((i, copies, [record_body_size(r) for r in copies]))
+        if not made:
+            return outcomes
+        index = destination_partition(first.partition, topic.partitions)
+        try:
+            leader_id, dlq_part, limit = self._leader(topic, index)
+        except DeadLetterRetriable as exc:
+            for i, _, _ in made:
+                outcomes[i] = exc
+            return outcomes
+        all_copies: list[NewRecord] = []
+        all_bodies: list[int] = []
+        with_copies: list[int] = []
+        for i, copies, bodies in made:
+            # Each copy alone in a batch (no deltas) must fit: else the letter is refused
+            # before anything is written (split_batches' check, made per letter here).
+            largest = HEADER_SIZE + max(_varint_size(b + 2) + b + 2 for b in bodies)
+            if largest > limit:
+                outcomes[i] = _refused(
+                    letters[i],
+                    f"a dead-letter record of {largest} bytes (in its batch) exceeds "
+                    f"max.message.bytes ({limit}) of the dead-letter topic {topic.name!r}",
+                )
+                continue
+            outcomes[i] = len(copies)
+            all_copies += copies
+            all_bodies += bodies
+            with_copies.append(i)
+        if not all_copies:
+            return outcomes
+        try:
+            if dlq_part is not None:
+                await self._append_local(
+                    first, topic.name, index, dlq_part, all_copies, all_bodies, limit
+                )
+            else:
+                batches = self._batches(first, topic.name, all_copies, all_bodies, limit)
+                await self._produce_remote(first, leader_id, topic, index, batches)
+        except (DeadLetterRefused, DeadLetterRetriable) as exc:
+            for i in with_copies:
+                outcomes[i] = exc
+        return outcomes
+
+    async def _source_and_topic(self, letter: DeadLetter) -> tuple[GroupConfig, str, Any, Any]:
+        """The group's config, the source topic's name and local log, and the checked
+        dead-letter topic of `letter`'s group and share partition."""
         config = self.group_config(letter.group_id)
-        state = self.topics()
-        source = state.topics_by_id.get(letter.topic_id)
+        source = self.topics().topics_by_id.get(letter.topic_id)
         if source is None:
             raise _refused(letter, f"the source topic {letter.topic_id} no longer exists")
         topic = await self._dlq_topic(letter, config, source.name)
@@ -433,46 +545,22 @@ class DeadLetterTopicSink:
                 f"{source.name}-{letter.partition} is not led by this broker any more: its "
                 "new share-partition leader writes the dead letters"
             )
-        try:
-            records = read_source_records(
-                part,
-                letter.first_offset,
-                letter.last_offset,
-                offsets_only=not config.dead_letter_copy_record,
-                last_batch=self._decoded_batch(letter),
-            )
-        except KafkaError as exc:
-            raise self._mapped(letter, exc, f"reading {source.name}-{letter.partition}") from exc
-        except CorruptRecordError as exc:
-            raise _refused(
-                letter, f"records of {source.name}-{letter.partition} cannot be read: {exc}"
-            ) from exc
-        if not records:
-            return 0
-        copies = dead_letter_records(
-            letter,
-            source.name,
-            records,
-            copy_record=config.dead_letter_copy_record,
-            now_ms=self.clock.now_ms(),
-        )
-        index = destination_partition(letter.partition, topic.partitions)
+        return config, source.name, part, topic
+
+    def _leader(self, topic: Any, index: int) -> tuple[int, DeadLetterLog | None, int]:
+        """Who leads DLQ partition `index`: (its node id, its log when this broker leads
+        it else None, its max.message.bytes)."""
         view = self.cluster()
         leader = view.leader(topic.topic_id, index)
         if leader is None:
             raise DeadLetterRetriable(f"{topic.name}-{index} has no leader at the moment")
-        if view.is_local(leader):
-            dlq_part = self.log_partition(topic.topic_id, index)
-            if dlq_part is None:
-                raise DeadLetterRetriable(f"{topic.name}-{index} is not open on this broker yet")
-            limit = int(dlq_part.settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
-            self._check_sizes(letter, topic.name, copies, limit)
-            await self._append_local(letter, topic.name, index, dlq_part, copies, limit)
-        else:
-            settings = {"max.message.bytes": self.max_message_bytes(topic)}
-            batches = self._batches(letter, topic.name, copies, settings)
-            await self._produce_remote(letter, view, leader.node_id, topic, index, batches)
-        return len(copies)
+        if not view.is_local(leader):
+            return leader.node_id, None, self.max_message_bytes(topic)
+        dlq_part = self.log_partition(topic.topic_id, index)
+        if dlq_part is None:
+            raise DeadLetterRetriable(f"{topic.name}-{index} is not open on this broker yet")
+        limit = int(dlq_part.settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        return leader.node_id, dlq_part, limit
 
     def _decoded_batch(self, letter: DeadLetter) -> list[DecodedBatch]:
         key = (letter.topic_id, letter.partition)
@@ -534,27 +622,13 @@ class DeadLetterTopicSink:
         letter: DeadLetter,
         topic: str,
         copies: Sequence[NewRecord],
-        settings: Mapping[str, Any],
+        bodies: Sequence[int],
+        limit: int,
     ) -> list[bytes]:
-        limit = int(settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         try:
-            return split_batches(copies, limit)
+            return split_batches(copies, limit, bodies)
         except ValueError as exc:
             raise _refused(letter, f"{exc} of the dead-letter topic {topic!r}") from exc
-
-    def _check_sizes(
-        self, letter: DeadLetter, topic: str, copies: Sequence[NewRecord], limit: int
-    ) -> None:
-        """Refuse the run if one of its copies alone exceeds `limit` (split_batches'
-        check, made before the copies join others' in a shared append)."""
-        for record in copies:
-            size = HEADER_SIZE + record_size(record, 0, 0)
-            if size > limit:
-                raise _refused(
-                    letter,
-                    f"a dead-letter record of {size} bytes (in its batch) exceeds "
-                    f"max.message.bytes ({limit}) of the dead-letter topic {topic!r}",
-                )
 
     async def _append_local(
         self,
@@ -563,14 +637,15 @@ class DeadLetterTopicSink:
         index: int,
         part: DeadLetterLog,
         copies: Sequence[NewRecord],
+        bodies: Sequence[int],
         limit: int,
     ) -> None:
         """The Produce handler's append and acks=all wait (fsync / PostgreSQL commit),
-        shared: the copies of every run written to this DLQ partition in the same turn
-        of the event loop (the writer hands up to COPIES_IN_FLIGHT runs at once) go in
-        one append of as few batches as max.message.bytes allows, with one durable wait.
-        One rejected record in ten is one run each: an append per run cost more than the
-        rest of the flow. If the shared append fails, every run in it is tried again."""
+        shared: the copies of every write to this DLQ partition in the same turn of the
+        event loop (one take of a share partition each; the share partitions of several
+        source partitions or groups may map to one DLQ partition) go in one append of as
+        few batches as max.message.bytes allows, with one durable wait. If the shared
+        append fails, every run in it is tried again."""
         where = f"appending to {topic}-{index}"
         key = (topic, index)
         pending = self._appends.get(key)
@@ -579,6 +654,7 @@ class DeadLetterTopicSink:
             self._appends[key] = pending
             asyncio.get_running_loop().call_soon(self._start_append, key, pending)
         pending.copies.extend(copies)
+        pending.bodies.extend(bodies)
         try:
             # Shielded: a run whose wait is cancelled (its copy timed out) leaves the
             # append to the others.
@@ -601,7 +677,7 @@ class DeadLetterTopicSink:
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             last = -1
-            for batch in split_batches(pending.copies, pending.limit):
+            for batch in split_batches(pending.copies, pending.limit, pending.bodies):
                 data, headers = validate_produce_data(batch)
                 last = pending.part.append(data, headers).last_offset
             await pending.part.wait_durable(last, self.timeout_ms / 1000)
@@ -615,7 +691,6 @@ class DeadLetterTopicSink:
     async def _produce_remote(
         self,
         letter: DeadLetter,
-        view: ClusterView,
         node_id: int,
         topic: Any,
         index: int,
@@ -623,7 +698,7 @@ class DeadLetterTopicSink:
     ) -> None:
         """Produce acks=-1 of each batch, in order, to the DLQ partition's leader."""
         where = f"producing to {topic.name}-{index} on broker {node_id}"
-        info = view.broker(node_id)
+        info = self.cluster().broker(node_id)
         endpoint = None if info is None else info.endpoint(self.listener)
         if endpoint is None:
             raise DeadLetterRetriable(

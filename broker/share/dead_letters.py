@@ -8,15 +8,18 @@ A crash between the two writes leaves ARCHIVING in the share state, and whoever 
 share partition next writes the copy again: never lost, at worst copied twice, and a
 second copy names the same source topic, partition, offset and group in its headers.
 
-`DeadLetter` is one run of ARCHIVING offsets of one share partition, handed to a
-`DeadLetterSink`; the sink writes the copies (or refuses for good) and the leader then
-archives the run.
+`DeadLetter` is one run of ARCHIVING offsets of one share partition. The runs the leader
+takes at once are handed to a `DeadLetterSink` together (`write_all`: one call per take,
+so what a write costs apart from its records is paid once per take, not once per run);
+the sink writes their copies (or refuses some for good) and the leader then archives
+them.
 """
 
 from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -28,6 +31,7 @@ __all__ = [
     "HEADER_PARTITION",
     "HEADER_TOPIC",
     "DeadLetter",
+    "DeadLetterOutcome",
     "DeadLetterReason",
     "DeadLetterRefused",
     "DeadLetterRetriable",
@@ -88,9 +92,15 @@ class DeadLetterRefused(Exception):
     says why (logged, counted as a failed dead-letter write)."""
 
 
+# What became of one letter: the number of copies written (durable), or why not.
+DeadLetterOutcome = int | DeadLetterRefused | DeadLetterRetriable
+
+
 class DeadLetterSink(Protocol):
-    async def write(self, letter: DeadLetter) -> int:
-        """Write the copies of `letter`'s records to its group's dead-letter topic, durable
-        (committed as an acks=all produce is) before returning the number of records
-        written; raise DeadLetterRetriable or DeadLetterRefused."""
+    async def write_all(self, letters: Sequence[DeadLetter]) -> list[DeadLetterOutcome]:
+        """Write the copies of the records of `letters` (runs of one share partition,
+        ascending) to their group's dead-letter topic, durable (committed as an acks=all
+        produce is) before returning; one outcome per letter, in order: the number of
+        records written, or the DeadLetterRetriable / DeadLetterRefused that concerns it
+        (returned, not raised)."""
         ...

@@ -312,6 +312,58 @@ async def test_a_failed_shared_append_fails_every_run_in_it_as_retriable(
     assert await world.sink.write(world.letter(1, 1)) == 1
 
 
+async def test_write_all_resolves_once_appends_once_and_answers_per_letter(
+    world: World,
+) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=True)
+    await world.produce(SOURCE, 1, source_records(30))
+    resolved: list[str] = []
+    config = world.config
+    world.sink.group_config = lambda g: resolved.append(g) or config  # type: ignore[func-returns-value]
+    runs = [world.letter(o, o) for o in range(0, 30, 10)] + [world.letter(40, 45)]
+    outcomes = await world.sink.write_all(runs)
+    assert outcomes == [1, 1, 1, 0]  # one per letter, in order; 40-45 hold no record
+    assert resolved == [GROUP]  # the group's config resolved once for the take
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+    assert len(list(iter_batches(part.read(0, 1 << 20), validate=True))) == 1
+    offsets = [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 1)]
+    assert offsets == [b"0", b"10", b"20"]
+    assert world.metrics.dead_letter_writes == {GROUP: [3, 0]}
+
+
+async def test_write_all_refuses_only_the_letter_with_a_copy_too_large(world: World) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=True)
+    world.dlq.configs["max.message.bytes"] = "300"
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+    part.settings["max.message.bytes"] = 300
+    await world.produce(SOURCE, 1, source_records(2))
+    await world.produce(SOURCE, 1, build_batch([NewRecord(b"k", b"x" * 400, ())]))
+    outcomes = await world.sink.write_all([world.letter(0, 0), world.letter(2, 2)])
+    assert outcomes[0] == 1
+    assert isinstance(outcomes[1], DeadLetterRefused)
+    assert "max.message.bytes (300)" in str(outcomes[1])
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 1)] == [b"0"]
+    assert world.metrics.dead_letter_writes == {GROUP: [2, 1]}
+
+
+async def test_write_all_fails_a_failed_append_for_the_letters_in_it_only(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await world.produce(SOURCE, 1, source_records(5))
+    part = world.logs.get(DLQ, 1)
+    assert part is not None
+
+    def broken(*_args: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(part, "append", broken)
+    outcomes = await world.sink.write_all([world.letter(1, 1), world.letter(9, 9)])
+    assert isinstance(outcomes[0], DeadLetterRetriable)
+    assert outcomes[1] == 0  # nothing to copy: not part of the append
+
+
 async def test_control_batches_and_missing_offsets_get_no_copy(world: World) -> None:
     await world.produce(SOURCE, 0, source_records(2))  # offsets 0, 1
     part = world.logs.get(SOURCE, 0)

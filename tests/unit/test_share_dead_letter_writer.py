@@ -9,15 +9,16 @@ ARCHIVING for the next owner when the partition goes away mid-copy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pytest
 from structlog.testing import capture_logs
 
-from broker.share.dead_letter import COPIES_IN_FLIGHT, RETRY_BACKOFF_MS, RefusingSink
+from broker.share.dead_letter import LETTERS_PER_WRITE, RETRY_BACKOFF_MS, RefusingSink
 from broker.share.dead_letters import (
     DeadLetter,
+    DeadLetterOutcome,
     DeadLetterReason,
     DeadLetterRefused,
     DeadLetterRetriable,
@@ -59,30 +60,41 @@ class Groups:
 
 
 class FakeSink:
-    """Records each letter with the durable state seen when it was called; fails as told;
-    `gate` holds writes."""
+    """Records each letter with the durable state seen when its write was called, and
+    each write's letters (`writes`); fails letters as told, one failure each; `gate`
+    holds writes."""
 
     def __init__(self, persister: FlakyPersister) -> None:
         self.persister = persister
         self.letters: list[DeadLetter] = []
         self.seen: list[tuple[int, list[object]]] = []
-        self.failures: list[BaseException] = []
+        self.failures: list[BaseException | None] = []  # None: that letter is written
         self.gate: asyncio.Event | None = None
         self.in_flight = 0
         self.most_in_flight = 0
+        self.writes: list[list[DeadLetter]] = []
 
-    async def write(self, letter: DeadLetter) -> int:
+    async def write_all(self, letters: Sequence[DeadLetter]) -> list[DeadLetterOutcome]:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        self.writes.append(list(letters))
         try:
-            self.seen.append(durable(self.persister))
+            seen = durable(self.persister)
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(0)
-            if self.failures:
-                raise self.failures.pop(0)
-            self.letters.append(letter)
-            return letter.record_count
+            outcomes: list[DeadLetterOutcome] = []
+            for letter in letters:
+                self.seen.append(seen)
+                failure = self.failures.pop(0) if self.failures else None
+                if isinstance(failure, (DeadLetterRefused, DeadLetterRetriable)):
+                    outcomes.append(failure)
+                elif failure is not None:
+                    raise failure
+                else:
+                    self.letters.append(letter)
+                    outcomes.append(letter.record_count)
+            return outcomes
         finally:
             self.in_flight -= 1
 
@@ -208,10 +220,11 @@ async def test_a_refusal_archives_without_a_copy_and_says_why() -> None:
 
 
 async def test_the_refusing_sink_of_a_broker_without_a_writer_drains_archiving() -> None:
-    with pytest.raises(DeadLetterRefused, match="no dead-letter writer"):
-        await RefusingSink("no dead-letter writer in this broker").write(
-            letter(0, 0, 1, DeadLetterReason.REJECTED)
-        )
+    [outcome] = await RefusingSink("no dead-letter writer in this broker").write_all(
+        [letter(0, 0, 1, DeadLetterReason.REJECTED)]
+    )
+    assert isinstance(outcome, DeadLetterRefused)
+    assert "no dead-letter writer" in str(outcome)
 
 
 async def test_unloaded_mid_copy_stops_and_the_next_load_copies_again() -> None:
@@ -251,10 +264,10 @@ async def test_a_failed_archived_write_stays_archiving_and_is_retried_without_a_
     mgr.stop()
 
 
-@pytest.mark.parametrize("copies_in_flight", [1, COPIES_IN_FLIGHT])
-async def test_many_acknowledgements_at_once_are_each_copied_once(copies_in_flight: int) -> None:
+@pytest.mark.parametrize("letters_per_write", [1, 3, LETTERS_PER_WRITE])
+async def test_many_acknowledgements_at_once_are_each_copied_once(letters_per_write: int) -> None:
     mgr, persister, _clock, sink = setup()
-    mgr.dead_letters.copies_in_flight = copies_in_flight
+    mgr.dead_letters.letters_per_write = letters_per_write
     await fetch(mgr)
     sink.gate = asyncio.Event()
     assert await mgr.acknowledge(KEY, "m", [(0, 0, (REJECT,))]) == (0, None)
@@ -268,8 +281,11 @@ async def test_many_acknowledgements_at_once_are_each_copied_once(copies_in_flig
     assert sink.in_flight == 1  # one task per partition: the others wait for its take
     sink.gate.set()
     await until(lambda: durable(persister)[0] == 10)
-    # The four were taken together and written side by side, up to the bound.
-    assert sink.most_in_flight == min(copies_in_flight, 4)
+    # The four were taken together and written in one write each up to the bound, one
+    # write after the other.
+    assert sink.most_in_flight == 1
+    sizes = [len(w) for w in sink.writes[1:]]
+    assert sizes == {1: [1, 1, 1, 1], 3: [3, 1]}.get(letters_per_write, [4])
     copied = sorted(o for x in sink.letters for o in range(x.first_offset, x.last_offset + 1))
     assert copied == [0, 2, 4, 6, 8]  # each exactly once
     await until(lambda: dead_lettered(mgr) == {("rejected", "copied"): 5})
@@ -309,15 +325,8 @@ async def test_the_runs_of_one_take_are_archived_with_one_write() -> None:
 async def test_what_is_copied_is_archived_before_backing_off_on_a_failing_copy() -> None:
     mgr, persister, clock, sink = setup()
     await fetch(mgr)
-    sink.failures = [DeadLetterRetriable("database down")]
-
-    async def first_ok(letter: DeadLetter) -> int:
-        if letter.first_offset == 0:
-            sink.letters.append(letter)
-            return 1
-        return await FakeSink.write(sink, letter)
-
-    sink.write = first_ok  # type: ignore[method-assign]
+    # One write of both runs: 0 is copied, 2 fails retriably.
+    sink.failures = [None, DeadLetterRetriable("database down")]
     await mgr.acknowledge(KEY, "m", [(0, 2, (REJECT, 1, REJECT))])
     await until(lambda: durable(persister)[0] == 2)  # 0 archived, 2 still ARCHIVING
     assert durable(persister)[1] == [PersistedBatch(2, 2, 3, 1)]
