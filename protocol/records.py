@@ -291,6 +291,52 @@ def decode_records(
         ) from None
 
 
+def record_starts(data: bytes, count: int) -> list[int]:
+    """Where each of the `count` records of an uncompressed batch body (`data`, the
+    bytes after the batch header) starts, and where the last ends: `count + 1`
+    positions, found by reading only each record's length. With them
+    `decode_record_range` decodes a few records of a large batch without the others.
+    Raises CorruptRecordError if a length runs past the end."""
+    starts = [0]
+    append = starts.append
+    pos = 0
+    size = len(data)
+    try:
+        for _ in range(count):
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                length, pos = _read_varint(data, pos)
+            pos += length
+            if length < 0 or pos > size:
+                raise CorruptRecordError(
+                    f"record {len(starts) - 1} of a batch has length {length} but the "
+                    f"batch ends {size - pos + length} bytes after it"
+                )
+            append(pos)
+    except IndexError:
+        raise CorruptRecordError(f"a batch of {count} records ends inside a record") from None
+    return starts
+
+
+def decode_record_range(data: bytes, header: BatchHeader, count: int) -> list[Record]:
+    """Decode `count` records from the start of `data`: an uncompressed batch body of
+    `header`'s batch cut at a record boundary (`record_starts`). Offsets and timestamps
+    are the batch's (its base offset and timestamp apply)."""
+    try:
+        return _decode_records(data, replace(header, records_count=count))
+    except IndexError:
+        raise CorruptRecordError(
+            f"record batch at base offset {header.base_offset} ends inside a record"
+        ) from None
+    except UnicodeDecodeError:
+        raise CorruptRecordError(
+            f"record batch at base offset {header.base_offset} has a header key that is not UTF-8"
+        ) from None
+
+
 def _decode_records(data: bytes, header: BatchHeader) -> list[Record]:
     read = _read_varint
     base_offset = header.base_offset

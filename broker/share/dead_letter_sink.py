@@ -76,11 +76,14 @@ from persister.clock import Clock
 from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
     HEADER_SIZE,
+    BatchHeader,
     NewRecord,
     Record,
     build_batch,
+    decode_record_range,
     decode_records,
     iter_batches,
+    record_starts,
 )
 
 log = structlog.get_logger("spool.share")
@@ -165,20 +168,70 @@ def destination_partition(source_partition: int, dlq_partitions: int) -> int:
     return source_partition % dlq_partitions
 
 
-# A source batch decoded for one run, kept for the next runs of the same partition:
-# (base offset, next offset, its records). Rejections come one or a few offsets at a
-# time, so consecutive runs mostly fall in one batch, decoded once instead of per run.
-DecodedBatch = tuple[int, int, list[Record]]
 # Bytes asked of the log per read: at least one whole batch comes back, however large.
 SOURCE_READ_STEP = 64 * 1024
 
 
-def _within(records: list[Record], first: int, last: int) -> list[Record]:
-    """The records of a decoded batch (ascending offsets) in [first, last], found by
-    bisection: each run in a batch of n records costs O(log n), not a scan of all n."""
-    lo = bisect.bisect_left(records, first, key=lambda r: r.offset)
-    hi = bisect.bisect_right(records, last, lo, key=lambda r: r.offset)
-    return records[lo:hi]
+class SourceBatch:
+    """A source batch read for one run, kept for the next runs of the same partition
+    (rejections come one or a few offsets at a time, so consecutive runs mostly fall in
+    one batch). An uncompressed batch with no offset gap, the usual kind, is indexed
+    (where each record starts, reading only lengths) and only the records runs ask for
+    are decoded: one record in ten rejected decodes a tenth of the batch. Any other is
+    decoded whole once, its records found by bisection."""
+
+    __slots__ = (
+        "_data",
+        "_header",
+        "_pos",
+        "_records",
+        "_starts",
+        "base_offset",
+        "next_offset",
+    )
+
+    def __init__(self, data: bytes, pos: int, header: BatchHeader) -> None:
+        self._data = data
+        self._pos = pos
+        self.base_offset = header.base_offset
+        self.next_offset = header.next_offset
+        self._header = header
+        self._records: list[Record] | None = None
+        self._starts: list[int] = []
+        if header.compression == 0 and header.records_count == header.last_offset_delta + 1:
+            end = pos + header.size
+            if end > len(data):
+                raise CorruptRecordError(
+                    f"record batch at byte {pos} claims {header.size} bytes but only "
+                    f"{len(data) - pos} remain"
+                )
+            # Positions in `data` (record_starts counts from the body's first byte).
+            body = pos + HEADER_SIZE
+            starts = record_starts(data[body:end], header.records_count)
+            self._starts = [body + at for at in starts]
+        else:
+            self._records = list(decode_records(data, pos, header))
+
+    def within(self, first: int, last: int) -> list[Record]:
+        """The batch's records in [first, last]."""
+        if self._records is not None:
+            records = self._records
+            lo = bisect.bisect_left(records, first, key=lambda r: r.offset)
+            hi = bisect.bisect_right(records, last, lo, key=lambda r: r.offset)
+            return records[lo:hi]
+        lo = max(first, self.base_offset) - self.base_offset
+        hi = min(last, self.next_offset - 1) - self.base_offset + 1
+        if lo >= hi:
+            return []
+        starts = self._starts
+        records = decode_record_range(self._data[starts[lo] : starts[hi]], self._header, hi - lo)
+        if records[0].offset != self.base_offset + lo or records[-1].offset != (
+            self.base_offset + hi - 1
+        ):
+            # Offset deltas not 0, 1, 2, ...: decoded whole and searched instead.
+            self._records = list(decode_records(self._data, self._pos, self._header))
+            return self.within(first, last)
+        return records
 
 
 def read_source_records(
@@ -187,23 +240,23 @@ def read_source_records(
     last: int,
     *,
     offsets_only: bool = False,
-    last_batch: list[DecodedBatch] | None = None,
+    last_batch: list[SourceBatch] | None = None,
 ) -> list[Record]:
     """The records of offsets [first, last] in the log, in offset order: control batches
     and offsets holding no record (below the log start, compacted away) left out.
 
     `offsets_only` (a headers-only copy needs no key, value or timestamp): a batch with
     no offset gap is not decoded; its records come back with only their offsets.
-    `last_batch` (a one-element list, or empty) keeps the last batch decoded and is
-    consulted first. Only the batches that overlap [first, last] are decoded."""
+    `last_batch` (a one-element list, or empty) keeps the last batch read and is
+    consulted first. Only the batches that overlap [first, last] are read, and of those
+    only the records asked for are decoded where the batch allows (SourceBatch)."""
     out: list[Record] = []
     offset = max(first, part.log_start_offset)
     high_watermark = part.high_watermark
     while offset <= last and offset < high_watermark:
-        if last_batch and last_batch[0][0] <= offset < last_batch[0][1]:
-            _, next_offset, records = last_batch[0]
-            out.extend(_within(records, offset, last))
-            offset = next_offset
+        if last_batch and last_batch[0].base_offset <= offset < last_batch[0].next_offset:
+            out.extend(last_batch[0].within(offset, last))
+            offset = last_batch[0].next_offset
             continue
         data = part.read(offset, SOURCE_READ_STEP)
         moved = False
@@ -219,10 +272,10 @@ def read_source_records(
                     start = max(offset, header.base_offset)
                     out.extend(Record(o, 0, None, None) for o in range(start, upto + 1))
                 else:
-                    records = list(decode_records(data, pos, header))
+                    batch = SourceBatch(data, pos, header)
                     if last_batch is not None:
-                        last_batch[:] = [(header.base_offset, header.next_offset, records)]
-                    out.extend(_within(records, offset, last))
+                        last_batch[:] = [batch]
+                    out.extend(batch.within(offset, last))
             offset = header.next_offset
             if offset > last:
                 return out
@@ -400,7 +453,7 @@ class DeadLetterTopicSink:
         self.max_message_bytes = max_message_bytes
         self.timeout_ms = timeout_ms
         # Per source partition, the batch decoded last (read_source_records).
-        self._last_batches: dict[tuple[uuid.UUID, int], list[DecodedBatch]] = {}
+        self._last_batches: dict[tuple[uuid.UUID, int], list[SourceBatch]] = {}
         # Per local DLQ partition, the append the runs of this turn join (_append_local).
         self._appends: dict[tuple[str, int], _SharedAppend] = {}
         self._append_tasks: set[asyncio.Future[None]] = set()
@@ -562,7 +615,7 @@ class DeadLetterTopicSink:
         limit = int(dlq_part.settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         return leader.node_id, dlq_part, limit
 
-    def _decoded_batch(self, letter: DeadLetter) -> list[DecodedBatch]:
+    def _decoded_batch(self, letter: DeadLetter) -> list[SourceBatch]:
         key = (letter.topic_id, letter.partition)
         kept = self._last_batches.get(key)
         if kept is None:

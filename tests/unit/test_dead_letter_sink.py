@@ -683,6 +683,51 @@ def test_runs_in_one_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch) -> No
         build_batch([NewRecord(None, f"a{i}".encode()) for i in range(100)]),
         build_batch([NewRecord(None, f"b{i}".encode()) for i in range(100)], base_offset=100),
     )
+    indexed: list[int] = []
+    decoded: list[int] = []
+    real_starts = sink_module.record_starts
+    real_range = sink_module.decode_record_range
+
+    def counting_starts(data: Any, count: int) -> Any:
+        indexed.append(count)
+        return real_starts(data, count)
+
+    def counting_range(data: Any, header: Any, count: int) -> Any:
+        decoded.append(count)
+        return real_range(data, header, count)
+
+    monkeypatch.setattr(sink_module, "record_starts", counting_starts)
+    monkeypatch.setattr(sink_module, "decode_record_range", counting_range)
+    monkeypatch.setattr(sink_module, "decode_records", None)  # never decoded whole
+    kept: list[Any] = []
+    got = [
+        [r.value for r in sink_module.read_source_records(log, o, o, last_batch=kept)]
+        for o in (3, 17, 42, 99, 100, 150)
+    ]
+    assert got == [[b"a3"], [b"a17"], [b"a42"], [b"a99"], [b"b0"], [b"b50"]]
+    # Each batch read and indexed once; the second alone for the runs past the first;
+    # only the records asked for decoded.
+    assert indexed == [100, 100]
+    assert decoded == [1] * 6
+    assert log.reads == 2
+    assert [r.offset for r in sink_module.read_source_records(log, 98, 102, last_batch=kept)] == [
+        98,
+        99,
+        100,
+        101,
+        102,
+    ]
+
+
+def test_a_compressed_or_gapped_batch_is_decoded_whole_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import broker.share.dead_letter_sink as sink_module
+
+    log = BlobLog(
+        build_batch([NewRecord(None, f"z{i}".encode()) for i in range(10)], compression=1),
+        gapped_batch(10, [10, 12, 15]),
+    )
     decoded: list[int] = []
     real = sink_module.decode_records
 
@@ -693,13 +738,11 @@ def test_runs_in_one_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(sink_module, "decode_records", counting)
     kept: list[Any] = []
     got = [
-        [r.value for r in sink_module.read_source_records(log, o, o, last_batch=kept)]
-        for o in (3, 17, 42, 99, 100, 150)
+        [r.offset for r in sink_module.read_source_records(log, a, b, last_batch=kept)]
+        for a, b in ((2, 3), (7, 7), (11, 12), (13, 15))
     ]
-    assert got == [[b"a3"], [b"a17"], [b"a42"], [b"a99"], [b"b0"], [b"b50"]]
-    # Each batch decoded once; the second batch alone for the runs past the first.
-    assert decoded == [0, 100]
-    assert log.reads == 2
+    assert got == [[2, 3], [7], [12], [15]]
+    assert decoded == [0, 10]
 
 
 def test_a_run_stops_at_its_last_offset() -> None:

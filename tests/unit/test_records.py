@@ -24,9 +24,11 @@ from protocol.records import (
     _read_varint,
     _write_varint,
     build_batch,
+    decode_record_range,
     decode_records,
     iter_batches,
     parse_header,
+    record_starts,
     set_base_offset,
     set_log_append_time,
     validate_batch,
@@ -431,3 +433,21 @@ def test_uncompressed_batch_is_byte_identical_to_librdkafkas() -> None:
         partition_leader_epoch=0,
     )
     assert ours == bytes.fromhex(LIBRDKAFKA_BATCHES["none"])
+
+
+def test_record_starts_and_decode_record_range_decode_a_slice_of_a_batch() -> None:
+    records = [
+        NewRecord(f"k{i}".encode(), b"v" * (i * 40), (("h", None),), timestamp=1_000 + i)
+        for i in range(12)
+    ]
+    batch = build_batch(records, base_offset=500)
+    header = parse_header(batch)
+    body = batch[HEADER_SIZE:]
+    starts = record_starts(body, header.records_count)
+    assert len(starts) == 13 and starts[0] == 0 and starts[-1] == len(body)
+    whole = decode_records(batch, 0, header)
+    for lo, hi in ((0, 1), (3, 7), (11, 12), (0, 12)):
+        got = decode_record_range(body[starts[lo] : starts[hi]], header, hi - lo)
+        assert got == whole[lo:hi]
+    with pytest.raises(CorruptRecordError):
+        record_starts(body[:-5], header.records_count)
