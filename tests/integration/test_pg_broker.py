@@ -163,18 +163,6 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     run_wire(first, read_id)
     target = layout([TopicRef("t", ids[0], 2)], [1, 2])
     partition = next(p for p in range(2) if target[f"topics/t-{p}"] == 2)
-    produce_values(first, "t", [b"before"], partition=partition)
-    assert first.process is not None
-    first.process.send_signal(signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 30
-        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
-            assert time.monotonic() < deadline, "the paused broker's lease never expired"
-            time.sleep(0.1)
-        second = broker_factory({**short, "node.id": "2"})
-        wait_for_partitions(second, "t", 2)
-    finally:
-        first.process.send_signal(signal.SIGCONT)
 
     # librdkafka logs what the broker answered in its debug log.
     seen: list[str] = []
@@ -187,7 +175,24 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     client_log.addHandler(Collect())
     client_log.setLevel(logging.DEBUG)
     config = producer_config(first, **{"debug": "msg,protocol"})
+    # One producer throughout: it learns the first leads the partition before the
+    # pause, so its next write goes there whatever the resumed first has learnt by then
+    # (a new producer's metadata, asked of a first that had already seen the claim on a
+    # busy machine, sent it straight to the second: no NOT_LEADER to check).
     producer = Producer(config, logger=client_log)
+    produce_values(first, "t", [b"before"], partition=partition, producer=producer)
+    assert first.process is not None
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
+            assert time.monotonic() < deadline, "the paused broker's lease never expired"
+            time.sleep(0.1)
+        second = broker_factory({**short, "node.id": "2"})
+        wait_for_partitions(second, "t", 2)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+
     outcome = produce(producer, "t", [(partition, None, b"moved", [])], flush_timeout=30)
     assert outcome.errors == [] and [s.offset for s in outcome.acked] == [1]
     assert any("Not leader for partition" in line for line in seen), seen[-20:]
