@@ -1364,9 +1364,11 @@ class SharePartition:
         """Make `offset` the first offset of a range, if a range spans across it."""
         if not self._spso < offset < self._speo:
             return
-        record = self._range_at(offset)
-        if record.first_offset == offset:
-            return
+        table = self._ranges
+        index = table.index_at(offset)
+        if table.firsts[index] == offset:
+            return  # a range starts there already (most calls): nothing built
+        record = table.record(index)
         self._pop(record.first_offset)
         self._put(replace(record, last_offset=offset - 1))
         self._put(replace(record, first_offset=offset))
