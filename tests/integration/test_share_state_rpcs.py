@@ -397,8 +397,8 @@ def test_deleted_state_reads_as_unknown_and_can_be_initialized_again(broker: Bro
 
 @pytest.mark.parametrize(
     "bad_batch",
-    [(0, 4, 7, 1), (0, 4, 1, 1), (0, 4, 3, 1), (9, 4, 2, 1)],
-    ids=["delivery-state-7", "delivery-state-1-acquired", "delivery-state-3", "first-after-last"],
+    [(0, 4, 7, 1), (0, 4, 1, 1), (0, 4, 5, 1), (9, 4, 2, 1)],
+    ids=["delivery-state-7", "delivery-state-1-acquired", "delivery-state-5", "first-after-last"],
 )
 def test_malformed_state_batch_is_invalid_request_and_changes_nothing(
     broker: Broker, bad_batch: Batch
@@ -422,6 +422,17 @@ def test_malformed_state_batch_is_invalid_request_and_changes_nothing(
     assert batches_of(got) == good, "a rejected write must not apply any of its batches"
 
 
+def test_an_archiving_batch_is_stored_and_read_back(broker: Broker) -> None:
+    # KIP-1191's Archiving state (3): a record waiting for its dead-letter copy.
+    g, tid = "g-archiving", uuid.uuid4()
+    assert_ok(initialize(broker, g, tid, 0, state_epoch=0, start=0), "initialize")
+    batches = [(0, 1, ACKNOWLEDGED, 1), (2, 2, 3, 5)]
+    assert_ok(
+        write(broker, g, tid, 0, state_epoch=0, leader_epoch=0, start=0, batches=batches), "w"
+    )
+    assert batches_of(read(broker, g, tid, 0, leader_epoch=0)) == batches
+
+
 @pytest.mark.parametrize("bad_first", [False, True])
 def test_a_malformed_partition_fails_alone_beside_a_good_one_in_the_same_write(
     broker: Broker, bad_first: bool
@@ -442,13 +453,13 @@ def test_a_malformed_partition_fails_alone_beside_a_good_one_in_the_same_write(
             "state_batches": [batch],
         }
 
-    parts = [part(0, 2), part(1, 3)]
+    parts = [part(0, 2), part(1, 7)]
     if bad_first:
         parts.reverse()
     body = {"group_id": g, "topics": [{"topic_id": tid, "partitions": parts}]}
     (result,) = call(broker, WRITE, 1, body).results
     good, bad = sorted(result.partitions, key=lambda r: r.partition)
-    assert_error(bad, ErrorCode.invalid_request, "delivery state 3")
+    assert_error(bad, ErrorCode.invalid_request, "delivery state 7")
     assert_ok(good, "the good partition beside it")
     assert batches_of(read(broker, g, tid, 0, leader_epoch=0)) == [(0, 1, ACKNOWLEDGED, 1)]
     assert batches_of(read(broker, g, tid, 1, leader_epoch=0)) == []
