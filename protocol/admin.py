@@ -691,14 +691,28 @@ class AdminClient:
     ) -> tuple[T, Node]:
         """Run `call(coordinator address, deadline)`; a `_Retry` from it (or from the
         lookup) drops the cached coordinator and tries again after a backoff."""
+
+        async def attempt(deadline: float) -> tuple[T, Node]:
+            node = await self._find_coordinator(group, deadline)
+            return await call((node.host, node.port), deadline), node
+
+        return await self._retry_until_deadline(
+            attempt, lambda: self._coordinators.pop(group, None)
+        )
+
+    async def _retry_until_deadline(
+        self, call: Callable[[float], Awaitable[T]], forget: Callable[[], object]
+    ) -> T:
+        """Run `call(deadline)`; on a `_Retry` from it, `forget()` the coordinator it
+        used and try again after a backoff (doubling up to BACKOFF_MAX_MS) until the
+        call's timeout, then raise the last error as an AdminError."""
         deadline = self._deadline()
         backoff = BACKOFF_MS
         while True:
             try:
-                node = await self._find_coordinator(group, deadline)
-                return await call((node.host, node.port), deadline), node
+                return await call(deadline)
             except _Retry as retry:
-                self._coordinators.pop(group, None)
+                forget()
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= backoff / 1000:
                     raise AdminError.of(

@@ -17,14 +17,11 @@ being written), with backoff until the call's timeout. Any other failure is an
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from protocol.admin import (
-    BACKOFF_MAX_MS,
-    BACKOFF_MS,
     CLIENT_VERSIONS,
     FIND_COORDINATOR,
     OFFSET_FETCH,
@@ -162,22 +159,10 @@ class TxnClient(AdminClient):
         return node
 
     async def _retrying(self, call: Callable[[float], Awaitable[T]]) -> T:
-        deadline = self._deadline()
-        backoff = BACKOFF_MS
-        while True:
-            try:
-                return await call(deadline)
-            except _Retry as retry:
-                self._txn_coordinator = None
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= backoff / 1000:
-                    raise AdminError.of(
-                        retry.code,
-                        f"{retry.message or retry.code.name} (gave up after {self.timeout_s:g} s)",
-                        "",
-                    ) from None
-                await asyncio.sleep(backoff / 1000)
-                backoff = min(backoff * 2, BACKOFF_MAX_MS)
+        return await self._retry_until_deadline(call, self._forget_txn_coordinator)
+
+    def _forget_txn_coordinator(self) -> None:
+        self._txn_coordinator = None
 
     @staticmethod
     def _check(code: ErrorCode, message: str | None, context: str) -> None:
