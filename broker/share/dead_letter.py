@@ -165,6 +165,13 @@ class DeadLetterWriter:
                 backoff = self.retry_backoff_ms
                 if not await self._dead_letter(key, sp, letters):
                     return
+        except BaseException:
+            # A bug (or the manager cancelling its tasks) ended the task with runs handed
+            # out: give them back, so a later poke or load takes them again; otherwise they
+            # would stay ARCHIVING, holding SPSO back, for as long as the partition is here.
+            if self.partitions.get(key) is sp:
+                sp.return_dead_letters()
+            raise
         finally:
             if self._running.get(key) is sp:
                 del self._running[key]
@@ -254,7 +261,7 @@ class DeadLetterWriter:
                 retriable.append(letter)
                 result.append(None)
             else:
-                result.append(True)
+                result.append(outcome > 0)  # 0: no record left at those offsets to copy
         if retriable:
             self._retrying(key, retriable, "copy", reason, backoff_ms)
         if any(result):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -73,6 +74,8 @@ class FakeSink:
         self.in_flight = 0
         self.most_in_flight = 0
         self.writes: list[list[DeadLetter]] = []
+        # Answer 0 copies written: the records are gone from the source log.
+        self.nothing_left = False
 
     async def write_all(self, letters: Sequence[DeadLetter]) -> list[DeadLetterOutcome]:
         self.in_flight += 1
@@ -93,7 +96,7 @@ class FakeSink:
                     raise failure
                 else:
                     self.letters.append(letter)
-                    outcomes.append(letter.record_count)
+                    outcomes.append(0 if self.nothing_left else letter.record_count)
             return outcomes
         finally:
             self.in_flight -= 1
@@ -334,4 +337,40 @@ async def test_what_is_copied_is_archived_before_backing_off_on_a_failing_copy()
     clock.advance(RETRY_BACKOFF_MS)
     await until(lambda: durable(persister)[0] == 3)
     assert [x.first_offset for x in sink.letters] == [0, 2]
+    mgr.stop()
+
+
+async def test_a_run_with_no_record_left_to_copy_counts_as_not_copied() -> None:
+    mgr, persister, _clock, sink = setup()
+    sink.nothing_left = True
+    await fetch(mgr)
+    await mgr.acknowledge(KEY, "m", [(0, 1, (REJECT,))])
+    await until(lambda: durable(persister)[0] == 2)
+    await until(lambda: dead_lettered(mgr) == {("rejected", "not_copied"): 2})
+    mgr.stop()
+
+
+async def test_a_writer_task_that_fails_gives_its_runs_back_for_the_next_one() -> None:
+    """A bug in the writer (here: the archive step raising) ends its task; the runs it had
+    taken are handed out again to the next task, not left ARCHIVING for good."""
+    mgr, persister, _clock, sink = setup()
+    await fetch(mgr)
+    sp = mgr.partitions[KEY]
+    real = sp.archive_dead_letters
+    calls = 0
+
+    def broken_once(spans: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return real(spans)
+
+    sp.archive_dead_letters = broken_once  # type: ignore[method-assign]
+    await mgr.acknowledge(KEY, "m", [(0, 0, (REJECT,))])
+    await until(lambda: calls == 1 and not mgr.dead_letters.busy(KEY))
+    assert durable(persister) == (0, [PersistedBatch(0, 0, 3, 1)])
+    mgr.dead_letters.poke(KEY, sp)  # as the next committed change of the partition does
+    await until(lambda: durable(persister)[0] == 1)
+    assert [x.first_offset for x in sink.letters] == [0, 0]  # copied again, then archived
     mgr.stop()
