@@ -71,6 +71,7 @@ from protocol.client import (
     ClientError,
     ClientSecurity,
     KafkaClient,
+    SecurityConfigError,
     TlsError,
 )
 from protocol.errors import ErrorCode, KafkaError
@@ -245,8 +246,10 @@ class BrokerConnections:
                 f"no connection to broker {target.node_id} at {target.host}:{target.port} "
                 f"within {self.connect_timeout_ms} ms",
             ) from None
-        except (ClientError, OSError) as exc:
-            if isinstance(exc, AuthenticationError | TlsError):
+        except (ClientError, OSError, SecurityConfigError) as exc:
+            # SecurityConfigError: the trust or key store cannot be read now (mid-rotation):
+            # a failed connection like any other, retried by whoever sent.
+            if isinstance(exc, AuthenticationError | TlsError | SecurityConfigError):
                 log.error(
                     "inter_broker_connection_refused",
                     broker=target.node_id,

@@ -387,6 +387,25 @@ async def test_broker_connections_connect_with_the_security(
     assert SECRET not in repr(fields)
 
 
+async def test_a_store_unreadable_at_connect_time_is_a_failed_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trust or key store that cannot be read when a connection is opened (a certificate
+    rotation half done) fails that connection as a TransportError, which every sender
+    retries, instead of escaping as a ValueError."""
+
+    async def connect(host: str, port: int, client_id: str, security: Any = None) -> Any:
+        raise SecurityConfigError("ssl.truststore.location /etc/ca.pem: no such file")
+
+    monkeypatch.setattr(remote_persister.KafkaClient, "connect", connect)
+    monkeypatch.setattr(remote_persister.log, "error", lambda event, **kw: None)
+    connections = BrokerConnections("spool-broker-1", security=ClientSecurity(protocol="SSL"))
+    with pytest.raises(TransportError) as raised:
+        await connections.send(Target(2, "broker-2", 9094), 18, 3, {})
+    assert raised.value.code == ErrorCode.network_exception
+    assert "no such file" in raised.value.message
+
+
 def test_the_authorization_hint_names_the_principal_and_the_fix() -> None:
     hint = not_authorized_hint("User:broker")
     assert "User:broker" in hint and "super.users" in hint
