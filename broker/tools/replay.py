@@ -269,6 +269,11 @@ def validate(args: argparse.Namespace) -> None:
 # --- running -------------------------------------------------------------------------------
 
 
+class _OriginalNotCommitted(Exception):
+    """The original of a headers-only dead-letter record is in a transaction still open
+    (a read_uncommitted share group dead-lettered it): it cannot be read committed yet."""
+
+
 @dataclass(slots=True)
 class _Lookups:
     """Originals read from source partitions: per partition the offsets one fetch
@@ -292,6 +297,9 @@ class Replay:
         self.originals = _Lookups({})
         self.listed: list[dict[str, Any]] = []
         self.producer: ProducerIdentity | None = None
+        # DLQ partition -> the offset its replay stopped at: the original there is in a
+        # transaction still open (left for a later run, not skipped).
+        self.waiting: dict[int, int] = {}
 
     async def run(self) -> int:
         from protocol.admin import EARLIEST_TIMESTAMP
@@ -331,6 +339,8 @@ class Replay:
             if next_position <= position:
                 return  # nothing more can be read below the end
             position = await self.replay_batch(partition, taken, next_position)
+            if partition in self.waiting:
+                return
 
     async def replay_batch(
         self, dlq_partition: int, records: Sequence[Record], next_position: int
@@ -350,7 +360,13 @@ class Replay:
             if decision.action == REPLAY_COPY:
                 original: Record | None = record
             else:
-                original = await self.original(decision)
+                try:
+                    original = await self.original(decision)
+                except _OriginalNotCommitted:
+                    # Stop here: the rest of this partition waits for a later run.
+                    self.waiting[dlq_partition] = record.offset
+                    next_position = record.offset
+                    break
                 if original is None:
                     self.skip(
                         decision,
@@ -375,7 +391,8 @@ class Replay:
             self.counts[decision.action] += 1
             if self.dry_run:
                 self.list_row(decision, target)
-        if not self.dry_run:
+        progress = bool(out) or not records or next_position != records[0].offset
+        if not self.dry_run and progress:
             await self.commit(out, {(self.dlq, dlq_partition): next_position})
         return next_position
 
@@ -418,6 +435,8 @@ class Replay:
             if exc.error in ("OFFSET_OUT_OF_RANGE", "UNKNOWN_TOPIC_OR_PARTITION"):
                 return None
             raise
+        if 0 <= fetched.last_stable_offset <= offset:
+            raise _OriginalNotCommitted
         by_offset = {r.offset: r for r in fetched.records}
         self.originals.covered[tp] = (offset, max(fetched.next_offset, offset + 1), by_offset)
         return by_offset.get(offset)
@@ -465,6 +484,12 @@ class Replay:
             "skipped": c["skipped"],
             "other_groups": c["other_groups"],
         }
+        for partition, offset in sorted(self.waiting.items()):
+            print(
+                f"Warn: {self.dlq}-{partition} stopped at offset {offset}: the record it "
+                "names is in a transaction still open; run the replay again once it ends",
+                file=sys.stderr,
+            )
         if self.json:
             print_json({**summary, "records": self.listed} if self.dry_run else summary)
             return

@@ -286,3 +286,37 @@ def test_a_dry_run_changes_nothing() -> None:
     assert client.calls == [] and r.counts["replayed"] == 1
     # The source partition, 3, is not there: the key's hash chooses.
     assert r.listed[0]["target_partition"] == (murmur2(b"k") & 0x7FFFFFFF) % 2
+
+
+def test_an_original_in_an_open_transaction_stops_the_partition_without_skipping() -> None:
+    """A headers-only record whose original is above the source partition's last stable
+    offset (its transaction still open) is neither replayed nor skipped: the batch stops
+    before it, commits what came before, and the partition waits for a later run."""
+    client = FakeClient()
+
+    async def fetch(topic: str, partition: int, offset: int, max_bytes: int) -> object:
+        client.calls.append(("fetch", (topic, partition, offset)))
+        return argparse.Namespace(
+            records=(),
+            next_offset=offset,
+            high_watermark=60,
+            last_stable_offset=50,
+            log_start_offset=0,
+        )
+
+    client.fetch = fetch  # type: ignore[attr-defined]
+    records = [
+        dead(b"k0", b"v0", context(offset=10), offset=20),  # a copy: replayed
+        dead(None, None, context(offset=55), offset=21),  # original at 55 >= LSO 50
+        dead(b"k2", b"v2", context(offset=12), offset=22),
+    ]
+    r = a_replay(client)
+    assert asyncio.run(r.replay_batch(0, records, 23)) == 21
+    assert r.waiting == {0: 21}
+    assert r.counts["replayed"] == 1 and r.counts["skipped"] == 0
+    assert ("commit_offsets", {("dlq.orders", 0): 21}) in client.calls
+    # Stopped at the first record: no transaction at all, nothing committed.
+    client.calls.clear()
+    r = a_replay(client)
+    assert asyncio.run(r.replay_batch(0, records[1:], 23)) == 21
+    assert [name for name, _ in client.calls] == ["fetch"]
