@@ -733,7 +733,7 @@ class SharePartition:
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
         # ARCHIVING spans `take_dead_letters` handed out (ascending, disjoint).
-        self._handed: list[tuple[int, int]] = []
+        self._handed: list[OffsetRange] = []
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
@@ -1175,12 +1175,12 @@ class SharePartition:
         handed = self._handed
         position = 0
         letters: list[DeadLetter] = []
-        now_handed: list[tuple[int, int]] = []
+        now_handed: list[OffsetRange] = []
         index = table.find_state(_ARCHIVING)
         while index >= 0:
             record = table.record(index)
             first, last = record.first_offset, record.last_offset
-            _extend_spans_tuple(now_handed, first, last)
+            _extend_spans(now_handed, first, last)
             cursor = first
             while position < len(handed) and handed[position][1] < first:
                 position += 1
@@ -1793,13 +1793,6 @@ def _extend_spans(spans: list[OffsetRange], first: int, last: int) -> None:
         spans[-1] = OffsetRange(spans[-1].first_offset, last)
     else:
         spans.append(OffsetRange(first, last))
-
-
-def _extend_spans_tuple(spans: list[tuple[int, int]], first: int, last: int) -> None:
-    if spans and spans[-1][1] + 1 == first:
-        spans[-1] = (spans[-1][0], last)
-    else:
-        spans.append((first, last))
 
 
 def _batch_end(batches: Sequence[tuple[int, int]], offset: int, bound: int) -> int:
