@@ -67,8 +67,15 @@ def test_copies_go_to_a_dlq_partition_another_broker_leads(
     first = brokers[0]
     create_topic(first, DLQ, 1, {"errors.deadletterqueue.group.enable": "true"})
     create_topic(first, SOURCE, SOURCE_PARTITIONS)
-    wait_for(lambda: bool(leaders(brokers, DLQ)), "the DLQ partition's leader", WAIT_S)
-    dlq_leader = leaders(brokers, DLQ)
+    # The leader as seen by the check that found it (asked again, a broker still
+    # settling its leadership may answer without one).
+    dlq_leader: dict[int, int] = {}
+
+    def dlq_led() -> bool:
+        dlq_leader.update(leaders(brokers, DLQ))
+        return 0 in dlq_leader
+
+    wait_for(dlq_led, "the DLQ partition's leader", WAIT_S)
 
     def elsewhere() -> dict[int, int]:
         found = leaders(brokers, SOURCE)
