@@ -8,7 +8,7 @@ import dataclasses
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ from broker.share.manager import SharePartitionManager
 from broker.share.reader import LogPartition
 from broker.share.remote_persister import BrokerConnections, RoutedPersister
 from broker.share.session import ShareSessionCache
-from broker.tasks import spawn
+from broker.tasks import bounded_step, cancel_all, spawn
 from broker.txn_markers import MarkerChannel, ProduceVerifier
 from coordinator.assignor import TopicMetadata
 from coordinator.classic_group import ClassicGroupConfig
@@ -72,6 +72,11 @@ log = structlog.get_logger("spool.broker")
 
 # How long a graceful stop waits for its partitions to be handed over.
 RELEASE_TIMEOUT_S = 10.0
+# How long each later step of a graceful stop may take before it is given up (logged
+# with every task's stack, so the wait that did not end can be named); the last flush of
+# the logs, which may have much to write, longer.
+STOP_STEP_TIMEOUT_MS = 3_000
+FLUSH_AT_STOP_TIMEOUT_MS = 10_000
 # How long CreateTopics / CreatePartitions wait for the claims of the partitions they
 # opened (a commit's own timeout, persister.pg_commit).
 CLAIMS_SETTLED_TIMEOUT_S = 5.0
@@ -689,25 +694,24 @@ class Broker:
             # Hand every partition over before deregistering: the others claim them at
             # their next heartbeat, not after this broker's lease expired.
             try:
-                await asyncio.wait_for(self.leadership.stop(), RELEASE_TIMEOUT_S)
+                async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                    await self.leadership.stop()
             except Exception as exc:
                 log.warning("leadership_release_failed", error=str(exc) or type(exc).__name__)
         if self.registry is not None:
-            await self.registry.stop()  # the others see this broker gone at once
-        await self.groups.stop()
-        await self.transactions.stop()
-        await self.txn_markers.close()
-        await self.txn_verifier.close()
+            await self._stop_step("registry", self.registry.stop())  # others see it gone
+        await self._stop_step("groups", self.groups.stop())
+        await self._stop_step("transactions", self.transactions.stop())
+        await self._stop_step("txn_markers", self.txn_markers.close())
+        await self._stop_step("txn_verifier", self.txn_verifier.close())
         self.share.stop()
-        await self.share_state.close()
-        await self.dead_letter_sink.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._stop_step("share_state", self.share_state.close())
+        await self._stop_step("dead_letter_sink", self.dead_letter_sink.close())
+        await self._stop_step("tasks", cancel_all(self.clock, self._tasks))
         try:
-            await self.logs.flush_all()
+            await self._stop_step(
+                "flush", self.logs.flush_all(), FLUSH_AT_STOP_TIMEOUT_MS, raise_error=True
+            )
         except Exception as exc:  # a failed or refused flush: what it held was never acked
             log.error("flush_at_stop_failed", error=str(exc))
         self.logs.close()
@@ -715,11 +719,28 @@ class Broker:
         self.share_persister.close()
         self.groups.close()
         self.transactions.close()
-        await self.commit.stop()
-        await self.storage.stop()
+        await self._stop_step("commit", self.commit.stop(), FLUSH_AT_STOP_TIMEOUT_MS)
+        await self._stop_step("storage", self.storage.stop())
         self._dir_lock.release()
         self.metrics.state = STOPPED
         log.info("broker_stopped")
+
+    async def _stop_step(
+        self,
+        step: str,
+        work: Awaitable[Any],
+        timeout_ms: int = STOP_STEP_TIMEOUT_MS,
+        *,
+        raise_error: bool = False,
+    ) -> None:
+        """One step of `stop`, bounded (broker.tasks.bounded_step): an error is logged, or
+        raised with `raise_error`."""
+        try:
+            await bounded_step(self.clock, step, work, timeout_ms)
+        except Exception as exc:
+            if raise_error:
+                raise
+            log.warning("stop_step_failed", step=step, error=str(exc) or type(exc).__name__)
 
     # -- dispatch ---------------------------------------------------------------
 

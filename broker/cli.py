@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import gc
 import importlib
 import signal
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from broker.broker import Broker
 
 log = structlog.get_logger("spool.cli")
+
+# How long `spool serve` may take to exit once the broker has stopped.
+EXIT_GRACE_S = 10.0
 
 
 def _endpoint(text: str) -> tuple[str, int]:
@@ -221,6 +225,10 @@ def serve(args: argparse.Namespace) -> int:
             warming.cancel()
             log.info("shutdown_requested")
             await broker.stop()
+            # The process ends once the loop closes. Should a thread or a task keep it
+            # (a bounded exit above all), every thread's stack goes to stderr and it
+            # exits with 1 after EXIT_GRACE_S.
+            faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
         finally:
             if metrics is not None:
                 metrics.stop()

@@ -658,7 +658,8 @@ class Server:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         timeout_s = self.handshake_timeout_s
         try:
-            first = await asyncio.wait_for(_peek_first_byte(client), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                first = await _peek_first_byte(client)
         except asyncio.CancelledError:  # the server is stopping
             client.close()
             raise

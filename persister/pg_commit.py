@@ -373,7 +373,8 @@ class PgCommitter:
                 # probe writes then (nothing), so /health recovers without a commit.
                 writes = not self._connection_outage
                 try:
-                    await asyncio.wait_for(self._ping(write=writes), PROBE_TIMEOUT_S)
+                    async with asyncio.timeout(PROBE_TIMEOUT_S):
+                        await self._ping(write=writes)
                 except Exception as exc:
                     lost = _connection_lost(exc) or isinstance(exc, TimeoutError)
                     self._outage(storage_error(exc), connection=lost or not writes)

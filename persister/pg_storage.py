@@ -293,7 +293,8 @@ class PgSharedLog(PgPartitionLog):
         if unavailable is not None:
             raise StorageUnavailable(errno.EIO, unavailable)
         try:
-            await asyncio.wait_for(self._append_committed(), CATCH_UP_TIMEOUT_S)
+            async with asyncio.timeout(CATCH_UP_TIMEOUT_S):
+                await self._append_committed()
         except OSError:
             raise
         except Exception as exc:
@@ -433,7 +434,8 @@ class PgStorage:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:
-                await asyncio.wait_for(pool.close(), STOP_TIMEOUT_S)
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await pool.close()
             except (TimeoutError, OSError):
                 pool.terminate()
 

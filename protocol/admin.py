@@ -515,10 +515,10 @@ class AdminClient:
         where = f"{address[0]}:{address[1]}"
         security = self.security
         try:
-            client = await asyncio.wait_for(
-                KafkaClient.connect(*address, client_id=self.client_id, security=security),
-                self._remaining(deadline),
-            )
+            async with asyncio.timeout(self._remaining(deadline)):
+                client = await KafkaClient.connect(
+                    *address, client_id=self.client_id, security=security
+                )
         except AuthenticationError as exc:
             message = exc.message
             if exc.error == "SASL_AUTHENTICATION_FAILED":

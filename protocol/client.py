@@ -374,7 +374,8 @@ class KafkaClient:
                 api.encode_request(api_key, version, correlation_id, self.client_id, body)
             )
             await self._writer.drain()
-            return await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await future
         finally:
             # Answered, failed or timed out: a late answer is dropped by the receiver.
             self._pending.pop(correlation_id, None)

@@ -234,12 +234,10 @@ class BrokerConnections:
 
     async def _connect(self, target: Target) -> KafkaClient:
         try:
-            client = await asyncio.wait_for(
-                KafkaClient.connect(
+            async with asyncio.timeout(self.connect_timeout_ms / 1000):
+                client = await KafkaClient.connect(
                     target.host, target.port, self.client_id, security=self.security
-                ),
-                self.connect_timeout_ms / 1000,
-            )
+                )
         except TimeoutError:
             raise TransportError(
                 ErrorCode.network_exception,
