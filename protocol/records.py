@@ -17,8 +17,9 @@ Layout of the header (all big-endian):
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import crc32c
 
@@ -291,16 +292,15 @@ def decode_records(
         ) from None
 
 
-def record_starts(data: bytes, count: int) -> list[int]:
-    """Where each of the `count` records of an uncompressed batch body (`data`, the
-    bytes after the batch header) starts, and where the last ends: `count + 1`
-    positions, found by reading only each record's length. With them
-    `decode_record_range` decodes a few records of a large batch without the others.
-    Raises CorruptRecordError if a length runs past the end."""
-    starts = [0]
+def record_starts(data: bytes, count: int, pos: int = 0, end: int | None = None) -> list[int]:
+    """Where each of the `count` records of an uncompressed batch body starts (the body
+    is `data[pos:end]`, the bytes after the batch header; positions are in `data`), and
+    where the last ends: `count + 1` positions, found by reading only each record's
+    length. With them `record_parts` reads a few records of a large batch without the
+    others. Raises CorruptRecordError if a length runs past the end."""
+    starts = [pos]
     append = starts.append
-    pos = 0
-    size = len(data)
+    size = len(data) if end is None else end
     try:
         for _ in range(count):
             b = data[pos]
@@ -319,22 +319,6 @@ def record_starts(data: bytes, count: int) -> list[int]:
     except IndexError:
         raise CorruptRecordError(f"a batch of {count} records ends inside a record") from None
     return starts
-
-
-def decode_record_range(data: bytes, header: BatchHeader, count: int) -> list[Record]:
-    """Decode `count` records from the start of `data`: an uncompressed batch body of
-    `header`'s batch cut at a record boundary (`record_starts`). Offsets and timestamps
-    are the batch's (its base offset and timestamp apply)."""
-    try:
-        return _decode_records(data, replace(header, records_count=count))
-    except IndexError:
-        raise CorruptRecordError(
-            f"record batch at base offset {header.base_offset} ends inside a record"
-        ) from None
-    except UnicodeDecodeError:
-        raise CorruptRecordError(
-            f"record batch at base offset {header.base_offset} has a header key that is not UTF-8"
-        ) from None
 
 
 def _decode_records(data: bytes, header: BatchHeader) -> list[Record]:
@@ -511,6 +495,182 @@ def build_batch(
         )
     )
     out += section
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def varint(value: int) -> bytes:
+    """`value` as a zigzag varint, as a v2 batch encodes lengths and deltas."""
+    out = bytearray()
+    _write_varint(out, value)
+    return bytes(out)
+
+
+def encode_header(name: bytes, value: bytes | None) -> bytes:
+    """One record header (its key already UTF-8) as a v2 batch encodes it."""
+    out = bytearray()
+    _write_bytes(out, name)
+    _write_bytes(out, value)
+    return bytes(out)
+
+
+def encode_record_tail(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    extra: bytes = b"",
+    extra_count: int = 0,
+) -> bytes:
+    """A record's fields after its offset delta (key, value, header count, headers) as a
+    v2 batch encodes them; `extra` (`extra_count` headers, already encoded) goes before
+    `headers`. With a timestamp each, such tails make a batch (`build_batch_of_tails`)."""
+    out = bytearray()
+    _write_bytes(out, key)
+    _write_bytes(out, value)
+    _write_varint(out, extra_count + len(headers))
+    out += extra
+    for name, header_value in headers:
+        _write_bytes(out, name.encode())
+        _write_bytes(out, header_value)
+    return bytes(out)
+
+
+class RecordParts(NamedTuple):
+    """Where the fields of one record of an uncompressed batch body lie (`record_parts`):
+    its timestamp and offset deltas, then its key and value (`fields` up to
+    `headers_count_at`), its header count, and its headers (`headers_at` up to `end`)."""
+
+    timestamp_delta: int
+    offset_delta: int
+    fields: int
+    headers_count_at: int
+    header_count: int
+    headers_at: int
+    end: int
+
+
+def record_parts(data: bytes, pos: int) -> RecordParts:
+    """The parts of the record starting at `pos` (at its length) in an uncompressed
+    batch body, read without copying them: a record can then be re-encoded with other
+    deltas or more headers by slicing `data` (`encode_record_tail`'s layout). Raises
+    CorruptRecordError if its lengths run past it."""
+    read = _read_varint
+    try:
+        length, pos = read(data, pos)
+        end = pos + length
+        if length < 0 or end > len(data):
+            raise CorruptRecordError(f"a record of length {length} runs past its batch")
+        timestamp_delta, pos = read(data, pos + 1)  # after the attributes
+        # One-byte varints inlined: offset deltas, key lengths and header counts mostly.
+        b = data[pos]
+        if b < 0x80:
+            offset_delta = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            offset_delta, pos = read(data, pos)
+        fields = pos
+        b = data[pos]
+        if b < 0x80:
+            size = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            size, pos = read(data, pos)
+        if size > 0:
+            pos += size
+        size, pos = read(data, pos)  # the value's
+        if size > 0:
+            pos += size
+        count_at = pos
+        b = data[pos]
+        if b < 0x80:
+            header_count = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            header_count, pos = read(data, pos)
+    except IndexError:
+        raise CorruptRecordError("a record ends inside its fields") from None
+    if header_count < 0 or pos > end:
+        raise CorruptRecordError(f"a record at offset delta {offset_delta} is malformed")
+    return RecordParts(timestamp_delta, offset_delta, fields, count_at, header_count, pos, end)
+
+
+def tails_with_headers(
+    data: bytes,
+    starts: Sequence[int],
+    lo: int,
+    hi: int,
+    header: BatchHeader,
+    extra: Callable[[int], bytes],
+    extra_count: int,
+) -> list[tuple[int, bytes]] | None:
+    """The records at indexes [lo, hi) of the uncompressed batch `header` (their
+    positions `starts`, from `record_starts`) as (timestamp, tail) with more headers
+    before their own: `extra(offset)`, `extra_count` encoded headers. Spliced from
+    `data`, nothing decoded; None if an offset delta is not its index (a compacted
+    batch: decode it instead). Raises CorruptRecordError as `record_parts`."""
+    out: list[tuple[int, bytes]] = []
+    append = out.append
+    base_offset = header.base_offset
+    base_timestamp = header.base_timestamp
+    append_time = header.max_timestamp if header.is_log_append_time else None
+    for index in range(lo, hi):
+        (ts_delta, offset_delta, fields, count_at, count, headers_at, end) = record_parts(
+            data, starts[index]
+        )
+        if offset_delta != index or end != starts[index + 1]:
+            return None
+        count += extra_count
+        append(
+            (
+                base_timestamp + ts_delta if append_time is None else append_time,
+                b"".join(
+                    (
+                        data[fields:count_at],
+                        bytes(((count << 1),)) if count < 64 else varint(count),
+                        extra(base_offset + index),
+                        data[headers_at:end],
+                    )
+                ),
+            )
+        )
+    return out
+
+
+def build_batch_of_tails(records: Sequence[tuple[int, bytes]]) -> bytes:
+    """`build_batch` (CreateTime, uncompressed, no producer) of records given as
+    (timestamp, tail): `tail` their fields after the offset delta (`encode_record_tail`),
+    offset deltas 0, 1, 2, ..."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    base_timestamp = records[0][0]
+    max_timestamp = max(timestamp for timestamp, _ in records)
+    out = bytearray(HEADER_SIZE)
+    head = bytearray()
+    for delta, (timestamp, tail) in enumerate(records):
+        head.clear()
+        head.append(0)
+        _write_varint(head, timestamp - base_timestamp)
+        _write_varint(head, delta)
+        _write_varint(out, len(head) + len(tail))
+        out += head
+        out += tail
+    HEADER.pack_into(
+        out,
+        0,
+        0,
+        len(out) - LOG_OVERHEAD,
+        -1,
+        MAGIC_V2,
+        0,
+        0,
+        len(records) - 1,
+        base_timestamp,
+        max_timestamp,
+        NO_PRODUCER_ID,
+        NO_PRODUCER_EPOCH,
+        NO_SEQUENCE,
+        len(records),
+    )
     struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)
 

@@ -18,13 +18,15 @@ not per record is done once per call, not per run) and:
    it is the share-partition leader); control batches and offsets holding no record get
    no copy;
 3. builds one record per source offset with the `__dlq.errors.*` headers (source topic,
-   partition, offset, group, delivery count, reason; UTF-8 decimal text). With
-   copy.record.enable the copy keeps the record's key, value, headers (after the
-   `__dlq` ones) and timestamp; without it (Kafka's default) key and value are null and
-   the timestamp is now (wall clock, so retention counts from the dead-lettering).
-   Records go in uncompressed batches with no producer id, each within the DLQ topic's
-   `max.message.bytes` (a copy larger than that on its own is refused before anything
-   is written);
+   partition, offset, group, delivery count, reason; UTF-8 decimal text, encoded once
+   per run but for the offset). With copy.record.enable the copy keeps the record's
+   key, value, headers (after the `__dlq` ones) and timestamp, spliced from the source
+   batch's bytes when it is uncompressed with no offset gap (the usual batch: nothing
+   is decoded and encoded again), else from its decoded records; without it (Kafka's
+   default) key and value are null and the timestamp is now (wall clock, so retention
+   counts from the dead-lettering). Records go in uncompressed batches with no
+   producer id, each within the DLQ topic's `max.message.bytes` (a copy larger than
+   that on its own is refused before anything is written);
 4. appends them to DLQ partition `source partition % DLQ partitions` (Kafka's rule):
    all the runs' copies together, through the Produce path's durable append when this
    broker leads it (returns once fsynced / committed to PostgreSQL, as acks=all; the
@@ -45,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -62,6 +64,7 @@ from broker.share.dead_letters import (
     HEADER_TOPIC,
     DeadLetter,
     DeadLetterOutcome,
+    DeadLetterReason,
     DeadLetterRefused,
     DeadLetterRetriable,
 )
@@ -77,13 +80,15 @@ from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
     HEADER_SIZE,
     BatchHeader,
-    NewRecord,
     Record,
-    build_batch,
-    decode_record_range,
+    build_batch_of_tails,
     decode_records,
+    encode_header,
+    encode_record_tail,
     iter_batches,
     record_starts,
+    tails_with_headers,
+    varint,
 )
 
 log = structlog.get_logger("spool.share")
@@ -176,9 +181,10 @@ class SourceBatch:
     """A source batch read for one run, kept for the next runs of the same partition
     (rejections come one or a few offsets at a time, so consecutive runs mostly fall in
     one batch). An uncompressed batch with no offset gap, the usual kind, is indexed
-    (where each record starts, reading only lengths) and only the records runs ask for
-    are decoded: one record in ten rejected decodes a tenth of the batch. Any other is
-    decoded whole once, its records found by bisection."""
+    (where each record starts, reading only lengths) and the copies of the records runs
+    ask for are spliced from its bytes: one record in ten rejected reads a tenth of the
+    batch, and decodes none. Any other is decoded whole once, its records found by
+    bisection."""
 
     __slots__ = (
         "_data",
@@ -205,123 +211,163 @@ class SourceBatch:
                     f"record batch at byte {pos} claims {header.size} bytes but only "
                     f"{len(data) - pos} remain"
                 )
-            # Positions in `data` (record_starts counts from the body's first byte).
-            body = pos + HEADER_SIZE
-            starts = record_starts(data[body:end], header.records_count)
-            self._starts = [body + at for at in starts]
+            self._starts = record_starts(data, header.records_count, pos + HEADER_SIZE, end)
         else:
             self._records = list(decode_records(data, pos, header))
 
     def within(self, first: int, last: int) -> list[Record]:
-        """The batch's records in [first, last]."""
-        if self._records is not None:
-            records = self._records
-            lo = bisect.bisect_left(records, first, key=lambda r: r.offset)
-            hi = bisect.bisect_right(records, last, lo, key=lambda r: r.offset)
-            return records[lo:hi]
-        lo = max(first, self.base_offset) - self.base_offset
-        hi = min(last, self.next_offset - 1) - self.base_offset + 1
-        if lo >= hi:
-            return []
-        starts = self._starts
-        records = decode_record_range(self._data[starts[lo] : starts[hi]], self._header, hi - lo)
-        if records[0].offset != self.base_offset + lo or records[-1].offset != (
-            self.base_offset + hi - 1
-        ):
-            # Offset deltas not 0, 1, 2, ...: decoded whole and searched instead.
+        """The batch's records in [first, last] (an indexed batch is decoded whole the
+        first time: only a group whose copy.record.enable changed asks it)."""
+        if self._records is None:
             self._records = list(decode_records(self._data, self._pos, self._header))
-            return self.within(first, last)
-        return records
+        records = self._records
+        lo = bisect.bisect_left(records, first, key=lambda r: r.offset)
+        hi = bisect.bisect_right(records, last, lo, key=lambda r: r.offset)
+        return records[lo:hi]
+
+    def copies(self, first: int, last: int, headers: CopyHeaders) -> list[Copy]:
+        """The copies (`copy_record`) of the batch's records in [first, last]: an indexed
+        batch's records are spliced from its bytes (their key, value and headers as
+        stored, the `__dlq` headers put before theirs), not decoded and encoded again."""
+        if self._records is None:
+            lo = max(first, self.base_offset) - self.base_offset
+            hi = min(last, self.next_offset - 1) - self.base_offset + 1
+            spliced = tails_with_headers(
+                self._data, self._starts, lo, hi, self._header, headers.of, DLQ_HEADER_COUNT
+            )
+            if spliced is not None:
+                return spliced
+            # Offset deltas not 0, 1, 2, ...: decoded whole below.
+            self._records = list(decode_records(self._data, self._pos, self._header))
+        return [
+            (
+                r.timestamp,
+                encode_record_tail(
+                    r.key, r.value, r.headers, headers.of(r.offset), DLQ_HEADER_COUNT
+                ),
+            )
+            for r in self.within(first, last)
+        ]
 
 
-def read_source_records(
+# A copy in a dead-letter batch: its timestamp, and its fields after the offset delta
+# (protocol.records.encode_record_tail: key, value, header count, headers).
+Copy = tuple[int, bytes]
+# The `__dlq.errors.*` headers each copy has.
+DLQ_HEADER_COUNT = 6
+
+
+class CopyHeaders:
+    """The `__dlq.errors.*` headers of one run's copies, encoded once but for the offset:
+    source topic, partition, offset, group, delivery count, reason (UTF-8 decimal text)."""
+
+    __slots__ = ("_after", "_before")
+
+    _OFFSET_NAME = encode_header(HEADER_OFFSET.encode(), b"")[:-1]  # without the value
+
+    def __init__(self, letter: DeadLetter, source_topic: str) -> None:
+        self._before = encode_header(HEADER_TOPIC.encode(), source_topic.encode()) + (
+            encode_header(HEADER_PARTITION.encode(), str(letter.partition).encode())
+        )
+        self._after = b"".join(
+            (
+                encode_header(HEADER_GROUP.encode(), letter.group_id.encode()),
+                encode_header(HEADER_DELIVERY_COUNT.encode(), str(letter.delivery_count).encode()),
+                encode_header(HEADER_MESSAGE.encode(), letter.reason.value.encode()),
+            )
+        )
+
+    def of(self, offset: int) -> bytes:
+        """The six headers of the copy of `offset`, encoded."""
+        text = str(offset).encode()
+        return b"".join((self._before, self._OFFSET_NAME, varint(len(text)), text, self._after))
+
+
+def _source_spans(
     part: SourceLog,
     first: int,
     last: int,
     *,
-    offsets_only: bool = False,
-    last_batch: list[SourceBatch] | None = None,
-) -> list[Record]:
-    """The records of offsets [first, last] in the log, in offset order: control batches
-    and offsets holding no record (below the log start, compacted away) left out.
-
-    `offsets_only` (a headers-only copy needs no key, value or timestamp): a batch with
-    no offset gap is not decoded; its records come back with only their offsets.
-    `last_batch` (a one-element list, or empty) keeps the last batch read and is
-    consulted first. Only the batches that overlap [first, last] are read, and of those
-    only the records asked for are decoded where the batch allows (SourceBatch)."""
-    out: list[Record] = []
+    offsets_only: bool,
+    last_batch: list[SourceBatch] | None,
+) -> Iterator[tuple[SourceBatch | None, int, int]]:
+    """The stretches [lo, hi] of offsets [first, last] in the log, batch by batch, with
+    the batch (None for an uncompressed batch with no offset gap when `offsets_only`:
+    its offsets are all records, and it is not indexed). Control batches and offsets
+    holding no record (below the log start, compacted away) are left out. `last_batch`
+    (a one-element list, or empty) keeps the last batch read and is consulted first;
+    only the batches that overlap [first, last] are read."""
     offset = max(first, part.log_start_offset)
     high_watermark = part.high_watermark
     while offset <= last and offset < high_watermark:
         if last_batch and last_batch[0].base_offset <= offset < last_batch[0].next_offset:
-            out.extend(last_batch[0].within(offset, last))
-            offset = last_batch[0].next_offset
+            kept = last_batch[0]
+            yield kept, offset, min(last, kept.next_offset - 1)
+            offset = kept.next_offset
             continue
         data = part.read(offset, SOURCE_READ_STEP)
         moved = False
         for pos, header in iter_batches(data, validate=False):
             if header.base_offset > last:
-                return out
+                return
             if header.next_offset <= offset:
                 continue
             moved = True
             if not header.is_control:
+                upto = min(last, header.last_offset)
+                start = max(offset, header.base_offset)
                 if offsets_only and header.records_count == header.last_offset_delta + 1:
-                    upto = min(last, header.last_offset)
-                    start = max(offset, header.base_offset)
-                    out.extend(Record(o, 0, None, None) for o in range(start, upto + 1))
+                    yield None, start, upto
                 else:
                     batch = SourceBatch(data, pos, header)
                     if last_batch is not None:
                         last_batch[:] = [batch]
-                    out.extend(batch.within(offset, last))
+                    yield batch, start, upto
             offset = header.next_offset
             if offset > last:
-                return out
+                return
         if not moved:
             break
-    return out
 
 
-def dead_letter_records(
-    letter: DeadLetter,
-    source_topic: str,
-    records: Sequence[Record],
+def read_source_copies(
+    part: SourceLog,
+    first: int,
+    last: int,
+    headers: CopyHeaders,
     *,
     copy_record: bool,
     now_ms: int,
-) -> list[NewRecord]:
-    """One dead-letter record per source record: the `__dlq.errors.*` headers, and with
-    `copy_record` the record's key, value, headers and timestamp."""
-    context: list[tuple[str, bytes | None]] = [
-        (HEADER_TOPIC, source_topic.encode()),
-        (HEADER_PARTITION, str(letter.partition).encode()),
-    ]
-    group = letter.group_id.encode()
-    count = str(letter.delivery_count).encode()
-    message = letter.reason.value.encode()
-    out = []
-    for record in records:
-        headers = (
-            *context,
-            (HEADER_OFFSET, str(record.offset).encode()),
-            (HEADER_GROUP, group),
-            (HEADER_DELIVERY_COUNT, count),
-            (HEADER_MESSAGE, message),
-        )
+    last_batch: list[SourceBatch] | None = None,
+) -> list[Copy]:
+    """One dead-letter copy per record of offsets [first, last] in the log, in offset
+    order: the `__dlq.errors.*` headers, and with `copy_record` the record's key, value,
+    headers (after the `__dlq` ones) and timestamp, spliced from the source batch's
+    bytes where it allows (SourceBatch.copies); without it a null key and value and
+    the timestamp `now_ms`."""
+    if copy_record and last_batch:
+        kept = last_batch[0]
+        if (
+            kept.base_offset <= first
+            and last < kept.next_offset <= part.high_watermark
+            and part.log_start_offset <= first
+        ):
+            return kept.copies(first, last, headers)  # the usual run: in the batch kept
+    out: list[Copy] = []
+    spans = _source_spans(part, first, last, offsets_only=not copy_record, last_batch=last_batch)
+    for batch, lo, hi in spans:
         if copy_record:
-            out.append(
-                NewRecord(
-                    record.key,
-                    record.value,
-                    (*headers, *record.headers),
-                    timestamp=record.timestamp,
-                )
-            )
+            assert batch is not None
+            out.extend(batch.copies(lo, hi, headers))
+        elif batch is None:
+            out.extend((now_ms, _NO_RECORD + headers.of(o)) for o in range(lo, hi + 1))
         else:
-            out.append(NewRecord(None, None, headers, timestamp=now_ms))
+            out.extend((now_ms, _NO_RECORD + headers.of(r.offset)) for r in batch.within(lo, hi))
     return out
+
+
+# A headers-only copy's fields before its headers: null key, null value, six headers.
+_NO_RECORD = b"\x01\x01" + varint(DLQ_HEADER_COUNT)
 
 
 def _varint_size(value: int) -> int:
@@ -333,59 +379,47 @@ def _varint_size(value: int) -> int:
     return size
 
 
-def _bytes_size(data: bytes | None) -> int:
-    return 1 if data is None else _varint_size(len(data)) + len(data)
+# The most bytes a record takes in a batch beside its tail: its length, attributes, and
+# timestamp and offset deltas (varints of at most 5, 1, 10 and 5 bytes).
+MAX_RECORD_OVERHEAD = 21
 
 
-def record_body_size(record: NewRecord) -> int:
-    """Bytes of `record`'s body in a v2 batch apart from its timestamp and offset deltas
-    (which depend on where it lands): computed once per record."""
-    size = 1 + _bytes_size(record.key) + _bytes_size(record.value)
-    size += _varint_size(len(record.headers))
-    for name, value in record.headers:
-        encoded = len(name) if name.isascii() else len(name.encode())
-        size += _varint_size(encoded) + encoded + _bytes_size(value)
-    return size
+def alone_size(copy: Copy) -> int:
+    """Bytes of a batch holding `copy` alone."""
+    body = 3 + len(copy[1])  # attributes, timestamp delta 0, offset delta 0, the tail
+    return HEADER_SIZE + _varint_size(body) + body
 
 
-def record_size(record: NewRecord, offset_delta: int, timestamp_delta: int) -> int:
-    """Bytes `record` takes in a v2 batch (protocol.records.build_batch's encoding)."""
-    body = record_body_size(record) + _varint_size(timestamp_delta) + _varint_size(offset_delta)
-    return _varint_size(body) + body
-
-
-def split_batches(
-    records: Sequence[NewRecord], max_bytes: int, bodies: Sequence[int] | None = None
-) -> list[bytes]:
-    """Uncompressed batches of `records`, in order, each at most `max_bytes` (the DLQ
-    topic's max.message.bytes); `bodies` their `record_body_size`s if known already.
-    ValueError when one record alone does not fit."""
-    if bodies is None:
-        bodies = [record_body_size(r) for r in records]
+def split_batches(copies: Sequence[Copy], max_bytes: int) -> list[bytes]:
+    """Uncompressed batches of `copies`, in order, each at most `max_bytes` (the DLQ
+    topic's max.message.bytes). ValueError when one copy alone does not fit."""
+    if (
+        HEADER_SIZE + sum(len(tail) for _, tail in copies) + MAX_RECORD_OVERHEAD * len(copies)
+        <= max_bytes
+    ):
+        return [build_batch_of_tails(copies)] if copies else []  # all fit in one, surely
     batches: list[bytes] = []
-    chunk: list[NewRecord] = []
+    start = 0
     size = HEADER_SIZE
     base_ts = 0
-    for record, base in zip(records, bodies, strict=True):
-        ts = record.timestamp if record.timestamp is not None else 0
-        if chunk:
-            body = base + _varint_size(ts - base_ts) + _varint_size(len(chunk))
+    for index, (ts, tail) in enumerate(copies):
+        if index > start:
+            body = 1 + _varint_size(ts - base_ts) + _varint_size(index - start) + len(tail)
             grown = size + _varint_size(body) + body
             if grown <= max_bytes:
-                chunk.append(record)
                 size = grown
                 continue
-            batches.append(build_batch(chunk))
+            batches.append(build_batch_of_tails(copies[start:index]))
+        start = index
         base_ts = ts
-        size = HEADER_SIZE + _varint_size(base + 2) + base + 2
+        size = alone_size((ts, tail))
         if size > max_bytes:
             raise ValueError(
                 f"a dead-letter record of {size} bytes (in its batch) exceeds "
                 f"max.message.bytes ({max_bytes})"
             )
-        chunk = [record]
-    if chunk:
-        batches.append(build_batch(chunk))
+    if start < len(copies):
+        batches.append(build_batch_of_tails(copies[start:]))
     return batches
 
 
@@ -399,13 +433,12 @@ def _max_message_bytes(topic: TopicInfo) -> int:
 class _SharedAppend:
     """The copies several runs append to one local DLQ partition together."""
 
-    __slots__ = ("bodies", "copies", "done", "limit", "part")
+    __slots__ = ("copies", "done", "limit", "part")
 
     def __init__(self, part: DeadLetterLog, limit: int, done: asyncio.Future[None]) -> None:
         self.part = part
         self.limit = limit
-        self.copies: list[NewRecord] = []
-        self.bodies: list[int] = []  # their record_body_size
+        self.copies: list[Copy] = []
         self.done = done
 
 
@@ -452,7 +485,7 @@ class DeadLetterTopicSink:
         self.create_topic = create_topic
         self.max_message_bytes = max_message_bytes
         self.timeout_ms = timeout_ms
-        # Per source partition, the batch decoded last (read_source_records).
+        # Per source partition, the batch read last (read_source_copies).
         self._last_batches: dict[tuple[uuid.UUID, int], list[SourceBatch]] = {}
         # Per local DLQ partition, the append the runs of this turn join (_append_local).
         self._appends: dict[tuple[str, int], _SharedAppend] = {}
@@ -518,14 +551,22 @@ class DeadLetterTopicSink:
         copy_record = config.dead_letter_copy_record
         now_ms = self.clock.now_ms()
         last_batch = self._decoded_batch(first)
-        made: list[tuple[int, list[NewRecord], list[int]]] = []  # (letter, copies, bodies)
+        made: list[tuple[int, list[Copy]]] = []  # (letter, its copies)
+        # The letters' headers differ only in delivery count and reason: encoded once each.
+        encoded: dict[tuple[int, DeadLetterReason], CopyHeaders] = {}
         for i, letter in enumerate(letters):
+            headers = encoded.get((letter.delivery_count, letter.reason))
+            if headers is None:
+                headers = CopyHeaders(letter, source_name)
+                encoded[letter.delivery_count, letter.reason] = headers
             try:
-                records = read_source_records(
+                copies = read_source_copies(
                     part,
                     letter.first_offset,
                     letter.last_offset,
-                    offsets_only=not copy_record,
+                    headers,
+                    copy_record=copy_record,
+                    now_ms=now_ms,
                     last_batch=last_batch,
                 )
             except KafkaError as exc:
@@ -537,27 +578,23 @@ class DeadLetterTopicSink:
                     letter, f"records of {source_name}-{letter.partition} cannot be read: {exc}"
                 )
                 continue
-            if records:
-                copies = dead_letter_records(
-                    letter, source_name, records, copy_record=copy_record, now_ms=now_ms
-                )
-                made.append((i, copies, [record_body_size(r) for r in copies]))
+            if copies:
+                made.append((i, copies))
         if not made:
             return outcomes
         index = destination_partition(first.partition, topic.partitions)
         try:
             leader_id, dlq_part, limit = self._leader(topic, index)
         except DeadLetterRetriable as exc:
-            for i, _, _ in made:
+            for i, _ in made:
                 outcomes[i] = exc
             return outcomes
-        all_copies: list[NewRecord] = []
-        all_bodies: list[int] = []
+        all_copies: list[Copy] = []
         with_copies: list[int] = []
-        for i, copies, bodies in made:
-            # Each copy alone in a batch (no deltas) must fit: else the letter is refused
-            # before anything is written (split_batches' check, made per letter here).
-            largest = HEADER_SIZE + max(_varint_size(b + 2) + b + 2 for b in bodies)
+        for i, copies in made:
+            # Each copy alone in a batch must fit: else the letter is refused before
+            # anything is written (split_batches' check, made per letter here).
+            largest = alone_size(max(copies, key=lambda copy: len(copy[1])))
             if largest > limit:
                 outcomes[i] = _refused(
                     letters[i],
@@ -567,17 +604,14 @@ class DeadLetterTopicSink:
                 continue
             outcomes[i] = len(copies)
             all_copies += copies
-            all_bodies += bodies
             with_copies.append(i)
         if not all_copies:
             return outcomes
         try:
             if dlq_part is not None:
-                await self._append_local(
-                    first, topic.name, index, dlq_part, all_copies, all_bodies, limit
-                )
+                await self._append_local(first, topic.name, index, dlq_part, all_copies, limit)
             else:
-                batches = self._batches(first, topic.name, all_copies, all_bodies, limit)
+                batches = self._batches(first, topic.name, all_copies, limit)
                 await self._produce_remote(first, leader_id, topic, index, batches)
         except (DeadLetterRefused, DeadLetterRetriable) as exc:
             for i in with_copies:
@@ -674,12 +708,11 @@ class DeadLetterTopicSink:
         self,
         letter: DeadLetter,
         topic: str,
-        copies: Sequence[NewRecord],
-        bodies: Sequence[int],
+        copies: Sequence[Copy],
         limit: int,
     ) -> list[bytes]:
         try:
-            return split_batches(copies, limit, bodies)
+            return split_batches(copies, limit)
         except ValueError as exc:
             raise _refused(letter, f"{exc} of the dead-letter topic {topic!r}") from exc
 
@@ -689,8 +722,7 @@ class DeadLetterTopicSink:
         topic: str,
         index: int,
         part: DeadLetterLog,
-        copies: Sequence[NewRecord],
-        bodies: Sequence[int],
+        copies: Sequence[Copy],
         limit: int,
     ) -> None:
         """The Produce handler's append and acks=all wait (fsync / PostgreSQL commit),
@@ -707,7 +739,6 @@ class DeadLetterTopicSink:
             self._appends[key] = pending
             asyncio.get_running_loop().call_soon(self._start_append, key, pending)
         pending.copies.extend(copies)
-        pending.bodies.extend(bodies)
         try:
             # Shielded: a run whose wait is cancelled (its copy timed out) leaves the
             # append to the others.
@@ -730,7 +761,7 @@ class DeadLetterTopicSink:
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             last = -1
-            for batch in split_batches(pending.copies, pending.limit, pending.bodies):
+            for batch in split_batches(pending.copies, pending.limit):
                 data, headers = validate_produce_data(batch)
                 last = pending.part.append(data, headers).last_offset
             await pending.part.wait_durable(last, self.timeout_ms / 1000)

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.cluster import BrokerEndpoint, BrokerInfo, Leader
 from broker.config import BrokerConfig
@@ -49,8 +51,11 @@ from protocol.records import (
     NewRecord,
     Record,
     build_batch,
+    build_batch_of_tails,
     decode_records,
+    encode_record_tail,
     iter_batches,
+    set_log_append_time,
 )
 from tests.unit.cluster_fakes import FakeCluster
 
@@ -405,9 +410,14 @@ def test_destination_partition_is_the_source_partition_modulo(
 # -- sizes -----------------------------------------------------------------------------
 
 
+def as_copies(records: list[NewRecord]) -> list[tuple[int, bytes]]:
+    """`records` as the sink's copies: (timestamp, the fields after the offset delta)."""
+    return [(r.timestamp or 0, encode_record_tail(r.key, r.value, r.headers)) for r in records]
+
+
 def test_split_batches_fits_each_batch_and_keeps_the_order() -> None:
     records = [NewRecord(None, bytes(100), (("h", b"x"),), timestamp=NOW_MS) for _ in range(20)]
-    batches = split_batches(records, 600)
+    batches = split_batches(as_copies(records), 600)
     assert len(batches) > 1
     seen = 0
     for batch in batches:
@@ -425,7 +435,7 @@ def test_split_batches_fits_each_batch_and_keeps_the_order() -> None:
 
 def test_split_batches_counts_timestamp_deltas() -> None:
     records = [NewRecord(None, b"v", timestamp=t) for t in (0, 1 << 40, 5, -(1 << 30))]
-    (batch,) = split_batches(records, 1 << 20)
+    (batch,) = split_batches(as_copies(records), 1 << 20)
     assert batch == build_batch(records)
 
 
@@ -676,7 +686,40 @@ def gapped_batch(base_offset: int, offsets: list[int]) -> bytes:
     )
 
 
-def test_runs_in_one_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+LETTER = DeadLetter(GROUP, uuid.UUID(int=7), 1, 0, 0, 3, DeadLetterReason.REJECTED)
+
+
+def copies_of(
+    log: BlobLog, first: int, last: int, *, copy_record: bool = True, kept: list[Any] | None = None
+) -> list[Record]:
+    """read_source_copies of [first, last], as the records a consumer of the DLQ reads."""
+    from broker.share.dead_letter_sink import CopyHeaders, read_source_copies
+
+    copies = read_source_copies(
+        log,
+        first,
+        last,
+        CopyHeaders(LETTER, SOURCE),
+        copy_record=copy_record,
+        now_ms=NOW_MS,
+        last_batch=kept,
+    )
+    if not copies:
+        return []
+    batch = build_batch_of_tails(copies)
+    ((pos, header),) = list(iter_batches(batch, validate=True))
+    return decode_records(batch, pos, header)
+
+
+def source_offset(copy: Record) -> int:
+    value = dlq_headers(copy)[HEADER_OFFSET]
+    assert value is not None
+    return int(value)
+
+
+def test_runs_in_one_batch_index_it_once_and_decode_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import broker.share.dead_letter_sink as sink_module
 
     log = BlobLog(
@@ -684,39 +727,22 @@ def test_runs_in_one_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch) -> No
         build_batch([NewRecord(None, f"b{i}".encode()) for i in range(100)], base_offset=100),
     )
     indexed: list[int] = []
-    decoded: list[int] = []
     real_starts = sink_module.record_starts
-    real_range = sink_module.decode_record_range
 
-    def counting_starts(data: Any, count: int) -> Any:
+    def counting_starts(data: Any, count: int, *where: int) -> Any:
         indexed.append(count)
-        return real_starts(data, count)
-
-    def counting_range(data: Any, header: Any, count: int) -> Any:
-        decoded.append(count)
-        return real_range(data, header, count)
+        return real_starts(data, count, *where)
 
     monkeypatch.setattr(sink_module, "record_starts", counting_starts)
-    monkeypatch.setattr(sink_module, "decode_record_range", counting_range)
-    monkeypatch.setattr(sink_module, "decode_records", None)  # never decoded whole
+    # Copies are spliced from the batch's bytes: no record is decoded.
+    monkeypatch.setattr(sink_module, "decode_records", None)
     kept: list[Any] = []
-    got = [
-        [r.value for r in sink_module.read_source_records(log, o, o, last_batch=kept)]
-        for o in (3, 17, 42, 99, 100, 150)
-    ]
+    got = [[c.value for c in copies_of(log, o, o, kept=kept)] for o in (3, 17, 42, 99, 100, 150)]
     assert got == [[b"a3"], [b"a17"], [b"a42"], [b"a99"], [b"b0"], [b"b50"]]
-    # Each batch read and indexed once; the second alone for the runs past the first;
-    # only the records asked for decoded.
+    # Each batch read and indexed once; the second alone for the runs past the first.
     assert indexed == [100, 100]
-    assert decoded == [1] * 6
     assert log.reads == 2
-    assert [r.offset for r in sink_module.read_source_records(log, 98, 102, last_batch=kept)] == [
-        98,
-        99,
-        100,
-        101,
-        102,
-    ]
+    assert [source_offset(c) for c in copies_of(log, 98, 102, kept=kept)] == [98, 99, 100, 101, 102]
 
 
 def test_a_compressed_or_gapped_batch_is_decoded_whole_once(
@@ -738,22 +764,20 @@ def test_a_compressed_or_gapped_batch_is_decoded_whole_once(
     monkeypatch.setattr(sink_module, "decode_records", counting)
     kept: list[Any] = []
     got = [
-        [r.offset for r in sink_module.read_source_records(log, a, b, last_batch=kept)]
+        [(source_offset(c), c.value) for c in copies_of(log, a, b, kept=kept)]
         for a, b in ((2, 3), (7, 7), (11, 12), (13, 15))
     ]
-    assert got == [[2, 3], [7], [12], [15]]
+    assert got == [[(2, b"z2"), (3, b"z3")], [(7, b"z7")], [(12, b"v12")], [(15, b"v15")]]
     assert decoded == [0, 10]
 
 
 def test_a_run_stops_at_its_last_offset() -> None:
-    from broker.share.dead_letter_sink import read_source_records
-
     log = BlobLog(
         build_batch([NewRecord(None, b"x")] * 10),
         build_batch([NewRecord(None, b"y")] * 10, base_offset=10),
     )
-    assert [r.offset for r in read_source_records(log, 8, 11)] == [8, 9, 10, 11]
-    assert [r.offset for r in read_source_records(log, 2, 4)] == [2, 3, 4]
+    assert [source_offset(c) for c in copies_of(log, 8, 11)] == [8, 9, 10, 11]
+    assert [source_offset(c) for c in copies_of(log, 2, 4)] == [2, 3, 4]
 
 
 def test_headers_only_runs_read_offsets_without_decoding_unless_a_batch_has_gaps(
@@ -773,6 +797,78 @@ def test_headers_only_runs_read_offsets_without_decoding_unless_a_batch_has_gaps
         return real(data, pos, header)
 
     monkeypatch.setattr(sink_module, "decode_records", counting)
-    got = sink_module.read_source_records(log, 7, 15, offsets_only=True)
-    assert [r.offset for r in got] == [7, 8, 9, 10, 12, 15]
+    monkeypatch.setattr(sink_module, "record_starts", None)  # nor indexed
+    got = copies_of(log, 7, 15, copy_record=False)
+    assert [source_offset(c) for c in got] == [7, 8, 9, 10, 12, 15]
+    assert all((c.key, c.value, c.timestamp) == (None, None, NOW_MS) for c in got)
     assert decoded == [10]  # the gapless batch was not decoded
+
+
+_header_values = st.one_of(st.none(), st.binary(max_size=20))
+_records = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.binary(max_size=30)),
+        st.one_of(st.none(), st.binary(max_size=300)),
+        st.lists(st.tuples(st.text(max_size=8), _header_values), max_size=3),
+        st.integers(-(1 << 40), 1 << 40),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(_records, st.sampled_from([0, 1]), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=4,
+    ),
+    data=st.data(),
+)
+def test_copies_are_the_records_with_the_dlq_headers_first(
+    batches: list[tuple[list[Any], int, bool, bool]], data: st.DataObject
+) -> None:
+    """Whatever the source batches (uncompressed or compressed, CreateTime or
+    LogAppendTime, with offset gaps or not), a copy is its record with the six
+    `__dlq.errors.*` headers before the record's own, as a decode of the source has it."""
+    raw: list[bytes] = []
+    base = 0
+    for records, compression, append_time, gapped in batches:
+        news = [
+            NewRecord(k, v, tuple(h), timestamp=ts, offset_delta=2 * i if gapped else i)
+            for i, (k, v, h, ts) in enumerate(records)
+        ]
+        batch = bytearray(build_batch(news, base_offset=base, compression=compression))
+        header = next(h for _, h in iter_batches(batch))
+        if append_time:
+            set_log_append_time(batch, 0, header, 1_234_567)
+        raw.append(bytes(batch))
+        base = header.next_offset
+    log = BlobLog(*raw)
+    first = data.draw(st.integers(0, base - 1))
+    last = data.draw(st.integers(first, base - 1))
+    expected = [
+        r
+        for blob in raw
+        for pos, h in iter_batches(blob, validate=True)
+        for r in decode_records(blob, pos, h)
+        if first <= r.offset <= last
+    ]
+    got = copies_of(log, first, last, kept=[])
+    assert [source_offset(c) for c in got] == [r.offset for r in expected]
+    for copy, record in zip(got, expected, strict=True):
+        assert (copy.key, copy.value, copy.timestamp) == (
+            record.key,
+            record.value,
+            record.timestamp,
+        )
+        assert copy.headers[6:] == record.headers
+        assert dlq_headers(copy) == {
+            HEADER_TOPIC: SOURCE.encode(),
+            HEADER_PARTITION: b"1",
+            HEADER_OFFSET: str(record.offset).encode(),
+            HEADER_GROUP: GROUP.encode(),
+            HEADER_DELIVERY_COUNT: b"3",
+            HEADER_MESSAGE: b"Offset rejected by client.",
+        }

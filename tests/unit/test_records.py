@@ -24,14 +24,18 @@ from protocol.records import (
     _read_varint,
     _write_varint,
     build_batch,
-    decode_record_range,
+    build_batch_of_tails,
     decode_records,
+    encode_header,
+    encode_record_tail,
     iter_batches,
     parse_header,
+    record_parts,
     record_starts,
     set_base_offset,
     set_log_append_time,
     validate_batch,
+    varint,
 )
 
 CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
@@ -435,19 +439,46 @@ def test_uncompressed_batch_is_byte_identical_to_librdkafkas() -> None:
     assert ours == bytes.fromhex(LIBRDKAFKA_BATCHES["none"])
 
 
-def test_record_starts_and_decode_record_range_decode_a_slice_of_a_batch() -> None:
+def test_record_starts_and_parts_rebuild_a_batch_from_its_bytes() -> None:
     records = [
         NewRecord(f"k{i}".encode(), b"v" * (i * 40), (("h", None),), timestamp=1_000 + i)
         for i in range(12)
-    ]
+    ] + [NewRecord(None, None, timestamp=900)]
     batch = build_batch(records, base_offset=500)
     header = parse_header(batch)
     body = batch[HEADER_SIZE:]
     starts = record_starts(body, header.records_count)
-    assert len(starts) == 13 and starts[0] == 0 and starts[-1] == len(body)
-    whole = decode_records(batch, 0, header)
-    for lo, hi in ((0, 1), (3, 7), (11, 12), (0, 12)):
-        got = decode_record_range(body[starts[lo] : starts[hi]], header, hi - lo)
-        assert got == whole[lo:hi]
+    assert len(starts) == 14 and starts[0] == 0 and starts[-1] == len(body)
+    tails = []
+    for i, record in enumerate(records):
+        parts = record_parts(body, starts[i])
+        assert (parts.offset_delta, parts.end) == (i, starts[i + 1])
+        assert header.base_timestamp + parts.timestamp_delta == record.timestamp
+        assert parts.header_count == len(record.headers)
+        tail = (
+            body[parts.fields : parts.headers_count_at]
+            + varint(parts.header_count)
+            + body[parts.headers_at : parts.end]
+        )
+        assert tail == encode_record_tail(record.key, record.value, record.headers)
+        tails.append((record.timestamp or 0, tail))
+    # The tails make the same batch again (at base offset 0).
+    assert build_batch_of_tails(tails) == build_batch(records)
+    # More headers put before a record's own.
+    extra = encode_header(b"x", b"1")
+    with_extra = build_batch_of_tails(
+        [(5, encode_record_tail(b"k", None, (("h", None),), extra, 1))]
+    )
+    (copy,) = decode_records(with_extra, 0, parse_header(with_extra))
+    assert (copy.key, copy.value, copy.timestamp) == (b"k", None, 5)
+    assert copy.headers == (("x", b"1"), ("h", None))
     with pytest.raises(CorruptRecordError):
         record_starts(body[:-5], header.records_count)
+    # The same positions found in the whole batch, the body given by where it lies.
+    assert record_starts(batch, header.records_count, HEADER_SIZE, len(batch)) == [
+        HEADER_SIZE + at for at in starts
+    ]
+    with pytest.raises(CorruptRecordError):
+        record_starts(batch, header.records_count, HEADER_SIZE, len(batch) - 5)
+    with pytest.raises(CorruptRecordError):
+        record_parts(body[: starts[3] - 2], starts[2])
