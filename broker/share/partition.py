@@ -362,6 +362,28 @@ class _RangeTable:
         """The index of the first range in `state` within indexes [lo, hi), or -1."""
         return self.states.find(state, lo, len(self.states) if hi is None else hi)
 
+    def cut(self, lo: int, hi: int) -> _RangeTable:
+        """Remove the ranges at indexes [lo, hi) and return them, as a table."""
+        out = _RangeTable()
+        out.firsts = self.firsts[lo:hi]
+        out.lasts = self.lasts[lo:hi]
+        out.states = self.states[lo:hi]
+        out.counts = self.counts[lo:hi]
+        out.deadlines = self.deadlines[lo:hi]
+        out.members = self.members[lo:hi]
+        self.delete(lo, hi)
+        return out
+
+    @property
+    def record_count(self) -> int:
+        """Records in all the ranges."""
+        return sum(self.lasts) - sum(self.firsts) + len(self.firsts)
+
+
+# What a change did, to undo it in a rollback: (True, a range put in), (False, a range
+# taken out), or (False, a table of ranges taken out at once: SPSO moving over them).
+JournalEntry = tuple[bool, "InFlightRange | _RangeTable"]
+
 
 class ChangePending(RuntimeError):
     """A change was started while the previous one is neither committed nor rolled back.
@@ -393,7 +415,7 @@ class PendingChange:
         self,
         partition: SharePartition | None,
         state_update: StateUpdate | None,
-        journal: list[tuple[bool, InFlightRange]],
+        journal: list[JournalEntry],
         spso: int,
         speo: int,
         changed: list[tuple[int, int]] | None = None,
@@ -719,7 +741,7 @@ class SharePartition:
         self._spso = UNINITIALIZED_START_OFFSET
         self._speo = UNINITIALIZED_START_OFFSET
         # The change being built: ranges put in / taken out, and SPSO/SPEO before it.
-        self._journal: list[tuple[bool, InFlightRange]] = []
+        self._journal: list[JournalEntry] = []
         self._spso_before = UNINITIALIZED_START_OFFSET
         self._speo_before = UNINITIALIZED_START_OFFSET
         self._in_change = False
@@ -1176,10 +1198,15 @@ class SharePartition:
         position = 0
         letters: list[DeadLetter] = []
         now_handed: list[OffsetRange] = []
+        firsts, lasts, counts, reasons = table.firsts, table.lasts, table.counts, table.members
+        group_id, topic_id, partition = self.group_id, self.topic_id, self.partition
         index = table.find_state(_ARCHIVING)
         while index >= 0:
-            record = table.record(index)
-            first, last = record.first_offset, record.last_offset
+            # Read from the packed table (no range built): an ARCHIVING range holds its
+            # DeadLetterReason in the member slot.
+            first, last, count = firsts[index], lasts[index], counts[index]
+            reason = reasons[index]
+            assert isinstance(reason, DeadLetterReason)
             _extend_spans(now_handed, first, last)
             cursor = first
             while position < len(handed) and handed[position][1] < first:
@@ -1189,11 +1216,23 @@ class SharePartition:
                 if scan < len(handed) and handed[scan][0] <= last:
                     taken_first, taken_last = handed[scan]
                     if taken_first > cursor:
-                        letters.append(self._letter(record, cursor, taken_first - 1))
+                        letters.append(
+                            DeadLetter(
+                                group_id,
+                                topic_id,
+                                partition,
+                                cursor,
+                                taken_first - 1,
+                                count,
+                                reason,
+                            )
+                        )
                     cursor = max(cursor, taken_last + 1)
                     scan += 1
                 else:
-                    letters.append(self._letter(record, cursor, last))
+                    letters.append(
+                        DeadLetter(group_id, topic_id, partition, cursor, last, count, reason)
+                    )
                     break
             index = table.find_state(_ARCHIVING, index + 1)
         self._handed = now_handed
@@ -1216,8 +1255,30 @@ class SharePartition:
         self._require_initialized()
         self._start(stackable=False)
         table = self._ranges
+        firsts, lasts, states, counts = table.firsts, table.lasts, table.states, table.counts
+        archiving = int(_ARCHIVING)
         for first_offset, last_offset in sorted(spans):
             first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
+            if first > last:
+                continue
+            index = bisect_right(firsts, first) - 1
+            if (
+                index >= 0
+                and firsts[index] == first
+                and lasts[index] == last
+                and states[index] == archiving
+            ):
+                # A whole ARCHIVING range (a run as taken, the usual case): made ARCHIVED
+                # in place, journalled as `_replace` does, without building it twice.
+                old = table.record(index)
+                states[index] = _ARCHIVED
+                table.members[index] = None
+                self._journal.append((False, old))
+                self._journal.append((True, InFlightRange(first, last, _ARCHIVED, counts[index])))
+                self._done_count += last - first + 1
+                self._mark_changed(first, last)
+                self._touch(first, last)
+                continue
             for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
                 index = table.index_at(span_first)
                 if table.firsts[index] != span_first or table.lasts[index] != span_last:
@@ -1233,24 +1294,11 @@ class SharePartition:
                     dead_letter=self.config.dead_letter,
                 )
                 if new != old:
-                    self._pop(span_first)
-                    self._put(new)
+                    self._replace(old, new)
                     if _durable(old) != _durable(new):
                         self._mark_changed(span_first, span_last)
                 self._touch(span_first, span_last)
         return self._finish()
-
-    def _letter(self, record: InFlightRange, first: int, last: int) -> DeadLetter:
-        assert record.reason is not None
-        return DeadLetter(
-            self.group_id,
-            self.topic_id,
-            self.partition,
-            first,
-            last,
-            record.delivery_count,
-            record.reason,
-        )
 
     # -- internals ----------------------------------------------------------------------
 
@@ -1361,6 +1409,12 @@ class SharePartition:
         self._journal.append((False, record))
         self._counted_out(record)
         return record
+
+    def _replace(self, old: InFlightRange, new: InFlightRange) -> None:
+        """`_pop` of `old` then `_put` of `new`, a range with the same offsets, in place."""
+        self._journal.append((False, old))
+        self._counted_out(old)
+        self._put(new)
 
     def _pop_indexes(self, lo: int, hi: int) -> list[InFlightRange]:
         """`_pop` of the ranges at indexes [lo, hi), in one cut of the table."""
@@ -1488,7 +1542,10 @@ class SharePartition:
             done += 1
         if done:
             self._spso = table.lasts[done - 1] + 1
-            self._pop_indexes(0, done)
+            # Cut in one piece and journalled packed: ranges are built only on a rollback.
+            popped = table.cut(0, done)
+            self._journal.append((False, popped))
+            self._done_count -= popped.record_count  # all ACKNOWLEDGED or ARCHIVED
         if not table:
             self._spso = self._speo
 
@@ -1612,10 +1669,13 @@ class SharePartition:
                 self._speo = max(self._speo, beside)
         change._journal = []
 
-    def _undo(self, journal: list[tuple[bool, InFlightRange]], spso: int, speo: int) -> None:
+    def _undo(self, journal: list[JournalEntry], spso: int, speo: int) -> None:
         """Replay the journal backwards: take out what was put in, put back what was taken."""
         for was_put, record in reversed(journal):
-            if was_put:
+            if isinstance(record, _RangeTable):
+                for index in range(len(record)):
+                    self._put(record.record(index))
+            elif was_put:
                 self._pop(record.first_offset)
             else:
                 self._put(record)
@@ -1637,38 +1697,44 @@ class SharePartition:
         return self._durable_batches_of([(first, last)])
 
     def _durable_batches_of(self, spans: Sequence[tuple[int, int]]) -> list[PersistedBatch]:
-        """The state batches of ascending, disjoint `spans` of [spso, speo), by one walk."""
-        pieces: list[PersistedBatch] = []
+        """The state batches of ascending, disjoint `spans` of [spso, speo), by one walk
+        over the packed table (no range built), joined where they touch."""
+        out: list[PersistedBatch] = []
         if not spans:
-            return pieces
-        index = 0
-        first, last = spans[0]
-        for record in self._ranges_overlapping(first, spans[-1][1]):
-            while record.last_offset >= first:
-                if record.first_offset > last:
-                    index += 1
-                    if index == len(spans):
-                        return _coalesce_batches(pieces)
-                    first, last = spans[index]
-                    continue
-                state, delivery_count = _durable(record)
-                # AVAILABLE with delivery count 0 was never delivered: no state batch needed.
-                if state is not _AVAILABLE or delivery_count != 0:
-                    pieces.append(
-                        PersistedBatch(
-                            max(record.first_offset, first),
-                            min(record.last_offset, last),
-                            int(state),
-                            delivery_count,
-                        )
-                    )
-                if record.last_offset < last:
-                    break
+            return out
+        table = self._ranges
+        firsts, lasts, states, counts = table.firsts, table.lasts, table.states, table.counts
+        acquired, available = int(_ACQUIRED), int(_AVAILABLE)
+        index = table.index_at(spans[0][0])
+        end = len(table)
+        for first, last in spans:
+            while index < end and lasts[index] < first:
                 index += 1
-                if index == len(spans):
-                    return _coalesce_batches(pieces)
-                first, last = spans[index]
-        return _coalesce_batches(pieces)
+            while index < end and firsts[index] <= last:
+                state, count = states[index], counts[index]
+                if state == acquired:  # persisted as the AVAILABLE range it was (_durable)
+                    state, count = available, count - 1
+                # AVAILABLE with delivery count 0 was never delivered: no state batch needed.
+                if state != available or count != 0:
+                    piece_first = max(firsts[index], first)
+                    piece_last = min(lasts[index], last)
+                    if out:
+                        prev = out[-1]
+                        if (
+                            prev.last_offset + 1 == piece_first
+                            and prev.delivery_state == state
+                            and prev.delivery_count == count
+                        ):
+                            out[-1] = PersistedBatch(prev.first_offset, piece_last, state, count)
+                            if lasts[index] > last:
+                                break
+                            index += 1
+                            continue
+                    out.append(PersistedBatch(piece_first, piece_last, state, count))
+                if lasts[index] > last:
+                    break  # the range goes on into the next span
+                index += 1
+        return out
 
     def _release(self, firsts: list[int], event: Event) -> ReleaseResult:
         """Give back the ACQUIRED ranges starting at `firsts` (ascending) in one pass.
