@@ -152,6 +152,9 @@ class DeadLetterWriter:
         return not self._stopped and self.partitions.get(key) is sp
 
     async def _run(self, key: ShareStateKey, sp: SharePartition) -> None:
+        # The archive of the last take, written while the next take is copied (so SPSO,
+        # which ARCHIVING holds back, moves one copy sooner); awaited before the next.
+        archiving: list[asyncio.Future[bool]] = []
         try:
             backoff = self.retry_backoff_ms
             while self._loaded(key, sp):
@@ -161,11 +164,19 @@ class DeadLetterWriter:
                     backoff = min(backoff * 2, self.max_backoff_ms)
                     continue
                 if not letters:
+                    if archiving:
+                        if not await archiving.pop():
+                            return
+                        continue  # runs may have come meanwhile: take again
                     return  # no await since the take: a later poke starts a new task
                 backoff = self.retry_backoff_ms
-                if not await self._dead_letter(key, sp, letters):
+                if not await self._dead_letter(key, sp, letters, archiving):
                     return
+            if archiving:
+                await archiving.pop()
         except BaseException:
+            for task in archiving:
+                task.cancel()
             # A bug (or the manager cancelling its tasks) ended the task with runs handed
             # out: give them back, so a later poke or load takes them again; otherwise they
             # would stay ARCHIVING, holding SPSO back, for as long as the partition is here.
@@ -189,12 +200,17 @@ class DeadLetterWriter:
             self.locks.release(key)
 
     async def _dead_letter(
-        self, key: ShareStateKey, sp: SharePartition, letters: list[DeadLetter]
+        self,
+        key: ShareStateKey,
+        sp: SharePartition,
+        letters: list[DeadLetter],
+        archiving: list[asyncio.Future[bool]],
     ) -> bool:
         """Copy the runs, `letters_per_write` at a time with one sink write each, then
-        archive them with one share-state write; what is copied is archived before a
-        backoff too, so it does not wait on a failing copy. False once the partition is
-        no longer loaded here."""
+        archive them with one share-state write, started in the background (`archiving`
+        holds it: the previous take's is awaited first); what is copied is archived
+        before a backoff too, so it does not wait on a failing copy. False once the
+        partition is no longer loaded here."""
         done: list[tuple[DeadLetter, bool]] = []  # (run, copied)
         todo = letters
         backoff = self.retry_backoff_ms
@@ -207,6 +223,8 @@ class DeadLetterWriter:
             done += [(x, c) for x, c in zip(part, outcomes, strict=True) if c is not None]
             todo = retry + rest
             if retry:
+                if archiving and not await archiving.pop():
+                    return False
                 if done and not await self._archive(key, sp, done):
                     return False
                 done = []
@@ -214,7 +232,11 @@ class DeadLetterWriter:
                 backoff = min(backoff * 2, self.max_backoff_ms)
             else:
                 backoff = self.retry_backoff_ms
-        return await self._archive(key, sp, done)
+        if archiving and not await archiving.pop():
+            return False
+        if done:
+            archiving.append(asyncio.ensure_future(self._archive(key, sp, done)))
+        return True
 
     async def _copy(
         self, key: ShareStateKey, letters: list[DeadLetter], backoff_ms: int
@@ -296,8 +318,12 @@ class DeadLetterWriter:
                 break
             await sleep(self.clock, backoff)
             backoff = min(backoff * 2, self.max_backoff_ms)
+        counted: dict[tuple[str, bool], int] = {}
         for letter, copied in done:
-            self.metrics.dead_lettered(key, letter.reason.label, letter.record_count, copied)
+            slot = (letter.reason.label, copied)
+            counted[slot] = counted.get(slot, 0) + letter.record_count
+        for (label, copied), records in counted.items():
+            self.metrics.dead_lettered(key, label, records, copied)
         return True
 
     async def _archive_once(
