@@ -210,6 +210,19 @@ def bench_dead_letters(ctx: BenchContext, records: int | None = None) -> list[Re
             readings[case].append(result)
     medians = {case: median_reading(r) for case, r in readings.items()}
     ctx.sections.append(format_side_by_side(medians))
+    # The two cases of one run are read back to back: their ratio is less exposed to the
+    # machine's speed drifting over the runs. Shown beside the figure, which stays the
+    # ratio of the medians.
+    paired = sorted(
+        d.records_per_s / a.records_per_s
+        for d, a in zip(readings[CASES[0]], readings[CASES[1]], strict=True)
+        if a.records_per_s
+    )
+    if paired:
+        ctx.sections.append(
+            f"per-run ratios (dead-letter / archived, same run): "
+            f"{', '.join(f'{x:.2f}' for x in paired)}; median {paired[len(paired) // 2]:.2f}"
+        )
     all_complete = all(
         complete(r, n) for case in CASES for r, n in zip(readings[case], produced, strict=True)
     )
