@@ -132,28 +132,49 @@ def leaders(nodes: list[Node]) -> dict[int, int]:
 def ends(nodes: list[Node], isolation: str) -> dict[int, int]:
     """Each partition's end for `isolation` (ListOffsets LATEST at the leader): the log
     end for read_uncommitted, the last stable offset for read_committed."""
-    consumer = Consumer(
-        consumer_config(
-            nodes[0], **{"bootstrap.servers": bootstrap(nodes), "isolation.level": isolation}
+    # A consumer's first metadata may not know the topic yet (UNKNOWN_PARTITION): asked
+    # again with a new consumer (and so new metadata) until WAIT_S, then each broker's
+    # own view of the topic goes with the error.
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        consumer = Consumer(
+            consumer_config(
+                nodes[0], **{"bootstrap.servers": bootstrap(nodes), "isolation.level": isolation}
+            )
         )
-    )
-    try:
-        # The consumer's first metadata may not know the topic yet (UNKNOWN_PARTITION).
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                return {
-                    p: consumer.get_watermark_offsets(
-                        TopicPartition(TOPIC, p), timeout=ADMIN_TIMEOUT_S, cached=False
-                    )[1]
-                    for p in range(PARTITIONS)
-                }
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    finally:
-        consumer.close()
+        try:
+            return {
+                p: consumer.get_watermark_offsets(
+                    TopicPartition(TOPIC, p), timeout=ADMIN_TIMEOUT_S, cached=False
+                )[1]
+                for p in range(PARTITIONS)
+            }
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{exc}; the brokers' metadata: {views(nodes)}") from exc
+            time.sleep(0.2)
+        finally:
+            consumer.close()
+
+
+def views(nodes: list[Node]) -> dict[str, Any]:
+    """What each broker alone answers Metadata for TOPIC: partition -> (leader, error)."""
+    out: dict[str, Any] = {}
+    for node in nodes:
+        try:
+            admin = AdminClient({"bootstrap.servers": node.bootstrap})
+            topic = admin.list_topics(TOPIC, timeout=ADMIN_TIMEOUT_S).topics.get(TOPIC)
+            out[node.bootstrap] = (
+                None
+                if topic is None
+                else (
+                    topic.error,
+                    {p.id: (p.leader, p.error) for p in topic.partitions.values()},
+                )
+            )
+        except KafkaException as exc:
+            out[node.bootstrap] = str(exc)
+    return out
 
 
 def values(tag: str) -> list[tuple[int, bytes]]:
