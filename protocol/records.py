@@ -458,12 +458,7 @@ def build_batch(
         body.append(0)
         _write_varint(body, timestamp - base_timestamp)
         _write_varint(body, delta)
-        _write_bytes(body, key)
-        _write_bytes(body, value)
-        _write_varint(body, len(headers))
-        for name, header_value in headers:
-            _write_bytes(body, name.encode())
-            _write_bytes(body, header_value)
+        body += encode_record_tail(key, value, headers)
         _write_varint(payload, len(body))
         payload += body
 
@@ -476,27 +471,58 @@ def build_batch(
     if is_control:
         attributes |= CONTROL_FLAG
     section = compress(compression, payload) if compression else bytes(payload)
-
-    out = bytearray(
-        HEADER.pack(
-            base_offset,
-            HEADER_SIZE - LOG_OVERHEAD + len(section),
-            partition_leader_epoch,
-            MAGIC_V2,
-            0,
-            attributes,
-            last_delta,
-            base_timestamp,
-            max_timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            len(entries),
-        )
-    )
+    out = bytearray(HEADER_SIZE)
     out += section
-    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    _seal_batch(
+        out,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=last_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        records_count=len(entries),
+    )
     return bytes(out)
+
+
+def _seal_batch(
+    out: bytearray,
+    *,
+    base_offset: int,
+    partition_leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    records_count: int,
+) -> None:
+    """Write the v2 header into `out`'s first HEADER_SIZE bytes (the records follow)
+    and its CRC32C."""
+    HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        len(out) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC_V2,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        records_count,
+    )
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[CRC_START:]))
 
 
 def varint(value: int) -> bytes:
@@ -561,32 +587,11 @@ def record_parts(data: bytes, pos: int) -> RecordParts:
         if length < 0 or end > len(data):
             raise CorruptRecordError(f"a record of length {length} runs past its batch")
         timestamp_delta, pos = read(data, pos + 1)  # after the attributes
-        # One-byte varints inlined: offset deltas, key lengths and header counts mostly.
-        b = data[pos]
-        if b < 0x80:
-            offset_delta = (b >> 1) ^ -(b & 1)
-            pos += 1
-        else:
-            offset_delta, pos = read(data, pos)
-        fields = pos
-        b = data[pos]
-        if b < 0x80:
-            size = (b >> 1) ^ -(b & 1)
-            pos += 1
-        else:
-            size, pos = read(data, pos)
-        if size > 0:
-            pos += size
-        size, pos = read(data, pos)  # the value's
-        if size > 0:
-            pos += size
-        count_at = pos
-        b = data[pos]
-        if b < 0x80:
-            header_count = (b >> 1) ^ -(b & 1)
-            pos += 1
-        else:
-            header_count, pos = read(data, pos)
+        offset_delta, fields = read(data, pos)
+        key_size, pos = read(data, fields)
+        value_size, pos = read(data, pos + max(key_size, 0))
+        count_at = pos + max(value_size, 0)
+        header_count, pos = read(data, count_at)
     except IndexError:
         raise CorruptRecordError("a record ends inside its fields") from None
     if header_count < 0 or pos > end:
@@ -626,7 +631,7 @@ def tails_with_headers(
                 b"".join(
                     (
                         data[fields:count_at],
-                        bytes(((count << 1),)) if count < 64 else varint(count),
+                        varint(count),
                         extra(base_offset + index),
                         data[headers_at:end],
                     )
@@ -654,24 +659,19 @@ def build_batch_of_tails(records: Sequence[tuple[int, bytes]]) -> bytes:
         _write_varint(out, len(head) + len(tail))
         out += head
         out += tail
-    HEADER.pack_into(
+    _seal_batch(
         out,
-        0,
-        0,
-        len(out) - LOG_OVERHEAD,
-        -1,
-        MAGIC_V2,
-        0,
-        0,
-        len(records) - 1,
-        base_timestamp,
-        max_timestamp,
-        NO_PRODUCER_ID,
-        NO_PRODUCER_EPOCH,
-        NO_SEQUENCE,
-        len(records),
+        base_offset=0,
+        partition_leader_epoch=-1,
+        attributes=0,
+        last_offset_delta=len(records) - 1,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=NO_PRODUCER_ID,
+        producer_epoch=NO_PRODUCER_EPOCH,
+        base_sequence=NO_SEQUENCE,
+        records_count=len(records),
     )
-    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)
 
 
