@@ -345,14 +345,6 @@ def read_source_copies(
     headers (after the `__dlq` ones) and timestamp, spliced from the source batch's
     bytes where it allows (SourceBatch.copies); without it a null key and value and
     the timestamp `now_ms`."""
-    if copy_record and last_batch:
-        kept = last_batch[0]
-        if (
-            kept.base_offset <= first
-            and last < kept.next_offset <= part.high_watermark
-            and part.log_start_offset <= first
-        ):
-            return kept.copies(first, last, headers)  # the usual run: in the batch kept
     out: list[Copy] = []
     spans = _source_spans(part, first, last, offsets_only=not copy_record, last_batch=last_batch)
     for batch, lo, hi in spans:
@@ -423,11 +415,16 @@ def split_batches(copies: Sequence[Copy], max_bytes: int) -> list[bytes]:
     return batches
 
 
-def _max_message_bytes(topic: TopicInfo) -> int:
+def _limit(settings: Mapping[str, Any]) -> int:
+    """max.message.bytes of a topic's configs or a partition's settings."""
     try:
-        return int(topic.configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        return int(settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
     except ValueError:
         return DEFAULT_MAX_MESSAGE_BYTES
+
+
+def _max_message_bytes(topic: TopicInfo) -> int:
+    return _limit(topic.configs)
 
 
 class _SharedAppend:
@@ -646,8 +643,7 @@ class DeadLetterTopicSink:
         dlq_part = self.log_partition(topic.topic_id, index)
         if dlq_part is None:
             raise DeadLetterRetriable(f"{topic.name}-{index} is not open on this broker yet")
-        limit = int(dlq_part.settings.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
-        return leader.node_id, dlq_part, limit
+        return leader.node_id, dlq_part, _limit(dlq_part.settings)
 
     def _decoded_batch(self, letter: DeadLetter) -> list[SourceBatch]:
         key = (letter.topic_id, letter.partition)
