@@ -374,3 +374,55 @@ async def test_a_writer_task_that_fails_gives_its_runs_back_for_the_next_one() -
     await until(lambda: durable(persister)[0] == 1)
     assert [x.first_offset for x in sink.letters] == [0, 0]  # copied again, then archived
     mgr.stop()
+
+
+class HoldingPersister(FlakyPersister):
+    """Once `hold_next` is set, holds the next write at `gate_next` (and only it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_next = False
+        self.held = False
+        self.gate_next = asyncio.Event()
+
+    async def write_state(self, key: ShareStateKey, *args: Any, **kwargs: Any) -> None:
+        if self.hold_next:
+            self.hold_next, self.held = False, True
+            await self.gate_next.wait()
+        await super().write_state(key, *args, **kwargs)
+
+
+async def test_the_next_take_is_copied_while_the_last_one_is_archived() -> None:
+    persister = HoldingPersister()
+    sink = FakeSink(persister)
+    mgr = SharePartitionManager(
+        persister,
+        Groups(persister, dead_letter=True),
+        lambda t, p: FakeLog(),
+        lambda part, ts: None,
+        clock=ManualClock(),
+        dead_letter_sink=sink,
+    )
+    mgr.start()
+    await fetch(mgr)
+    sink.gate = asyncio.Event()
+    assert await mgr.acknowledge(KEY, "m", [(0, 0, (REJECT,))]) == (0, None)
+    await until(lambda: sink.in_flight == 1)
+    assert await mgr.acknowledge(KEY, "m", [(2, 2, (REJECT,))]) == (0, None)
+    persister.hold_next = True  # the next write: offset 0's ARCHIVED, once copied
+    sink.gate.set()
+    # Offset 0's ARCHIVED write is held; offset 2 is copied meanwhile, not after it.
+    await until(lambda: len(sink.letters) == 2)
+    assert [x.first_offset for x in sink.letters] == [0, 2]
+    assert persister.held
+    assert durable(persister)[0] == 0  # SPSO still at 0: offset 0 not archived yet
+    persister.gate_next.set()
+    await until(lambda: dead_lettered(mgr) == {("rejected", "copied"): 2})
+    await until(lambda: not mgr.dead_letters.busy(KEY))
+    # Both archived: SPSO past 0; offset 2 ARCHIVED behind the still acquired 1.
+    spso, batches = durable(persister)
+    assert spso == 1
+    assert (2, 2, int(RecordState.ARCHIVED)) in [
+        (b.first_offset, b.last_offset, b.delivery_state) for b in batches
+    ]
+    mgr.stop()
