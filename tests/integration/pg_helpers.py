@@ -150,6 +150,22 @@ def cluster(tmp_path: Path, pg_dsn: str) -> Iterator[Callable[..., ClusterBroker
             b.stop()
 
 
+def take_over_while_paused(first: Broker, dsn: str, start_second: Callable[[], Broker]) -> Broker:
+    """Pause `first` (SIGSTOP) until its lease in spool_brokers has expired, start the
+    broker that takes its logs over (`start_second`, which waits for what it claims),
+    then let `first` run again: a zombie that still thinks it leads. The second broker."""
+    assert first.process is not None
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while db_rows(dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
+            assert time.monotonic() < deadline, "the paused broker's lease never expired"
+            time.sleep(0.1)
+        return start_second()
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+
+
 def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> float:
     """Poll `check` until true; the seconds it took."""
     started = time.monotonic()

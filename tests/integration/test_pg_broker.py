@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from tests.integration.conftest import (
     wait_for_partitions,
     watermarks,
 )
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server, take_over_while_paused
 from tests.integration.share_helpers import (
     accept_until,
     close_quietly,
@@ -181,17 +180,13 @@ def test_a_broker_whose_logs_another_broker_claimed_answers_not_leader(
     # busy machine, sent it straight to the second: no NOT_LEADER to check).
     producer = Producer(config, logger=client_log)
     produce_values(first, "t", [b"before"], partition=partition, producer=producer)
-    assert first.process is not None
-    first.process.send_signal(signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 30
-        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
-            assert time.monotonic() < deadline, "the paused broker's lease never expired"
-            time.sleep(0.1)
+
+    def start_second() -> Broker:
         second = broker_factory({**short, "node.id": "2"})
         wait_for_partitions(second, "t", 2)
-    finally:
-        first.process.send_signal(signal.SIGCONT)
+        return second
+
+    second = take_over_while_paused(first, pg_dsn, start_second)
 
     outcome = produce(producer, "t", [(partition, None, b"moved", [])], flush_timeout=30)
     assert outcome.errors == [] and [s.offset for s in outcome.acked] == [1]
@@ -291,17 +286,12 @@ def test_a_broker_whose_coordinator_logs_another_broker_claimed_answers_not_coor
     confirmed = {d.offset for d in log.deliveries}
     assert confirmed, log.errors
 
-    assert first.process is not None
-    first.process.send_signal(signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 30
-        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
-            assert time.monotonic() < deadline, "the paused broker's lease never expired"
-            time.sleep(0.1)
+    def start_second() -> Broker:
         second = broker_factory({**short, "node.id": "2"})
         wait_for_partitions(second, "claimed", 1)
-    finally:
-        first.process.send_signal(signal.SIGCONT)
+        return second
+
+    second = take_over_while_paused(first, pg_dsn, start_second)
     holders = db_rows(
         pg_dsn,
         "SELECT name, leader_node FROM spool_logs "

@@ -18,7 +18,6 @@ partition and no longer serves it.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from protocol.client import KafkaClient
 from protocol.errors import ErrorCode
 from protocol.records import NewRecord, build_batch
 from tests.integration.conftest import Broker, create_topic, wait_for_partitions
-from tests.integration.pg_helpers import db_rows, pg_dsn, pg_server
+from tests.integration.pg_helpers import pg_dsn, pg_server, take_over_while_paused
 from tests.integration.share_helpers import (
     earliest,
     heartbeat,
@@ -268,17 +267,13 @@ def test_a_second_broker_process_claiming_the_log_makes_the_first_drop_it(
 
     run_wire(first, before)
     cache = first.data_dir / "topics" / f"{TOPIC}-{partition}"
-    assert first.process is not None
-    first.process.send_signal(signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 30
-        while db_rows(pg_dsn, "SELECT 1 FROM spool_brokers WHERE lease_expires_at > now()"):
-            assert time.monotonic() < deadline, "the paused broker's lease never expired"
-            time.sleep(0.1)
+
+    def start_second() -> Broker:
         second = broker_factory({**short, "node.id": "2"})
         wait_for_partitions(second, TOPIC, 2)
-    finally:
-        first.process.send_signal(signal.SIGCONT)
+        return second
+
+    second = take_over_while_paused(first, pg_dsn, start_second)
 
     async def scenario(client: KafkaClient) -> None:
         refused = await produce(client, partition, b"stale")
