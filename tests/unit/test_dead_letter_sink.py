@@ -297,10 +297,8 @@ async def test_runs_written_at_once_share_one_append_and_one_batch(world: World)
     assert len(list(iter_batches(part.read(0, 1 << 20), validate=True))) == 2
 
 
-async def test_a_failed_shared_append_fails_every_run_in_it_as_retriable(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await world.produce(SOURCE, 1, source_records(5))
+def break_dlq_appends(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appends to DLQ partition 1 fail with ENOSPC."""
     part = world.logs.get(DLQ, 1)
     assert part is not None
 
@@ -308,6 +306,13 @@ async def test_a_failed_shared_append_fails_every_run_in_it_as_retriable(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(part, "append", broken)
+
+
+async def test_a_failed_shared_append_fails_every_run_in_it_as_retriable(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await world.produce(SOURCE, 1, source_records(5))
+    break_dlq_appends(world, monkeypatch)
     outcomes = await asyncio.gather(
         *(world.sink.write(world.letter(o, o)) for o in (1, 3)), return_exceptions=True
     )
@@ -357,13 +362,7 @@ async def test_write_all_fails_a_failed_append_for_the_letters_in_it_only(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await world.produce(SOURCE, 1, source_records(5))
-    part = world.logs.get(DLQ, 1)
-    assert part is not None
-
-    def broken(*_args: Any) -> Any:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(part, "append", broken)
+    break_dlq_appends(world, monkeypatch)
     outcomes = await world.sink.write_all([world.letter(1, 1), world.letter(9, 9)])
     assert isinstance(outcomes[0], DeadLetterRetriable)
     assert outcomes[1] == 0  # nothing to copy: not part of the append
