@@ -1255,48 +1255,24 @@ class SharePartition:
         self._require_initialized()
         self._start(stackable=False)
         table = self._ranges
-        firsts, lasts, states, counts = table.firsts, table.lasts, table.states, table.counts
-        archiving = int(_ARCHIVING)
         for first_offset, last_offset in sorted(spans):
             first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
-            if first > last:
-                continue
-            index = bisect_right(firsts, first) - 1
-            if (
-                index >= 0
-                and firsts[index] == first
-                and lasts[index] == last
-                and states[index] == archiving
-            ):
-                # A whole ARCHIVING range (a run as taken, the usual case): made ARCHIVED
-                # in place, journalled as `_replace` does, without building it twice.
-                old = table.record(index)
-                states[index] = _ARCHIVED
-                table.members[index] = None
-                self._journal.append((False, old))
-                self._journal.append((True, InFlightRange(first, last, _ARCHIVED, counts[index])))
-                self._done_count += last - first + 1
-                self._mark_changed(first, last)
-                self._touch(first, last)
-                continue
             for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
                 index = table.index_at(span_first)
                 if table.firsts[index] != span_first or table.lasts[index] != span_last:
                     self._apply(span_first, span_last, Event.ARCHIVE)
                     continue
-                # A whole range (a run as taken, the usual case): what `_apply` does, without
-                # its splits and searches, once per dead-lettered run.
+                # A whole ARCHIVING range (a run as taken, the usual case): made ARCHIVED
+                # in place, without `_apply`'s splits and searches and without building
+                # the range twice; journalled as a pop and a put.
                 old = table.record(index)
-                new = _transition(
-                    old,
-                    Event.ARCHIVE,
-                    delivery_count_limit=self.config.delivery_count_limit,
-                    dead_letter=self.config.dead_letter,
-                )
-                if new != old:
-                    self._replace(old, new)
-                    if _durable(old) != _durable(new):
-                        self._mark_changed(span_first, span_last)
+                new = InFlightRange(span_first, span_last, _ARCHIVED, old.delivery_count)
+                table.states[index] = _ARCHIVED
+                table.members[index] = None  # the reason goes
+                self._journal.append((False, old))
+                self._journal.append((True, new))
+                self._done_count += new.record_count
+                self._mark_changed(span_first, span_last)
                 self._touch(span_first, span_last)
         return self._finish()
 
@@ -1409,12 +1385,6 @@ class SharePartition:
         self._journal.append((False, record))
         self._counted_out(record)
         return record
-
-    def _replace(self, old: InFlightRange, new: InFlightRange) -> None:
-        """`_pop` of `old` then `_put` of `new`, a range with the same offsets, in place."""
-        self._journal.append((False, old))
-        self._counted_out(old)
-        self._put(new)
 
     def _pop_indexes(self, lo: int, hi: int) -> list[InFlightRange]:
         """`_pop` of the ranges at indexes [lo, hi), in one cut of the table."""
@@ -1698,7 +1668,7 @@ class SharePartition:
 
     def _durable_batches_of(self, spans: Sequence[tuple[int, int]]) -> list[PersistedBatch]:
         """The state batches of ascending, disjoint `spans` of [spso, speo), by one walk
-        over the packed table (no range built), joined where they touch."""
+        over the packed table (no range built)."""
         out: list[PersistedBatch] = []
         if not spans:
             return out
@@ -1716,25 +1686,15 @@ class SharePartition:
                     state, count = available, count - 1
                 # AVAILABLE with delivery count 0 was never delivered: no state batch needed.
                 if state != available or count != 0:
-                    piece_first = max(firsts[index], first)
-                    piece_last = min(lasts[index], last)
-                    if out:
-                        prev = out[-1]
-                        if (
-                            prev.last_offset + 1 == piece_first
-                            and prev.delivery_state == state
-                            and prev.delivery_count == count
-                        ):
-                            out[-1] = PersistedBatch(prev.first_offset, piece_last, state, count)
-                            if lasts[index] > last:
-                                break
-                            index += 1
-                            continue
-                    out.append(PersistedBatch(piece_first, piece_last, state, count))
+                    out.append(
+                        PersistedBatch(
+                            max(firsts[index], first), min(lasts[index], last), state, count
+                        )
+                    )
                 if lasts[index] > last:
                     break  # the range goes on into the next span
                 index += 1
-        return out
+        return _coalesce_batches(out)
 
     def _release(self, firsts: list[int], event: Event) -> ReleaseResult:
         """Give back the ACQUIRED ranges starting at `firsts` (ascending) in one pass.
