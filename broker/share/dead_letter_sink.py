@@ -566,14 +566,9 @@ class DeadLetterTopicSink:
                     now_ms=now_ms,
                     last_batch=last_batch,
                 )
-            except KafkaError as exc:
+            except KafkaError as exc:  # CORRUPT_MESSAGE (a refusal) among them
                 where = f"reading {source_name}-{letter.partition}"
                 outcomes[i] = self._mapped(letter, exc, where)
-                continue
-            except CorruptRecordError as exc:
-                outcomes[i] = _refused(
-                    letter, f"records of {source_name}-{letter.partition} cannot be read: {exc}"
-                )
                 continue
             if copies:
                 made.append((i, copies))

@@ -46,8 +46,9 @@ from coordinator.metadata import Topic
 from persister.clock import ManualClock
 from persister.commit import GroupCommit
 from protocol import api
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import CorruptRecordError, ErrorCode, KafkaError
 from protocol.records import (
+    HEADER_SIZE,
     NewRecord,
     Record,
     build_batch,
@@ -55,6 +56,7 @@ from protocol.records import (
     decode_records,
     encode_record_tail,
     iter_batches,
+    record_starts,
     set_log_append_time,
 )
 from tests.unit.cluster_fakes import FakeCluster
@@ -871,3 +873,37 @@ def test_copies_are_the_records_with_the_dlq_headers_first(
             HEADER_DELIVERY_COUNT: b"3",
             HEADER_MESSAGE: b"Offset rejected by client.",
         }
+
+
+def test_a_batch_whose_records_lie_about_their_lengths_is_corrupt() -> None:
+    """A source batch whose record lengths run past it (its CRC is not checked on this
+    read) is CorruptRecordError, which the sink turns into a refusal of the run."""
+    batch = bytearray(build_batch([NewRecord(None, b"v" * 20) for _ in range(3)]))
+    # The second record's length varint (one byte), grown past the batch's end.
+    second = record_starts(bytes(batch), 3, HEADER_SIZE, len(batch))[1]
+    batch[second] = 0x7E  # zigzag 63
+    with pytest.raises(CorruptRecordError):
+        copies_of(BlobLog(bytes(batch)), 1, 1, kept=[])
+
+
+async def test_a_run_over_a_corrupt_source_batch_is_refused_alone(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=True)
+    await world.produce(SOURCE, 1, source_records(3))
+    await world.produce(SOURCE, 1, source_records(3))
+    part = world.logs.get(SOURCE, 1)
+    assert part is not None
+    real_read = part.read
+
+    def lying(offset: int, max_bytes: int, **kwargs: Any) -> bytes:
+        data = bytearray(real_read(offset, max_bytes, **kwargs))
+        if offset < 3:  # the first batch: its second record's length runs past it
+            data[record_starts(bytes(data), 3, HEADER_SIZE, len(data))[1]] = 0x7E
+        return bytes(data)
+
+    monkeypatch.setattr(part, "read", lying)
+    outcomes = await world.sink.write_all([world.letter(1, 1), world.letter(4, 4)])
+    assert isinstance(outcomes[0], DeadLetterRefused) and "CORRUPT_MESSAGE" in str(outcomes[0])
+    assert outcomes[1] == 1
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 1)] == [b"4"]

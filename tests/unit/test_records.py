@@ -482,3 +482,16 @@ def test_record_starts_and_parts_rebuild_a_batch_from_its_bytes() -> None:
         record_starts(batch, header.records_count, HEADER_SIZE, len(batch) - 5)
     with pytest.raises(CorruptRecordError):
         record_parts(body[: starts[3] - 2], starts[2])
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=48), pos=st.integers(0, 50))
+def test_record_parts_of_any_bytes_are_parts_or_corrupt(data: bytes, pos: int) -> None:
+    """Hostile bytes (a corrupt or lying batch) give CorruptRecordError, never an
+    IndexError, and parts that do come back lie inside the record, in order."""
+    try:
+        parts = record_parts(data, pos)
+    except CorruptRecordError:
+        return
+    assert pos < parts.fields <= parts.headers_count_at < parts.headers_at <= parts.end
+    assert parts.end <= len(data) and parts.header_count >= 0
