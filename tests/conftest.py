@@ -11,6 +11,7 @@ property test on a busy 2-core machine).
 from __future__ import annotations
 
 import collections
+import faulthandler
 import os
 import random
 import tempfile
@@ -41,6 +42,39 @@ _cache_bytecode_of_subprocesses()
 settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
 settings.register_profile("local", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "local")
+
+
+# --- a hung test says where it hung ------------------------------------------------
+#
+# pytest-timeout's thread method ends the worker of a test that outlives its timeout,
+# and its own stack dump is lost with an xdist worker's output. faulthandler writes
+# every thread's stack to the stderr this process started with (not the captured one)
+# a few seconds before, so the run's log says where the test hung.
+
+_STACKS_BEFORE_TIMEOUT_S = 5.0
+_stderr_at_start: Any = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _stderr_at_start
+    _stderr_at_start = os.fdopen(os.dup(2), "w")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    faulthandler.cancel_dump_traceback_later()
+    if _stderr_at_start is not None:
+        _stderr_at_start.close()
+
+
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    if settings.timeout and settings.timeout > _STACKS_BEFORE_TIMEOUT_S and _stderr_at_start:
+        faulthandler.dump_traceback_later(
+            settings.timeout - _STACKS_BEFORE_TIMEOUT_S, file=_stderr_at_start
+        )
+
+
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    faulthandler.cancel_dump_traceback_later()
 
 
 # --- pytest-xdist: how `make test` spreads the suite over worker processes ---------
@@ -113,6 +147,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class WorkUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def remove_node(self, node: Any) -> str | None:
+            """A worker that crashed (or was ended by pytest-timeout) gives its units back
+            without the test it was running: xdist's own version hands that test to the
+            next worker too, which hangs the same way, worker after worker."""
+            workload = self.assigned_work.pop(node)
+            pending = [
+                nodeid for unit in workload.values() for nodeid, done in unit.items() if not done
+            ]
+            if not pending:
+                return None
+            crashed: str = pending[0]
+            workload[self._split_scope(crashed)][crashed] = True
+            self.workqueue.update(
+                (scope, unit) for scope, unit in workload.items() if not all(unit.values())
+            )
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
 
     config.option.loadscopereorder = False
     return WorkUnitScheduling(config, log)
