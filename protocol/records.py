@@ -235,9 +235,13 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     b = data[pos]
     if b < 0x80:
         return (b >> 1) ^ -(b & 1), pos + 1
-    raw = b & 0x7F
-    shift = 7
-    pos += 1
+    # Two bytes (values to 8191: most record lengths) without the loop.
+    second = data[pos + 1]
+    raw = (b & 0x7F) | ((second & 0x7F) << 7)
+    if second < 0x80:
+        return (raw >> 1) ^ -(raw & 1), pos + 2
+    shift = 14
+    pos += 2
     while True:
         b = data[pos]
         pos += 1
@@ -307,6 +311,10 @@ def record_starts(data: bytes, count: int, pos: int = 0, end: int | None = None)
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:  # two bytes, as `_read_varint` reads them
+                raw = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (raw >> 1) ^ -(raw & 1)
+                pos += 2
             else:
                 length, pos = _read_varint(data, pos)
             pos += length

@@ -754,8 +754,9 @@ class SharePartition:
         self._stacked: PendingChange | None = None
         self._changed: list[tuple[int, int]] = []
         self._touched: list[tuple[int, int]] = []
-        # ARCHIVING spans `take_dead_letters` handed out (ascending, disjoint).
-        self._handed: list[OffsetRange] = []
+        # ARCHIVING ranges `take_dead_letters` handed out, first offset -> last (ascending,
+        # disjoint): on a rescan most ranges are one of these exactly, found by one look-up.
+        self._handed: dict[int, int] = {}
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
@@ -1195,53 +1196,61 @@ class SharePartition:
             )
         table = self._ranges
         handed = self._handed
+        now_handed: dict[int, int] = {}
+        spans: list[tuple[int, int]] | None = None  # `handed` in order, for partial overlaps
         position = 0
         letters: list[DeadLetter] = []
-        now_handed: list[OffsetRange] = []
         firsts, lasts, counts, reasons = table.firsts, table.lasts, table.counts, table.members
+        states = table.states  # find_state's search, without a call per range
         group_id, topic_id, partition = self.group_id, self.topic_id, self.partition
-        index = table.find_state(_ARCHIVING)
+        index = states.find(_ARCHIVING)
         while index >= 0:
-            # Read from the packed table (no range built): an ARCHIVING range holds its
-            # DeadLetterReason in the member slot.
-            first, last, count = firsts[index], lasts[index], counts[index]
-            reason = reasons[index]
-            assert isinstance(reason, DeadLetterReason)
-            _extend_spans(now_handed, first, last)
-            cursor = first
-            while position < len(handed) and handed[position][1] < first:
-                position += 1
-            scan = position
-            while cursor <= last:
-                if scan < len(handed) and handed[scan][0] <= last:
-                    taken_first, taken_last = handed[scan]
-                    if taken_first > cursor:
-                        letters.append(
-                            DeadLetter(
-                                group_id,
-                                topic_id,
-                                partition,
-                                cursor,
-                                taken_first - 1,
-                                count,
-                                reason,
+            first, last = firsts[index], lasts[index]
+            now_handed[first] = last
+            handed_last = handed.get(first)
+            if handed_last is None or handed_last < last:
+                # Not a range handed out whole: what of it no handed range covers (all of
+                # it, or the new part of ranges merged or grown since), in runs. Read from
+                # the packed table (no range built): an ARCHIVING range holds its
+                # DeadLetterReason in the member slot.
+                count, reason = counts[index], reasons[index]
+                assert isinstance(reason, DeadLetterReason)
+                if spans is None:
+                    spans = list(handed.items())
+                while position < len(spans) and spans[position][1] < first:
+                    position += 1
+                cursor = first
+                scan = position
+                while cursor <= last:
+                    if scan < len(spans) and spans[scan][0] <= last:
+                        taken_first, taken_last = spans[scan]
+                        if taken_first > cursor:
+                            letters.append(
+                                DeadLetter(
+                                    group_id,
+                                    topic_id,
+                                    partition,
+                                    cursor,
+                                    taken_first - 1,
+                                    count,
+                                    reason,
+                                )
                             )
+                        cursor = max(cursor, taken_last + 1)
+                        scan += 1
+                    else:
+                        letters.append(
+                            DeadLetter(group_id, topic_id, partition, cursor, last, count, reason)
                         )
-                    cursor = max(cursor, taken_last + 1)
-                    scan += 1
-                else:
-                    letters.append(
-                        DeadLetter(group_id, topic_id, partition, cursor, last, count, reason)
-                    )
-                    break
-            index = table.find_state(_ARCHIVING, index + 1)
+                        break
+            index = states.find(_ARCHIVING, index + 1)
         self._handed = now_handed
         return letters
 
     def return_dead_letters(self) -> None:
         """Forget what `take_dead_letters` handed out (its writer gave up on it): the next
         call hands out every ARCHIVING run again."""
-        self._handed = []
+        self._handed = {}
 
     def archive_dead_letter(self, first_offset: int, last_offset: int) -> PendingChange:
         """ARCHIVING -> ARCHIVED for the records of [first_offset, last_offset] still
@@ -1255,16 +1264,24 @@ class SharePartition:
         self._require_initialized()
         self._start(stackable=False)
         table = self._ranges
+        firsts, lasts, states = table.firsts, table.lasts, table.states
         for first_offset, last_offset in sorted(spans):
             first, last = max(first_offset, self._spso), min(last_offset, self._speo - 1)
-            for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
+            if first > last:
+                continue
+            index = table.index_at(first)
+            if firsts[index] == first and lasts[index] == last and states[index] == _ARCHIVING:
+                whole = [(first, last)]  # a run as taken, still one range: the usual case
+            else:
+                whole = self._state_spans(_ARCHIVING, first, last)
+            for span_first, span_last in whole:
                 index = table.index_at(span_first)
-                if table.firsts[index] != span_first or table.lasts[index] != span_last:
+                if firsts[index] != span_first or lasts[index] != span_last:
                     self._apply(span_first, span_last, Event.ARCHIVE)
                     continue
-                # A whole ARCHIVING range (a run as taken, the usual case): made ARCHIVED
-                # in place, without `_apply`'s splits and searches and without building
-                # the range twice; journalled as a pop and a put.
+                # A whole ARCHIVING range: made ARCHIVED in place, without `_apply`'s
+                # splits and searches and without building the range twice; journalled
+                # as a pop and a put.
                 old = table.record(index)
                 new = InFlightRange(span_first, span_last, _ARCHIVED, old.delivery_count)
                 table.states[index] = _ARCHIVED
@@ -1572,8 +1589,10 @@ class SharePartition:
     def _finish(self) -> PendingChange:
         """Advance SPSO, merge what was touched, and build the update to persist (if any)."""
         self._advance_spso()
+        spso = self._spso
         for first, last in _merge_spans(self._touched):
-            self._coalesce(first, last)
+            if last >= spso:  # below SPSO the ranges are gone: nothing to merge
+                self._coalesce(first, last)
         own = self._changed
         self._touched = []
         self._changed = []

@@ -112,6 +112,29 @@ def test_varint_round_trips_all_int64(value: int) -> None:
     assert _read_varint(bytes(out), 0) == (value, len(out))
 
 
+@pytest.mark.parametrize("value", [63, -64, 64, -65, 8191, -8192, 8192, -8193, 2**20, -(2**20) - 1])
+def test_varints_either_side_of_one_and_two_bytes_round_trip(value: int) -> None:
+    """`_read_varint` and `record_starts` read one- and two-byte varints on short paths."""
+    out = bytearray()
+    _write_varint(out, value)
+    assert _read_varint(bytes(out) + b"\x00", 0) == (value, len(out))
+    with pytest.raises(IndexError):
+        _read_varint(bytes(out[:-1]), 0)  # cut short: callers report a corrupt record
+
+
+@pytest.mark.parametrize("size", [0, 50, 60, 70, 8000, 8200, 20_000])
+def test_record_starts_reads_lengths_of_every_varint_width(size: int) -> None:
+    batch = build_batch([NewRecord(None, b"x" * size), NewRecord(b"k", b"y" * (size // 2))])
+    (pos, header), *_ = iter_batches(batch)
+    end = pos + header.size
+    starts = record_starts(batch, header.records_count, pos + HEADER_SIZE, end)
+    assert starts[-1] == end
+    for index, start in enumerate(starts[:-1]):
+        assert record_parts(batch, start).offset_delta == index
+    with pytest.raises(CorruptRecordError):
+        record_starts(batch[: end - 1], header.records_count, pos + HEADER_SIZE)
+
+
 def test_varint_zigzag_matches_kafka_encoding() -> None:
     for value, encoded in [
         (0, b"\x00"),

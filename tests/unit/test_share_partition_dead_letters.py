@@ -192,6 +192,30 @@ def test_new_runs_next_to_handed_ones_are_handed_out_alone() -> None:
     assert sp.take_dead_letters() == []
 
 
+def test_a_run_rejected_between_handed_ones_is_the_only_one_handed_out() -> None:
+    """One rejection in ten, as consumers reject: each handed run is found again on every
+    take until archived, and only a run rejected later among them is new."""
+    sp = make()
+    acquire(sp, 39)
+    rejected = {0, 10, 30}
+    acks = [
+        (o, o, (AcknowledgeType.REJECT if o in rejected else AcknowledgeType.ACCEPT,))
+        for o in range(40)
+        if o != 20
+    ]
+    result = sp.acknowledge("m", acks, now_ms=0)
+    assert result.error_code == ErrorCode.none
+    result.change.commit()
+    assert sp.take_dead_letters() == [letter(o, o, 1, REJECTED) for o in sorted(rejected)]
+    assert sp.take_dead_letters() == []
+    ack(sp, 20, 20, AcknowledgeType.REJECT).commit()
+    assert sp.take_dead_letters() == [letter(20, 20, 1, REJECTED)]
+    sp.archive_dead_letters([(0, 0), (10, 10)]).commit()
+    assert sp.take_dead_letters() == []
+    sp.return_dead_letters()
+    assert sp.take_dead_letters() == [letter(20, 20, 1, REJECTED), letter(30, 30, 1, REJECTED)]
+
+
 def test_dead_letters_are_not_taken_while_a_change_is_pending() -> None:
     sp = make()
     acquire(sp, 1)
