@@ -535,9 +535,22 @@ def _seal_batch(
 
 def varint(value: int) -> bytes:
     """`value` as a zigzag varint, as a v2 batch encodes lengths and deltas."""
+    if 0 <= value < _SMALL_VARINTS_TO:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     _write_varint(out, value)
     return bytes(out)
+
+
+def _encoded_varint(value: int) -> bytes:
+    out = bytearray()
+    _write_varint(out, value)
+    return bytes(out)
+
+
+# Header counts and lengths of short header values, encoded once.
+_SMALL_VARINTS_TO = 1024
+_SMALL_VARINTS = tuple(_encoded_varint(value) for value in range(_SMALL_VARINTS_TO))
 
 
 def encode_header(name: bytes, value: bytes | None) -> bytes:
@@ -626,8 +639,9 @@ def tails_with_headers(
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     append_time = header.max_timestamp if header.is_log_append_time else None
+    parts = record_parts
     for index in range(lo, hi):
-        (ts_delta, offset_delta, fields, count_at, count, headers_at, end) = record_parts(
+        (ts_delta, offset_delta, fields, count_at, count, headers_at, end) = parts(
             data, starts[index]
         )
         if offset_delta != index or end != starts[index + 1]:
