@@ -537,9 +537,7 @@ def varint(value: int) -> bytes:
     """`value` as a zigzag varint, as a v2 batch encodes lengths and deltas."""
     if 0 <= value < _SMALL_VARINTS_TO:
         return _SMALL_VARINTS[value]
-    out = bytearray()
-    _write_varint(out, value)
-    return bytes(out)
+    return _encoded_varint(value)
 
 
 def _encoded_varint(value: int) -> bytes:

@@ -1209,40 +1209,19 @@ class SharePartition:
             now_handed[first] = last
             handed_last = handed.get(first)
             if handed_last is None or handed_last < last:
-                # Not a range handed out whole: what of it no handed range covers (all of
-                # it, or the new part of ranges merged or grown since), in runs. Read from
-                # the packed table (no range built): an ARCHIVING range holds its
+                # Not a range handed out whole: the parts of it no handed range covers (all
+                # of it, or the new part of a range merged or grown since), as runs. Read
+                # from the packed table (no range built): an ARCHIVING range holds its
                 # DeadLetterReason in the member slot.
                 count, reason = counts[index], reasons[index]
                 assert isinstance(reason, DeadLetterReason)
                 if spans is None:
                     spans = list(handed.items())
-                while position < len(spans) and spans[position][1] < first:
-                    position += 1
-                cursor = first
-                scan = position
-                while cursor <= last:
-                    if scan < len(spans) and spans[scan][0] <= last:
-                        taken_first, taken_last = spans[scan]
-                        if taken_first > cursor:
-                            letters.append(
-                                DeadLetter(
-                                    group_id,
-                                    topic_id,
-                                    partition,
-                                    cursor,
-                                    taken_first - 1,
-                                    count,
-                                    reason,
-                                )
-                            )
-                        cursor = max(cursor, taken_last + 1)
-                        scan += 1
-                    else:
-                        letters.append(
-                            DeadLetter(group_id, topic_id, partition, cursor, last, count, reason)
-                        )
-                        break
+                uncovered, position = _uncovered(spans, position, first, last)
+                letters += [
+                    DeadLetter(group_id, topic_id, partition, lo, hi, count, reason)
+                    for lo, hi in uncovered
+                ]
             index = states.find(_ARCHIVING, index + 1)
         self._handed = now_handed
         return letters
@@ -1270,30 +1249,39 @@ class SharePartition:
             if first > last:
                 continue
             index = table.index_at(first)
-            if firsts[index] == first and lasts[index] == last and states[index] == _ARCHIVING:
-                whole = [(first, last)]  # a run as taken, still one range: the usual case
-            else:
-                whole = self._state_spans(_ARCHIVING, first, last)
-            for span_first, span_last in whole:
+            if (
+                index >= 0
+                and firsts[index] == first
+                and lasts[index] == last
+                and states[index] == _ARCHIVING
+            ):
+                # A run as taken, still one range: the usual case.
+                self._archive_in_place(index)
+                continue
+            for span_first, span_last in self._state_spans(_ARCHIVING, first, last):
                 index = table.index_at(span_first)
-                if firsts[index] != span_first or lasts[index] != span_last:
+                if firsts[index] == span_first and lasts[index] == span_last:
+                    self._archive_in_place(index)
+                else:
                     self._apply(span_first, span_last, Event.ARCHIVE)
-                    continue
-                # A whole ARCHIVING range: made ARCHIVED in place, without `_apply`'s
-                # splits and searches and without building the range twice; journalled
-                # as a pop and a put.
-                old = table.record(index)
-                new = InFlightRange(span_first, span_last, _ARCHIVED, old.delivery_count)
-                table.states[index] = _ARCHIVED
-                table.members[index] = None  # the reason goes
-                self._journal.append((False, old))
-                self._journal.append((True, new))
-                self._done_count += new.record_count
-                self._mark_changed(span_first, span_last)
-                self._touch(span_first, span_last)
         return self._finish()
 
     # -- internals ----------------------------------------------------------------------
+
+    def _archive_in_place(self, index: int) -> None:
+        """The whole ARCHIVING range at `index` made ARCHIVED in place, without `_apply`'s
+        splits and searches and without building the range twice; journalled as a pop and
+        a put."""
+        table = self._ranges
+        old = table.record(index)
+        first, last = old.first_offset, old.last_offset
+        table.states[index] = _ARCHIVED
+        table.members[index] = None  # the reason goes
+        self._journal.append((False, old))
+        self._journal.append((True, InFlightRange(first, last, _ARCHIVED, old.delivery_count)))
+        self._done_count += old.record_count
+        self._mark_changed(first, last)
+        self._touch(first, last)
 
     def _require_initialized(self) -> None:
         if not self.initialized:
@@ -1830,6 +1818,29 @@ def _joined(first: InFlightRange, second: InFlightRange) -> InFlightRange:
         first.lock_deadline_ms,
         first.reason,
     )
+
+
+def _uncovered(
+    spans: Sequence[tuple[int, int]], position: int, first: int, last: int
+) -> tuple[list[tuple[int, int]], int]:
+    """The parts of [first, last] that no span of ascending, disjoint `spans` covers, and
+    the index of the first span from `position` not ending before `first` (where the
+    search for a later range starts)."""
+    while position < len(spans) and spans[position][1] < first:
+        position += 1
+    out: list[tuple[int, int]] = []
+    cursor = first
+    for scan in range(position, len(spans)):
+        taken_first, taken_last = spans[scan]
+        if taken_first > last:
+            break
+        if taken_first > cursor:
+            out.append((cursor, taken_first - 1))
+        cursor = max(cursor, taken_last + 1)
+        if cursor > last:
+            return out, position
+    out.append((cursor, last))
+    return out, position
 
 
 def _extend_spans(spans: list[OffsetRange], first: int, last: int) -> None:
