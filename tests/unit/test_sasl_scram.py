@@ -431,15 +431,20 @@ def _same_proof_spelled_otherwise(final: bytes, mutated: bytes) -> bool:
         return False
 
 
-def test_a_proof_spelled_with_other_ignored_bits_is_the_same_proof() -> None:
-    """What the property test below allows, shown on a real exchange: the proof's last
-    base64 character, changed in its 2 ignored bits only, is accepted; changed in a bit
-    that counts, refused."""
+def _exchange() -> tuple[sasl.SaslAuthenticator, bytes]:
+    """A server past alice's client-first, and the client-final that answers it."""
     auth = authenticator()
     auth.handshake("SCRAM-SHA-256", 1)
     client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
     client.set_server_first(auth.authenticate(client.get_client_first().encode()).token.decode())
-    final = client.get_client_final().encode()
+    return auth, client.get_client_final().encode()
+
+
+def test_a_proof_spelled_with_other_ignored_bits_is_the_same_proof() -> None:
+    """What the property test below allows, shown on a real exchange: the proof's last
+    base64 character, changed in its 2 ignored bits only, is accepted; changed in a bit
+    that counts, refused."""
+    auth, final = _exchange()
     assert final.endswith(b"=") and not final.endswith(b"==")
     alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
     last = alphabet.index(final[-2])
@@ -451,11 +456,7 @@ def test_a_proof_spelled_with_other_ignored_bits_is_the_same_proof() -> None:
     outcome = auth.authenticate(spelled_otherwise)
     assert outcome.principal is not None and auth.complete
 
-    refused = authenticator()
-    refused.handshake("SCRAM-SHA-256", 1)
-    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
-    client.set_server_first(refused.authenticate(client.get_client_first().encode()).token.decode())
-    final = client.get_client_final().encode()
+    refused, final = _exchange()
     last = alphabet.index(final[-2])
     outcome = refused.authenticate(final[:-2] + bytes([alphabet[last ^ 4]]) + b"=")
     assert outcome.close and outcome.error == ErrorCode.sasl_authentication_failed
@@ -464,12 +465,7 @@ def test_a_proof_spelled_with_other_ignored_bits_is_the_same_proof() -> None:
 @settings(max_examples=400, deadline=None)
 @given(cuts=_cuts)
 def test_any_client_final_is_answered_without_raising(cuts: list[tuple[int, bytes]]) -> None:
-    auth = authenticator()
-    auth.handshake("SCRAM-SHA-256", 1)
-    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "alice-secret")
-    server_first = auth.authenticate(client.get_client_first().encode()).token.decode()
-    client.set_server_first(server_first)
-    final = client.get_client_final().encode()
+    auth, final = _exchange()
     mutated = _mutate(final, cuts)
     outcome = auth.authenticate(mutated)
     if mutated == final or _same_proof_spelled_otherwise(final, mutated):
