@@ -631,33 +631,64 @@ def tails_with_headers(
     positions `starts`, from `record_starts`) as (timestamp, tail) with more headers
     before their own: `extra(offset)`, `extra_count` encoded headers. Spliced from
     `data`, nothing decoded; None if an offset delta is not its index (a compacted
-    batch: decode it instead). Raises CorruptRecordError as `record_parts`."""
+    batch: decode it instead). Raises CorruptRecordError as `record_parts`.
+
+    The fields are read as `record_parts` reads them, inline: one-byte varints (short
+    keys, early offset deltas, header counts) without a call."""
     out: list[tuple[int, bytes]] = []
     append = out.append
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     append_time = header.max_timestamp if header.is_log_append_time else None
-    parts = record_parts
-    for index in range(lo, hi):
-        (ts_delta, offset_delta, fields, count_at, count, headers_at, end) = parts(
-            data, starts[index]
-        )
-        if offset_delta != index or end != starts[index + 1]:
-            return None
-        count += extra_count
-        append(
-            (
-                base_timestamp + ts_delta if append_time is None else append_time,
-                b"".join(
-                    (
-                        data[fields:count_at],
-                        varint(count),
-                        extra(base_offset + index),
-                        data[headers_at:end],
-                    )
-                ),
+    read = _read_varint
+    try:
+        for index in range(lo, hi):
+            length, pos = read(data, starts[index])
+            end = pos + length
+            if length < 0 or end > len(data):
+                raise CorruptRecordError(f"a record of length {length} runs past its batch")
+            if end != starts[index + 1]:
+                return None
+            ts_delta, pos = read(data, pos + 1)  # after the attributes
+            b = data[pos]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                fields = pos + 1
+            else:
+                offset_delta, fields = read(data, pos)
+            if offset_delta != index:
+                return None
+            b = data[fields]
+            if b < 0x80:
+                key_size = (b >> 1) ^ -(b & 1)
+                pos = fields + 1
+            else:
+                key_size, pos = read(data, fields)
+            value_size, pos = read(data, pos + max(key_size, 0))
+            count_at = pos + max(value_size, 0)
+            b = data[count_at]
+            if b < 0x80:
+                count = (b >> 1) ^ -(b & 1)
+                headers_at = count_at + 1
+            else:
+                count, headers_at = read(data, count_at)
+            if count < 0 or headers_at > end:
+                raise CorruptRecordError(f"a record at offset delta {offset_delta} is malformed")
+            append(
+                (
+                    base_timestamp + ts_delta if append_time is None else append_time,
+                    b"".join(
+                        (
+                            data[fields:count_at],
+                            varint(count + extra_count),
+                            extra(base_offset + index),
+                            data[headers_at:end],
+                        )
+                    ),
+                )
             )
-        )
+    except IndexError:
+        raise CorruptRecordError("a record ends inside its fields") from None
     return out
 
 
@@ -668,15 +699,15 @@ def build_batch_of_tails(records: Sequence[tuple[int, bytes]]) -> bytes:
     if not records:
         raise ValueError("a record batch needs at least one record")
     base_timestamp = records[0][0]
-    max_timestamp = max(timestamp for timestamp, _ in records)
+    max_timestamp = base_timestamp
     out = bytearray(HEADER_SIZE)
-    head = bytearray()
+    encoded = varint
     for delta, (timestamp, tail) in enumerate(records):
-        head.clear()
-        head.append(0)
-        _write_varint(head, timestamp - base_timestamp)
-        _write_varint(head, delta)
-        _write_varint(out, len(head) + len(tail))
+        if timestamp > max_timestamp:
+            max_timestamp = timestamp
+        # attributes 0, the timestamp delta, the offset delta: then the tail
+        head = b"\x00" + encoded(timestamp - base_timestamp) + encoded(delta)
+        out += encoded(len(head) + len(tail))
         out += head
         out += tail
     _seal_batch(

@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -180,11 +180,12 @@ SOURCE_READ_STEP = 64 * 1024
 class SourceBatch:
     """A source batch read for one run, kept for the next runs of the same partition
     (rejections come one or a few offsets at a time, so consecutive runs mostly fall in
-    one batch). An uncompressed batch with no offset gap, the usual kind, is indexed
-    (where each record starts, reading only lengths) and the copies of the records runs
-    ask for are spliced from its bytes: one record in ten rejected reads a tenth of the
-    batch, and decodes none. Any other is decoded whole once, its records found by
-    bisection."""
+    one batch). An uncompressed batch with no offset gap, the usual kind, is indexed the
+    first time a copy of its records is asked for (where each record starts, reading
+    only lengths) and the copies are spliced from its bytes: one record in ten rejected
+    reads a tenth of the batch, and decodes none. Any other is decoded whole once, its
+    records found by bisection. A batch with no offset gap needs nothing read for
+    headers-only copies: each of its offsets holds a record."""
 
     __slots__ = (
         "_data",
@@ -193,6 +194,7 @@ class SourceBatch:
         "_records",
         "_starts",
         "base_offset",
+        "gapless",
         "next_offset",
     )
 
@@ -203,17 +205,18 @@ class SourceBatch:
         self.next_offset = header.next_offset
         self._header = header
         self._records: list[Record] | None = None
-        self._starts: list[int] = []
-        if header.compression == 0 and header.records_count == header.last_offset_delta + 1:
+        self._starts: list[int] | None = None
+        self.gapless = header.records_count == header.last_offset_delta + 1
+        if header.compression == 0 and self.gapless:
             end = pos + header.size
             if end > len(data):
                 raise CorruptRecordError(
                     f"record batch at byte {pos} claims {header.size} bytes but only "
                     f"{len(data) - pos} remain"
                 )
-            self._starts = record_starts(data, header.records_count, pos + HEADER_SIZE, end)
-        else:
-            self._records = list(decode_records(data, pos, header))
+
+    def covers(self, first: int, last: int) -> bool:
+        return self.base_offset <= first and last < self.next_offset
 
     def within(self, first: int, last: int) -> list[Record]:
         """The batch's records in [first, last] (an indexed batch is decoded whole the
@@ -229,16 +232,22 @@ class SourceBatch:
         """The copies (`copy_record`) of the batch's records in [first, last]: an indexed
         batch's records are spliced from its bytes (their key, value and headers as
         stored, the `__dlq` headers put before theirs), not decoded and encoded again."""
-        if self._records is None:
+        header = self._header
+        if self._records is None and header.compression == 0 and self.gapless:
+            starts = self._starts
+            if starts is None:
+                pos = self._pos
+                starts = self._starts = record_starts(
+                    self._data, header.records_count, pos + HEADER_SIZE, pos + header.size
+                )
             lo = max(first, self.base_offset) - self.base_offset
             hi = min(last, self.next_offset - 1) - self.base_offset + 1
             spliced = tails_with_headers(
-                self._data, self._starts, lo, hi, self._header, headers.of, DLQ_HEADER_COUNT
+                self._data, starts, lo, hi, header, headers.of, DLQ_HEADER_COUNT
             )
             if spliced is not None:
                 return spliced
             # Offset deltas not 0, 1, 2, ...: decoded whole below.
-            self._records = list(decode_records(self._data, self._pos, self._header))
         return [
             (
                 r.timestamp,
@@ -248,6 +257,17 @@ class SourceBatch:
             )
             for r in self.within(first, last)
         ]
+
+    def headers_only(self, first: int, last: int, headers: CopyHeaders, now_ms: int) -> list[Copy]:
+        """The headers-only copies (no `copy_record`) of the batch's records in [first,
+        last], stamped `now_ms`."""
+        if self.gapless:
+            offsets: Iterable[int] = range(
+                max(first, self.base_offset), min(last, self.next_offset - 1) + 1
+            )
+        else:
+            offsets = [r.offset for r in self.within(first, last)]
+        return [(now_ms, _NO_RECORD + headers.of(o)) for o in offsets]
 
 
 # A copy in a dead-letter batch: its timestamp, and its fields after the offset delta
@@ -288,15 +308,13 @@ def _source_spans(
     first: int,
     last: int,
     *,
-    offsets_only: bool,
     last_batch: list[SourceBatch] | None,
-) -> Iterator[tuple[SourceBatch | None, int, int]]:
+) -> Iterator[tuple[SourceBatch, int, int]]:
     """The stretches [lo, hi] of offsets [first, last] in the log, batch by batch, with
-    the batch (None for an uncompressed batch with no offset gap when `offsets_only`:
-    its offsets are all records, and it is not indexed). Control batches and offsets
-    holding no record (below the log start, compacted away) are left out. `last_batch`
-    (a one-element list, or empty) keeps the last batch read and is consulted first;
-    only the batches that overlap [first, last] are read."""
+    the batch. Control batches and offsets holding no record (below the log start,
+    compacted away) are left out. `last_batch` (a one-element list, or empty) keeps the
+    last batch read and is consulted first; only the batches that overlap [first, last]
+    are read."""
     offset = max(first, part.log_start_offset)
     high_watermark = part.high_watermark
     while offset <= last and offset < high_watermark:
@@ -314,15 +332,10 @@ def _source_spans(
                 continue
             moved = True
             if not header.is_control:
-                upto = min(last, header.last_offset)
-                start = max(offset, header.base_offset)
-                if offsets_only and header.records_count == header.last_offset_delta + 1:
-                    yield None, start, upto
-                else:
-                    batch = SourceBatch(data, pos, header)
-                    if last_batch is not None:
-                        last_batch[:] = [batch]
-                    yield batch, start, upto
+                batch = SourceBatch(data, pos, header)
+                if last_batch is not None:
+                    last_batch[:] = [batch]
+                yield batch, max(offset, header.base_offset), min(last, header.last_offset)
             offset = header.next_offset
             if offset > last:
                 return
@@ -346,15 +359,11 @@ def read_source_copies(
     bytes where it allows (SourceBatch.copies); without it a null key and value and
     the timestamp `now_ms`."""
     out: list[Copy] = []
-    spans = _source_spans(part, first, last, offsets_only=not copy_record, last_batch=last_batch)
-    for batch, lo, hi in spans:
+    for batch, lo, hi in _source_spans(part, first, last, last_batch=last_batch):
         if copy_record:
-            assert batch is not None
             out.extend(batch.copies(lo, hi, headers))
-        elif batch is None:
-            out.extend((now_ms, _NO_RECORD + headers.of(o)) for o in range(lo, hi + 1))
         else:
-            out.extend((now_ms, _NO_RECORD + headers.of(r.offset)) for r in batch.within(lo, hi))
+            out.extend(batch.headers_only(lo, hi, headers, now_ms))
     return out
 
 
@@ -556,16 +565,32 @@ class DeadLetterTopicSink:
             if headers is None:
                 headers = CopyHeaders(letter, source_name)
                 encoded[letter.delivery_count, letter.reason] = headers
+            first_offset, last_offset = letter.first_offset, letter.last_offset
             try:
-                copies = read_source_copies(
-                    part,
-                    letter.first_offset,
-                    letter.last_offset,
-                    headers,
-                    copy_record=copy_record,
-                    now_ms=now_ms,
-                    last_batch=last_batch,
-                )
+                # Most runs fall in the batch the run before was read from: spliced from it
+                # at once (no read, no walk), as read_source_copies would.
+                kept = last_batch[0] if last_batch else None
+                if (
+                    kept is not None
+                    and kept.base_offset <= first_offset
+                    and last_offset < kept.next_offset
+                    and part.log_start_offset <= first_offset
+                    and last_offset < part.high_watermark
+                ):
+                    if copy_record:
+                        copies = kept.copies(first_offset, last_offset, headers)
+                    else:
+                        copies = kept.headers_only(first_offset, last_offset, headers, now_ms)
+                else:
+                    copies = read_source_copies(
+                        part,
+                        first_offset,
+                        last_offset,
+                        headers,
+                        copy_record=copy_record,
+                        now_ms=now_ms,
+                        last_batch=last_batch,
+                    )
             except KafkaError as exc:  # CORRUPT_MESSAGE (a refusal) among them
                 where = f"reading {source_name}-{letter.partition}"
                 outcomes[i] = self._mapped(letter, exc, where)
@@ -586,7 +611,9 @@ class DeadLetterTopicSink:
         for i, copies in made:
             # Each copy alone in a batch must fit: else the letter is refused before
             # anything is written (split_batches' check, made per letter here).
-            largest = alone_size(max(copies, key=lambda copy: len(copy[1])))
+            largest = alone_size(
+                copies[0] if len(copies) == 1 else max(copies, key=lambda copy: len(copy[1]))
+            )
             if largest > limit:
                 outcomes[i] = _refused(
                     letters[i],

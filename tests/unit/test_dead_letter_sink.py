@@ -391,6 +391,50 @@ async def test_offsets_below_the_log_start_get_no_copy(world: World) -> None:
     assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 0)] == [b"3"]
 
 
+@pytest.mark.parametrize("copy_record", [True, False])
+async def test_runs_in_the_batch_read_last_are_copied_without_reading_it_again(
+    world: World, monkeypatch: pytest.MonkeyPatch, copy_record: bool
+) -> None:
+    world.config = GroupConfig(dead_letter_topic=DLQ, dead_letter_copy_record=copy_record)
+    await world.produce(SOURCE, 1, source_records(50))
+    part = world.logs.get(SOURCE, 1)
+    assert part is not None
+    reads: list[int] = []
+    real_read = part.read
+
+    def counting_read(offset: int, max_bytes: int) -> Any:
+        reads.append(offset)
+        return real_read(offset, max_bytes)
+
+    monkeypatch.setattr(part, "read", counting_read)
+    first = await world.sink.write_all([world.letter(o, o) for o in (0, 10, 20)])
+    second = await world.sink.write_all([world.letter(30, 31), world.letter(45, 45)])
+    assert (first, second) == ([1, 1, 1], [2, 1])
+    assert reads == [0]  # one read of the batch; every later run spliced from it
+    copies = world.read(DLQ, 1)
+    offsets = [0, 10, 20, 30, 31, 45]
+    assert [dlq_headers(c)[HEADER_OFFSET] for c in copies] == [str(o).encode() for o in offsets]
+    if copy_record:
+        assert [(c.key, c.value, c.timestamp) for c in copies] == [
+            (f"k{o}".encode(), f"v{o}".encode(), 1_000 + o) for o in offsets
+        ]
+    else:
+        assert all((c.key, c.value, c.timestamp) == (None, None, NOW_MS) for c in copies)
+
+
+async def test_a_run_the_log_start_passed_is_not_copied_from_the_batch_read_before(
+    world: World,
+) -> None:
+    await world.produce(SOURCE, 2, source_records(10))
+    assert await world.sink.write(world.letter(1, 1, partition=2)) == 1
+    part = world.logs.get(SOURCE, 2)
+    assert part is not None
+    await part.delete_records_before(6)
+    # The batch read for offset 1 holds 4-7 still; the log no longer holds 4 and 5.
+    assert await world.sink.write(world.letter(4, 7, partition=2)) == 2
+    assert [dlq_headers(r)[HEADER_OFFSET] for r in world.read(DLQ, 0)] == [b"1", b"6", b"7"]
+
+
 async def test_nothing_left_to_copy_writes_nothing(world: World) -> None:
     await world.produce(SOURCE, 2, source_records(2))
     part = world.logs.get(SOURCE, 2)
