@@ -158,7 +158,8 @@ def _state_key(key: ShareKey) -> ShareStateKey:
 
 
 def _to_record_batches(batches: Iterable[PersistedBatch]) -> tuple[StateBatch, ...]:
-    return tuple(StateBatch(*batch) for batch in batches)
+    # PersistedBatch is StateBatch: only another tuple is built again.
+    return tuple(b if type(b) is StateBatch else StateBatch(*b) for b in batches)
 
 
 def _to_persisted(batches: Iterable[StateBatch]) -> list[PersistedBatch]:

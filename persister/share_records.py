@@ -113,7 +113,8 @@ def merge_batches(
         for new in upd:
             normal = _overlay(normal, [new])
         upd = normal
-    result = _overlay(sorted(stored), upd) if upd else sorted(stored)
+    # Nothing stored: `upd`, sorted and disjoint already, is the result.
+    result = _overlay(sorted(stored), upd) if upd and stored else upd or sorted(stored)
     if start_offset >= 0:
         result = [
             b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)

@@ -560,6 +560,8 @@ class DeadLetterTopicSink:
         made: list[tuple[int, list[Copy]]] = []  # (letter, its copies)
         # The letters' headers differ only in delivery count and reason: encoded once each.
         encoded: dict[tuple[int, DeadLetterReason], CopyHeaders] = {}
+        # Neither moves while the runs are read (nothing here waits).
+        log_start, high_watermark = part.log_start_offset, part.high_watermark
         for i, letter in enumerate(letters):
             headers = encoded.get((letter.delivery_count, letter.reason))
             if headers is None:
@@ -574,8 +576,8 @@ class DeadLetterTopicSink:
                     kept is not None
                     and kept.base_offset <= first_offset
                     and last_offset < kept.next_offset
-                    and part.log_start_offset <= first_offset
-                    and last_offset < part.high_watermark
+                    and log_start <= first_offset
+                    and last_offset < high_watermark
                 ):
                     if copy_record:
                         copies = kept.copies(first_offset, last_offset, headers)

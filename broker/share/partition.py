@@ -607,22 +607,6 @@ def _merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _coalesce_batches(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
-    out: list[PersistedBatch] = []
-    for batch in batches:
-        if out:
-            prev = out[-1]
-            if (
-                prev.last_offset + 1 == batch.first_offset
-                and prev.delivery_state == batch.delivery_state
-                and prev.delivery_count == batch.delivery_count
-            ):
-                out[-1] = prev._replace(last_offset=batch.last_offset)
-                continue
-        out.append(batch)
-    return out
-
-
 def _first_offset(offset_range: tuple[int, int]) -> int:
     return offset_range[0]
 
@@ -1277,11 +1261,13 @@ class SharePartition:
         first, last = old.first_offset, old.last_offset
         table.states[index] = _ARCHIVED
         table.members[index] = None  # the reason goes
+        # Undone as a pop of the range at `first` (what was put: only its first offset is
+        # read) and a put of `old`.
         self._journal.append((False, old))
-        self._journal.append((True, InFlightRange(first, last, _ARCHIVED, old.delivery_count)))
-        self._done_count += old.record_count
-        self._mark_changed(first, last)
-        self._touch(first, last)
+        self._journal.append((True, old))
+        self._done_count += last - first + 1
+        self._changed.append((first, last))
+        self._touched.append((first, last))
 
     def _require_initialized(self) -> None:
         if not self.initialized:
@@ -1595,16 +1581,9 @@ class SharePartition:
             for first, last in changed
             if max(first, self._spso) <= min(last, self._speo - 1)
         ]
-        if len(spans) > 16:
-            # Many spans (per-offset acknowledgements, a fragmented release): one walk over
-            # the ranges they cover instead of a search per span.
-            batches = self._durable_batches_of(spans)
-        else:
-            batches = []
-            for first, last in spans:
-                batches.extend(self._durable_batches(first, last))
+        # One walk over the ranges the spans cover (coalesced as it goes).
         return self._pend(
-            StateUpdate(self._spso, tuple(_coalesce_batches(batches)), self._done_count),
+            StateUpdate(self._spso, tuple(self._durable_batches_of(spans)), self._done_count),
             changed,
         )
 
@@ -1675,15 +1654,18 @@ class SharePartition:
 
     def _durable_batches_of(self, spans: Sequence[tuple[int, int]]) -> list[PersistedBatch]:
         """The state batches of ascending, disjoint `spans` of [spso, speo), by one walk
-        over the packed table (no range built)."""
-        out: list[PersistedBatch] = []
+        over the packed table (no range built), adjacent ones of one state and delivery
+        count coalesced."""
         if not spans:
-            return out
+            return []
         table = self._ranges
         firsts, lasts, states, counts = table.firsts, table.lasts, table.states, table.counts
         acquired, available = int(_ACQUIRED), int(_AVAILABLE)
         index = table.index_at(spans[0][0])
         end = len(table)
+        # The batches as (first, last, state, count) lists while they may still grow.
+        out: list[list[int]] = []
+        previous: list[int] = [0, -2, -1, -1]  # one no batch follows
         for first, last in spans:
             while index < end and lasts[index] < first:
                 index += 1
@@ -1693,15 +1675,17 @@ class SharePartition:
                     state, count = available, count - 1
                 # AVAILABLE with delivery count 0 was never delivered: no state batch needed.
                 if state != available or count != 0:
-                    out.append(
-                        PersistedBatch(
-                            max(firsts[index], first), min(lasts[index], last), state, count
-                        )
-                    )
+                    lo = firsts[index] if firsts[index] > first else first
+                    hi = lasts[index] if lasts[index] < last else last
+                    if previous[1] + 1 == lo and previous[2] == state and previous[3] == count:
+                        previous[1] = hi
+                    else:
+                        previous = [lo, hi, state, count]
+                        out.append(previous)
                 if lasts[index] > last:
                     break  # the range goes on into the next span
                 index += 1
-        return _coalesce_batches(out)
+        return [PersistedBatch(*batch) for batch in out]
 
     def _release(self, firsts: list[int], event: Event) -> ReleaseResult:
         """Give back the ACQUIRED ranges starting at `firsts` (ascending) in one pass.
