@@ -382,7 +382,17 @@ class _RangeTable:
 
 # What a change did, to undo it in a rollback: (True, a range put in), (False, a range
 # taken out), or (False, a table of ranges taken out at once: SPSO moving over them).
-JournalEntry = tuple[bool, "InFlightRange | _RangeTable"]
+class _ArchivedInPlace(NamedTuple):
+    """A journal entry: the ARCHIVING range [first, last] became ARCHIVED in place
+    (`_archive_in_place`); undone by putting the ARCHIVING range back."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    reason: DeadLetterReason
+
+
+JournalEntry = tuple[bool, "InFlightRange | _RangeTable | _ArchivedInPlace"]
 
 
 class ChangePending(RuntimeError):
@@ -741,6 +751,10 @@ class SharePartition:
         # ARCHIVING ranges `take_dead_letters` handed out, first offset -> last (ascending,
         # disjoint): on a rescan most ranges are one of these exactly, found by one look-up.
         self._handed: dict[int, int] = {}
+        # ARCHIVING ranges put in the table so far, and that count at the last take (None:
+        # the next take looks at every range): a take with none put since has nothing new.
+        self._archiving_puts = 0
+        self._taken_at: int | None = None
         batches = sorted(PersistedBatch(*batch) for batch in state_batches)
         if start_offset == UNINITIALIZED_START_OFFSET:
             if batches:
@@ -1178,6 +1192,8 @@ class SharePartition:
                 f"share partition {self.group_id}:{self.topic_id}:{self.partition} has a change "
                 "waiting for commit or rollback; its dead letters are not durable yet"
             )
+        if self._taken_at == self._archiving_puts:
+            return []  # no ARCHIVING range came (or changed) since the last take
         table = self._ranges
         handed = self._handed
         now_handed: dict[int, int] = {}
@@ -1208,12 +1224,14 @@ class SharePartition:
                 ]
             index = states.find(_ARCHIVING, index + 1)
         self._handed = now_handed
+        self._taken_at = self._archiving_puts
         return letters
 
     def return_dead_letters(self) -> None:
         """Forget what `take_dead_letters` handed out (its writer gave up on it): the next
         call hands out every ARCHIVING run again."""
         self._handed = {}
+        self._taken_at = None
 
     def archive_dead_letter(self, first_offset: int, last_offset: int) -> PendingChange:
         """ARCHIVING -> ARCHIVED for the records of [first_offset, last_offset] still
@@ -1254,17 +1272,13 @@ class SharePartition:
 
     def _archive_in_place(self, index: int) -> None:
         """The whole ARCHIVING range at `index` made ARCHIVED in place, without `_apply`'s
-        splits and searches and without building the range twice; journalled as a pop and
-        a put."""
+        splits and searches and without building a range (journalled as `_ArchivedInPlace`)."""
         table = self._ranges
-        old = table.record(index)
-        first, last = old.first_offset, old.last_offset
+        first, last, reason = table.firsts[index], table.lasts[index], table.members[index]
+        assert isinstance(reason, DeadLetterReason)  # an ARCHIVING range holds its reason
         table.states[index] = _ARCHIVED
         table.members[index] = None  # the reason goes
-        # Undone as a pop of the range at `first` (what was put: only its first offset is
-        # read) and a put of `old`.
-        self._journal.append((False, old))
-        self._journal.append((True, old))
+        self._journal.append((False, _ArchivedInPlace(first, last, table.counts[index], reason)))
         self._done_count += last - first + 1
         self._changed.append((first, last))
         self._touched.append((first, last))
@@ -1347,6 +1361,8 @@ class SharePartition:
                 self._earliest_deadline = deadline
         elif record.state is _ACKNOWLEDGED or record.state is _ARCHIVED:
             self._done_count += record.record_count
+        elif record.state is _ARCHIVING:
+            self._archiving_puts += 1
 
     def _counted_out(self, record: InFlightRange) -> None:
         """Uncount a range that leaves the table."""
@@ -1631,6 +1647,10 @@ class SharePartition:
             if isinstance(record, _RangeTable):
                 for index in range(len(record)):
                     self._put(record.record(index))
+            elif isinstance(record, _ArchivedInPlace):
+                first, last, count, reason = record
+                self._pop(first)
+                self._put(InFlightRange(first, last, _ARCHIVING, count, None, None, reason))
             elif was_put:
                 self._pop(record.first_offset)
             else:

@@ -216,6 +216,42 @@ def test_a_run_rejected_between_handed_ones_is_the_only_one_handed_out() -> None
     assert sp.take_dead_letters() == [letter(20, 20, 1, REJECTED), letter(30, 30, 1, REJECTED)]
 
 
+@pytest.mark.parametrize("how", ["reject", "release", "lock_timeout", "member_release"])
+def test_a_take_with_nothing_new_since_the_last_finds_what_any_change_made_archiving(
+    how: str,
+) -> None:
+    """A take after one that found everything hands out nothing (and looks at nothing)
+    until a range becomes ARCHIVING, whichever way it does."""
+    sp = make(limit=2)
+    acquire(sp, 5)
+    ack(sp, 0, 0, AcknowledgeType.REJECT).commit()
+    ack(sp, 1, 3, AcknowledgeType.RELEASE).commit()
+    assert sp.take_dead_letters() == [letter(0, 0, 1, REJECTED)]
+    assert sp.take_dead_letters() == []
+    acquire(sp, 3, now_ms=10)  # 1-3: delivery 2 of 2
+    assert sp.take_dead_letters() == []
+    if how == "reject":
+        change = ack(sp, 1, 3, AcknowledgeType.REJECT)
+        expected = letter(1, 3, 2, REJECTED)
+    elif how == "release":
+        change = ack(sp, 1, 3, AcknowledgeType.RELEASE)
+        expected = letter(1, 3, 2, LIMIT)
+    elif how == "lock_timeout":
+        change = sp.expire_locks(10 + LOCK_MS).change
+        expected = letter(1, 3, 2, LIMIT)
+    else:
+        change = sp.release_member("m", 20).change
+        expected = letter(1, 3, 2, LIMIT)
+    change.commit()
+    assert sp.take_dead_letters() == [expected]
+    assert sp.take_dead_letters() == []
+    # An archive rolled back puts its range back ARCHIVING: still handed out, not new.
+    sp.archive_dead_letter(0, 0).rollback()
+    assert sp.take_dead_letters() == []
+    sp.return_dead_letters()
+    assert sp.take_dead_letters() == [letter(0, 0, 1, REJECTED), expected]
+
+
 def test_dead_letters_are_not_taken_while_a_change_is_pending() -> None:
     sp = make()
     acquire(sp, 1)
