@@ -631,10 +631,8 @@ def tails_with_headers(
     positions `starts`, from `record_starts`) as (timestamp, tail) with more headers
     before their own: `extra(offset)`, `extra_count` encoded headers. Spliced from
     `data`, nothing decoded; None if an offset delta is not its index (a compacted
-    batch: decode it instead). Raises CorruptRecordError as `record_parts`.
-
-    The fields are read as `record_parts` reads them, inline: one-byte varints (short
-    keys, early offset deltas, header counts) without a call."""
+    batch: decode it instead). Raises CorruptRecordError as `record_parts`, whose reads
+    it makes in place (no RecordParts built per record)."""
     out: list[tuple[int, bytes]] = []
     append = out.append
     base_offset = header.base_offset
@@ -650,28 +648,13 @@ def tails_with_headers(
             if end != starts[index + 1]:
                 return None
             ts_delta, pos = read(data, pos + 1)  # after the attributes
-            b = data[pos]
-            if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
-                fields = pos + 1
-            else:
-                offset_delta, fields = read(data, pos)
+            offset_delta, fields = read(data, pos)
             if offset_delta != index:
                 return None
-            b = data[fields]
-            if b < 0x80:
-                key_size = (b >> 1) ^ -(b & 1)
-                pos = fields + 1
-            else:
-                key_size, pos = read(data, fields)
+            key_size, pos = read(data, fields)
             value_size, pos = read(data, pos + max(key_size, 0))
             count_at = pos + max(value_size, 0)
-            b = data[count_at]
-            if b < 0x80:
-                count = (b >> 1) ^ -(b & 1)
-                headers_at = count_at + 1
-            else:
-                count, headers_at = read(data, count_at)
+            count, headers_at = read(data, count_at)
             if count < 0 or headers_at > end:
                 raise CorruptRecordError(f"a record at offset delta {offset_delta} is malformed")
             append(
