@@ -216,6 +216,7 @@ class SourceBatch:
                 )
 
     def covers(self, first: int, last: int) -> bool:
+        """Whether offsets [first, last] all lie in the batch."""
         return self.base_offset <= first and last < self.next_offset
 
     def within(self, first: int, last: int) -> list[Record]:
@@ -574,8 +575,7 @@ class DeadLetterTopicSink:
                 kept = last_batch[0] if last_batch else None
                 if (
                     kept is not None
-                    and kept.base_offset <= first_offset
-                    and last_offset < kept.next_offset
+                    and kept.covers(first_offset, last_offset)
                     and log_start <= first_offset
                     and last_offset < high_watermark
                 ):

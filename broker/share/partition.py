@@ -380,8 +380,6 @@ class _RangeTable:
         return sum(self.lasts) - sum(self.firsts) + len(self.firsts)
 
 
-# What a change did, to undo it in a rollback: (True, a range put in), (False, a range
-# taken out), or (False, a table of ranges taken out at once: SPSO moving over them).
 class _ArchivedInPlace(NamedTuple):
     """A journal entry: the ARCHIVING range [first, last] became ARCHIVED in place
     (`_archive_in_place`); undone by putting the ARCHIVING range back."""
@@ -392,6 +390,9 @@ class _ArchivedInPlace(NamedTuple):
     reason: DeadLetterReason
 
 
+# What a change did, to undo it in a rollback: (True, a range put in), (False, a range
+# taken out), (False, a table of ranges taken out at once: SPSO moving over them), or
+# (False, an ARCHIVING range archived in place).
 JournalEntry = tuple[bool, "InFlightRange | _RangeTable | _ArchivedInPlace"]
 
 
