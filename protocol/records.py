@@ -631,47 +631,31 @@ def tails_with_headers(
     positions `starts`, from `record_starts`) as (timestamp, tail) with more headers
     before their own: `extra(offset)`, `extra_count` encoded headers. Spliced from
     `data`, nothing decoded; None if an offset delta is not its index (a compacted
-    batch: decode it instead). Raises CorruptRecordError as `record_parts`, whose reads
-    it makes in place (no RecordParts built per record)."""
+    batch: decode it instead). Raises CorruptRecordError as `record_parts`."""
     out: list[tuple[int, bytes]] = []
     append = out.append
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     append_time = header.max_timestamp if header.is_log_append_time else None
-    read = _read_varint
-    try:
-        for index in range(lo, hi):
-            length, pos = read(data, starts[index])
-            end = pos + length
-            if length < 0 or end > len(data):
-                raise CorruptRecordError(f"a record of length {length} runs past its batch")
-            if end != starts[index + 1]:
-                return None
-            ts_delta, pos = read(data, pos + 1)  # after the attributes
-            offset_delta, fields = read(data, pos)
-            if offset_delta != index:
-                return None
-            key_size, pos = read(data, fields)
-            value_size, pos = read(data, pos + max(key_size, 0))
-            count_at = pos + max(value_size, 0)
-            count, headers_at = read(data, count_at)
-            if count < 0 or headers_at > end:
-                raise CorruptRecordError(f"a record at offset delta {offset_delta} is malformed")
-            append(
-                (
-                    base_timestamp + ts_delta if append_time is None else append_time,
-                    b"".join(
-                        (
-                            data[fields:count_at],
-                            varint(count + extra_count),
-                            extra(base_offset + index),
-                            data[headers_at:end],
-                        )
-                    ),
-                )
+    for index in range(lo, hi):
+        (ts_delta, offset_delta, fields, count_at, count, headers_at, end) = record_parts(
+            data, starts[index]
+        )
+        if offset_delta != index or end != starts[index + 1]:
+            return None
+        append(
+            (
+                base_timestamp + ts_delta if append_time is None else append_time,
+                b"".join(
+                    (
+                        data[fields:count_at],
+                        varint(count + extra_count),
+                        extra(base_offset + index),
+                        data[headers_at:end],
+                    )
+                ),
             )
-    except IndexError:
-        raise CorruptRecordError("a record ends inside its fields") from None
+        )
     return out
 
 

@@ -359,6 +359,18 @@ def read_source_copies(
     headers (after the `__dlq` ones) and timestamp, spliced from the source batch's
     bytes where it allows (SourceBatch.copies); without it a null key and value and
     the timestamp `now_ms`."""
+    kept = last_batch[0] if last_batch else None
+    if (
+        kept is not None
+        and kept.covers(first, last)
+        and part.log_start_offset <= first
+        and last < part.high_watermark
+    ):
+        # Most runs fall in the batch the run before was read from: copied from it at
+        # once, without `_source_spans`' walk.
+        if copy_record:
+            return kept.copies(first, last, headers)
+        return kept.headers_only(first, last, headers, now_ms)
     out: list[Copy] = []
     for batch, lo, hi in _source_spans(part, first, last, last_batch=last_batch):
         if copy_record:
@@ -561,38 +573,21 @@ class DeadLetterTopicSink:
         made: list[tuple[int, list[Copy]]] = []  # (letter, its copies)
         # The letters' headers differ only in delivery count and reason: encoded once each.
         encoded: dict[tuple[int, DeadLetterReason], CopyHeaders] = {}
-        # Neither moves while the runs are read (nothing here waits).
-        log_start, high_watermark = part.log_start_offset, part.high_watermark
         for i, letter in enumerate(letters):
             headers = encoded.get((letter.delivery_count, letter.reason))
             if headers is None:
                 headers = CopyHeaders(letter, source_name)
                 encoded[letter.delivery_count, letter.reason] = headers
-            first_offset, last_offset = letter.first_offset, letter.last_offset
             try:
-                # Most runs fall in the batch the run before was read from: spliced from it
-                # at once (no read, no walk), as read_source_copies would.
-                kept = last_batch[0] if last_batch else None
-                if (
-                    kept is not None
-                    and kept.covers(first_offset, last_offset)
-                    and log_start <= first_offset
-                    and last_offset < high_watermark
-                ):
-                    if copy_record:
-                        copies = kept.copies(first_offset, last_offset, headers)
-                    else:
-                        copies = kept.headers_only(first_offset, last_offset, headers, now_ms)
-                else:
-                    copies = read_source_copies(
-                        part,
-                        first_offset,
-                        last_offset,
-                        headers,
-                        copy_record=copy_record,
-                        now_ms=now_ms,
-                        last_batch=last_batch,
-                    )
+                copies = read_source_copies(
+                    part,
+                    letter.first_offset,
+                    letter.last_offset,
+                    headers,
+                    copy_record=copy_record,
+                    now_ms=now_ms,
+                    last_batch=last_batch,
+                )
             except KafkaError as exc:  # CORRUPT_MESSAGE (a refusal) among them
                 where = f"reading {source_name}-{letter.partition}"
                 outcomes[i] = self._mapped(letter, exc, where)
@@ -613,9 +608,7 @@ class DeadLetterTopicSink:
         for i, copies in made:
             # Each copy alone in a batch must fit: else the letter is refused before
             # anything is written (split_batches' check, made per letter here).
-            largest = alone_size(
-                copies[0] if len(copies) == 1 else max(copies, key=lambda copy: len(copy[1]))
-            )
+            largest = alone_size(max(copies, key=lambda copy: len(copy[1])))
             if largest > limit:
                 outcomes[i] = _refused(
                     letters[i],

@@ -1281,8 +1281,8 @@ class SharePartition:
         table.members[index] = None  # the reason goes
         self._journal.append((False, _ArchivedInPlace(first, last, table.counts[index], reason)))
         self._done_count += last - first + 1
-        self._changed.append((first, last))
-        self._touched.append((first, last))
+        self._mark_changed(first, last)
+        self._touch(first, last)
 
     def _require_initialized(self) -> None:
         if not self.initialized:
